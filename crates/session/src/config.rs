@@ -1,0 +1,43 @@
+//! Tunables of a session, shared by both roles.
+
+use std::time::Duration;
+
+/// Limits and timers of one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// A client sends a HEARTBEAT after this long without sending anything.
+    pub heartbeat: Duration,
+    /// A connection that received nothing for this long is dead (the session lives on).
+    pub read_timeout: Duration,
+    /// How long a session without a connection waits to be resumed.
+    pub resume_window: Duration,
+    /// Most messages sent but not yet acknowledged by the peer.
+    pub max_unacked_messages: usize,
+    /// Most payload bytes sent but not yet acknowledged by the peer.
+    pub max_unacked_bytes: usize,
+    /// Send a standalone ACK once this many messages arrived without one going back.
+    pub ack_every: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        let heartbeat = Duration::from_secs(3);
+        SessionConfig {
+            heartbeat,
+            read_timeout: heartbeat * 2,
+            resume_window: Duration::from_secs(30),
+            max_unacked_messages: 1024,
+            max_unacked_bytes: 1 << 20,
+            ack_every: 16,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// Sets the heartbeat and the read timeout that goes with it (twice the heartbeat).
+    pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self.read_timeout = heartbeat * 2;
+        self
+    }
+}

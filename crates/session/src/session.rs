@@ -1,0 +1,413 @@
+//! The session state machine.
+//!
+//! Each direction numbers its DATA frames 1, 2, 3, … Each side remembers `last_received`, the
+//! highest sequence number it delivered, and acknowledges it cumulatively: on every DATA and
+//! HEARTBEAT frame it sends, and in a standalone ACK after `ack_every` unacknowledged arrivals.
+//! Sent payloads stay in a bounded retransmit buffer until acknowledged. On resume, each side
+//! learns the other's `last_received` from the handshake and resends everything after it; the
+//! receiver drops anything at or below its own `last_received`. That gives exactly-once,
+//! in-order delivery across connections.
+//!
+//! Timers are not armed per send. The shell asks [`Session::poll_timeout`] for the one deadline
+//! that matters and calls [`Session::on_timeout`] when it passes; a deadline that moved later in
+//! the meantime simply reports [`Timeout::Nothing`] and the shell re-arms once.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tickwire_wire::Frame;
+
+use crate::{SessionConfig, SessionError};
+
+/// Which end of the session this is. Only clients run a heartbeat timer; servers answer
+/// heartbeats, so an idle session costs the server one read and one write per heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+/// What an incoming frame amounted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// A new application message, to hand to the application.
+    Deliver(Bytes),
+    /// A message delivered before (a retransmission after resume); already handled.
+    Duplicate,
+    /// An ACK or HEARTBEAT: bookkeeping only.
+    Nothing,
+}
+
+/// What a passed deadline means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Timeout {
+    /// The deadline moved on; ask [`Session::poll_timeout`] again.
+    Nothing,
+    /// Send this heartbeat.
+    Transmit(Frame),
+    /// Nothing arrived within the read timeout: drop the connection, keep the session.
+    LinkDead,
+    /// No connection resumed the session within the resume window: it is over.
+    Expired,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Link {
+    Attached { last_rx: Instant, last_tx: Instant },
+    Detached { since: Instant },
+}
+
+/// One end of a reliable session.
+#[derive(Debug)]
+pub struct Session {
+    role: Role,
+    config: SessionConfig,
+    link: Link,
+    /// Sequence number the next sent message gets.
+    next_seq: u64,
+    /// Highest sequence number the peer acknowledged.
+    peer_acked: u64,
+    /// Payloads `peer_acked + 1 ..next_seq`, oldest first.
+    unacked: VecDeque<Bytes>,
+    unacked_bytes: usize,
+    /// Highest sequence number delivered to our application.
+    last_received: u64,
+    /// Highest `last_received` value we have told the peer.
+    ack_sent: u64,
+    /// A heartbeat answer is owed (server role).
+    heartbeat_owed: bool,
+}
+
+impl Session {
+    /// A new session with a live connection.
+    pub fn new(role: Role, config: SessionConfig, now: Instant) -> Session {
+        Session {
+            role,
+            config,
+            link: Link::Attached { last_rx: now, last_tx: now },
+            next_seq: 1,
+            peer_acked: 0,
+            unacked: VecDeque::new(),
+            unacked_bytes: 0,
+            last_received: 0,
+            ack_sent: 0,
+            heartbeat_owed: false,
+        }
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    pub fn is_attached(&self) -> bool {
+        matches!(self.link, Link::Attached { .. })
+    }
+
+    /// Highest sequence number delivered to the application; sent in the resume handshake.
+    pub fn last_received(&self) -> u64 {
+        self.last_received
+    }
+
+    /// Messages and payload bytes waiting for the peer's acknowledgement.
+    pub fn unacked(&self) -> (usize, usize) {
+        (self.unacked.len(), self.unacked_bytes)
+    }
+
+    /// Queues an application message. Returns the DATA frame to write now, or `None` while
+    /// detached (the message goes out on resume).
+    pub fn send(&mut self, now: Instant, payload: Bytes) -> Result<Option<Frame>, SessionError> {
+        let messages = self.unacked.len() + 1;
+        let bytes = self.unacked_bytes + payload.len();
+        if messages > self.config.max_unacked_messages || bytes > self.config.max_unacked_bytes {
+            return Err(SessionError::RetransmitOverflow { messages, bytes });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.unacked.push_back(payload.clone());
+        self.unacked_bytes = bytes;
+        let Link::Attached { last_tx, .. } = &mut self.link else {
+            return Ok(None);
+        };
+        *last_tx = now;
+        self.ack_sent = self.last_received;
+        self.heartbeat_owed = false;
+        Ok(Some(Frame::Data { seq, ack: self.last_received, payload }))
+    }
+
+    /// Feeds one DATA, ACK or HEARTBEAT frame from the current connection.
+    pub fn on_frame(&mut self, now: Instant, frame: Frame) -> Result<Received, SessionError> {
+        let Link::Attached { last_rx, last_tx } = &mut self.link else {
+            return Err(SessionError::Detached);
+        };
+        *last_rx = now;
+        let last_tx = *last_tx;
+        match frame {
+            Frame::Control(_) => Err(SessionError::NotASessionFrame),
+            Frame::Ack { ack } => {
+                self.on_ack(ack)?;
+                Ok(Received::Nothing)
+            }
+            Frame::Heartbeat { ack } => {
+                self.on_ack(ack)?;
+                if self.role == Role::Server
+                    && now.saturating_duration_since(last_tx) >= self.config.heartbeat / 2
+                {
+                    self.heartbeat_owed = true;
+                }
+                Ok(Received::Nothing)
+            }
+            Frame::Data { seq, ack, payload } => {
+                self.on_ack(ack)?;
+                let expected = self.last_received + 1;
+                if seq < expected {
+                    Ok(Received::Duplicate)
+                } else if seq > expected {
+                    Err(SessionError::SequenceGap { expected, got: seq })
+                } else {
+                    self.last_received = seq;
+                    Ok(Received::Deliver(payload))
+                }
+            }
+        }
+    }
+
+    fn on_ack(&mut self, ack: u64) -> Result<(), SessionError> {
+        let sent = self.next_seq - 1;
+        if ack > sent {
+            return Err(SessionError::AckOutOfRange { ack, sent });
+        }
+        while self.peer_acked < ack {
+            let payload = self.unacked.pop_front().expect("unacked holds every unacked message");
+            self.unacked_bytes -= payload.len();
+            self.peer_acked += 1;
+        }
+        Ok(())
+    }
+
+    /// A frame the session wants sent now that no application message carries: a heartbeat
+    /// answer, or an ACK once `ack_every` messages are unacknowledged. Call after each batch
+    /// of incoming frames.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Frame> {
+        let Link::Attached { last_tx, .. } = &mut self.link else {
+            return None;
+        };
+        let frame = if self.heartbeat_owed {
+            Frame::Heartbeat { ack: self.last_received }
+        } else if self.last_received - self.ack_sent >= self.config.ack_every {
+            Frame::Ack { ack: self.last_received }
+        } else {
+            return None;
+        };
+        *last_tx = now;
+        self.heartbeat_owed = false;
+        self.ack_sent = self.last_received;
+        Some(frame)
+    }
+
+    /// The next instant at which [`Session::on_timeout`] has something to do.
+    pub fn poll_timeout(&self) -> Instant {
+        match self.link {
+            Link::Attached { last_rx, last_tx } => {
+                let dead = last_rx + self.config.read_timeout;
+                match self.role {
+                    Role::Client => dead.min(last_tx + self.config.heartbeat),
+                    Role::Server => dead,
+                }
+            }
+            Link::Detached { since } => since + self.config.resume_window,
+        }
+    }
+
+    /// Handles a passed deadline.
+    pub fn on_timeout(&mut self, now: Instant) -> Timeout {
+        match &mut self.link {
+            Link::Attached { last_rx, last_tx } => {
+                if now >= *last_rx + self.config.read_timeout {
+                    return Timeout::LinkDead;
+                }
+                if self.role == Role::Client && now >= *last_tx + self.config.heartbeat {
+                    *last_tx = now;
+                    self.ack_sent = self.last_received;
+                    return Timeout::Transmit(Frame::Heartbeat { ack: self.last_received });
+                }
+                Timeout::Nothing
+            }
+            Link::Detached { since } => {
+                if now >= *since + self.config.resume_window {
+                    Timeout::Expired
+                } else {
+                    Timeout::Nothing
+                }
+            }
+        }
+    }
+
+    /// The connection is gone. The session waits up to the resume window for a new one.
+    pub fn detach(&mut self, now: Instant) {
+        if self.is_attached() {
+            self.link = Link::Detached { since: now };
+            self.heartbeat_owed = false;
+        }
+    }
+
+    /// A new connection carries on the session. `peer_last_received` comes from the resume
+    /// handshake. Returns the frames to resend, in order, before anything else.
+    pub fn attach(
+        &mut self,
+        now: Instant,
+        peer_last_received: u64,
+    ) -> Result<Vec<Frame>, SessionError> {
+        if peer_last_received < self.peer_acked {
+            return Err(SessionError::AckWentBackwards {
+                claimed: peer_last_received,
+                acked: self.peer_acked,
+            });
+        }
+        self.on_ack(peer_last_received)?;
+        self.link = Link::Attached { last_rx: now, last_tx: now };
+        self.ack_sent = self.last_received;
+        self.heartbeat_owed = false;
+        let first = self.peer_acked + 1;
+        Ok(self
+            .unacked
+            .iter()
+            .zip(first..)
+            .map(|(payload, seq)| Frame::Data {
+                seq,
+                ack: self.last_received,
+                payload: payload.clone(),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn pair(now: Instant) -> (Session, Session) {
+        let config = SessionConfig::default();
+        (Session::new(Role::Client, config.clone(), now), Session::new(Role::Server, config, now))
+    }
+
+    #[test]
+    fn data_is_delivered_and_acked_by_piggyback() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let f = c.send(t, Bytes::from_static(b"ping")).unwrap().unwrap();
+        assert_eq!(s.on_frame(t, f).unwrap(), Received::Deliver(Bytes::from_static(b"ping")));
+        let reply = s.send(t, Bytes::from_static(b"pong")).unwrap().unwrap();
+        assert_eq!(reply, Frame::Data { seq: 1, ack: 1, payload: Bytes::from_static(b"pong") });
+        c.on_frame(t, reply).unwrap();
+        assert_eq!(c.unacked(), (0, 0));
+        assert_eq!(s.unacked(), (1, 4));
+    }
+
+    #[test]
+    fn overflow_by_count_and_by_bytes() {
+        let t = Instant::now();
+        let config =
+            SessionConfig { max_unacked_messages: 2, max_unacked_bytes: 10, ..Default::default() };
+        let mut s = Session::new(Role::Server, config, t);
+        s.send(t, Bytes::from_static(b"12345")).unwrap();
+        assert_eq!(
+            s.send(t, Bytes::from_static(b"123456")),
+            Err(SessionError::RetransmitOverflow { messages: 2, bytes: 11 })
+        );
+        s.send(t, Bytes::from_static(b"1")).unwrap();
+        assert!(matches!(
+            s.send(t, Bytes::new()),
+            Err(SessionError::RetransmitOverflow { messages: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn gaps_and_bogus_acks_are_errors() {
+        let t = Instant::now();
+        let (_, mut s) = pair(t);
+        assert_eq!(
+            s.on_frame(t, Frame::Data { seq: 2, ack: 0, payload: Bytes::new() }),
+            Err(SessionError::SequenceGap { expected: 1, got: 2 })
+        );
+        assert_eq!(
+            s.on_frame(t, Frame::Ack { ack: 1 }),
+            Err(SessionError::AckOutOfRange { ack: 1, sent: 0 })
+        );
+        assert_eq!(s.on_frame(t, Frame::Control(Bytes::new())), Err(SessionError::NotASessionFrame));
+    }
+
+    #[test]
+    fn client_heartbeats_when_idle_and_server_answers() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let hb = c.config().heartbeat;
+        assert_eq!(c.poll_timeout(), t + hb);
+        assert_eq!(s.poll_timeout(), t + hb * 2);
+        let Timeout::Transmit(beat) = c.on_timeout(t + hb) else { panic!("expected heartbeat") };
+        assert_eq!(c.poll_timeout(), t + hb * 2);
+        s.on_frame(t + hb, beat).unwrap();
+        assert_eq!(s.poll_transmit(t + hb), Some(Frame::Heartbeat { ack: 0 }));
+        assert_eq!(s.poll_transmit(t + hb), None);
+        assert_eq!(s.poll_timeout(), t + hb * 3);
+    }
+
+    #[test]
+    fn read_timeout_kills_the_link_and_resume_window_the_session() {
+        let t = Instant::now();
+        let (_, mut s) = pair(t);
+        let cfg = s.config().clone();
+        assert_eq!(s.on_timeout(t + cfg.read_timeout - Duration::from_millis(1)), Timeout::Nothing);
+        assert_eq!(s.on_timeout(t + cfg.read_timeout), Timeout::LinkDead);
+        s.detach(t + cfg.read_timeout);
+        let end = t + cfg.read_timeout + cfg.resume_window;
+        assert_eq!(s.poll_timeout(), end);
+        assert_eq!(s.on_timeout(end - Duration::from_millis(1)), Timeout::Nothing);
+        assert_eq!(s.on_timeout(end), Timeout::Expired);
+    }
+
+    #[test]
+    fn ack_every_triggers_a_standalone_ack() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        for _ in 0..16 {
+            let f = s.send(t, Bytes::from_static(b"x")).unwrap().unwrap();
+            c.on_frame(t, f).unwrap();
+            if c.last_received() < 16 {
+                assert_eq!(c.poll_transmit(t), None);
+            }
+        }
+        let ack = c.poll_transmit(t).unwrap();
+        assert_eq!(ack, Frame::Ack { ack: 16 });
+        s.on_frame(t, ack).unwrap();
+        assert_eq!(s.unacked(), (0, 0));
+    }
+
+    #[test]
+    fn resume_resends_only_what_the_peer_lacks() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let frames: Vec<_> =
+            (0..3u8).map(|i| s.send(t, Bytes::from(vec![i])).unwrap().unwrap()).collect();
+        c.on_frame(t, frames[0].clone()).unwrap();
+        s.detach(t);
+        c.detach(t);
+        assert_eq!(s.send(t, Bytes::from_static(&[3])).unwrap(), None);
+        let resent = s.attach(t, c.last_received()).unwrap();
+        assert_eq!(resent.len(), 3);
+        c.attach(t, s.last_received()).unwrap();
+        let mut got = Vec::new();
+        for f in resent {
+            if let Received::Deliver(p) = c.on_frame(t, f).unwrap() {
+                got.push(p[0]);
+            }
+        }
+        assert_eq!(got, vec![1, 2, 3]);
+        assert_eq!(
+            s.attach(t, 0),
+            Err(SessionError::AckWentBackwards { claimed: 0, acked: 1 })
+        );
+    }
+}
