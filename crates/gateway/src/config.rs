@@ -1,0 +1,273 @@
+//! The gateway's settings: one TOML file, every key overridable from the command line with
+//! `--set section.key=value`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tickwire_session::SessionConfig;
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid configuration: {0}")]
+    Parse(#[from] toml::de::Error),
+    #[error("override `{0}` is not of the form section.key=value")]
+    BadOverride(String),
+    #[error("override `{key}`: `{section}` is not a table")]
+    NotATable { key: String, section: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Everything the gateway reads from `tickwire.toml`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    pub listen: ListenConfig,
+    pub session: SessionSettings,
+    pub limits: LimitsConfig,
+    pub auth: AuthConfig,
+}
+
+/// Where the gateway listens.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenConfig {
+    /// TCP listeners (raw framed protocol).
+    pub tcp: Vec<SocketAddr>,
+    /// WebSocket listeners (one or more frames per binary message).
+    pub ws: Vec<SocketAddr>,
+}
+
+/// Session timers and bounds, sent to clients in the Welcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionSettings {
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Defaults to twice the heartbeat.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    pub resume_window: Duration,
+    pub max_unacked_messages: usize,
+    pub max_unacked_bytes: usize,
+    pub ack_every: u64,
+}
+
+/// Per-connection limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest accepted frame (value of the length prefix).
+    pub max_frame_bytes: u32,
+    /// A connection that has not sent a valid Hello by then is closed.
+    #[serde(with = "humantime_serde")]
+    pub auth_timeout: Duration,
+    /// A write that takes longer than this drops the connection (the session waits to resume).
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// Application messages per second a connection may send, sustained.
+    pub messages_per_second: u32,
+    /// Burst allowance above the sustained rate.
+    pub message_burst: u32,
+    /// Pushes queued for one session before it counts as a slow consumer.
+    pub outbox_capacity: usize,
+}
+
+/// How clients prove who they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    pub jwt_algorithm: JwtAlgorithm,
+    /// HS256 shared secret.
+    pub jwt_secret: Option<String>,
+    /// RS256 public key, PEM file.
+    pub jwt_public_key_file: Option<PathBuf>,
+    /// Required `iss` claim, if set.
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` claim, if set.
+    pub jwt_audience: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Anyone may connect; the token (if any) becomes the player id.
+    #[default]
+    Dev,
+    /// The token must be a JWT signed with the configured key.
+    Jwt,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JwtAlgorithm {
+    #[default]
+    HS256,
+    RS256,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            tcp: vec![SocketAddr::from(([127, 0, 0, 1], 7400))],
+            ws: vec![SocketAddr::from(([127, 0, 0, 1], 7401))],
+        }
+    }
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        let d = SessionConfig::default();
+        SessionSettings {
+            heartbeat: d.heartbeat,
+            read_timeout: None,
+            resume_window: d.resume_window,
+            max_unacked_messages: d.max_unacked_messages,
+            max_unacked_bytes: d.max_unacked_bytes,
+            ack_every: d.ack_every,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_frame_bytes: tickwire_wire::DEFAULT_MAX_FRAME_BYTES,
+            auth_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(10),
+            messages_per_second: 200,
+            message_burst: 400,
+            outbox_capacity: 256,
+        }
+    }
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: ListenConfig::default(),
+            session: SessionSettings::default(),
+            limits: LimitsConfig::default(),
+            auth: AuthConfig::default(),
+        }
+    }
+}
+
+impl SessionSettings {
+    /// The session state machine's view of these settings.
+    pub fn to_session_config(&self) -> SessionConfig {
+        SessionConfig {
+            heartbeat: self.heartbeat,
+            read_timeout: self.read_timeout.unwrap_or(self.heartbeat * 2),
+            resume_window: self.resume_window,
+            max_unacked_messages: self.max_unacked_messages,
+            max_unacked_bytes: self.max_unacked_bytes,
+            ack_every: self.ack_every,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Reads `path` (if any), then applies `section.key=value` overrides in order.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<GatewayConfig, ConfigError> {
+        let mut doc = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+                toml::from_str::<toml::Table>(&text)?
+            }
+            None => toml::Table::new(),
+        };
+        for item in overrides {
+            apply_override(&mut doc, item)?;
+        }
+        let config: GatewayConfig = toml::Value::Table(doc).try_into()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if self.listen.tcp.is_empty() && self.listen.ws.is_empty() {
+            return invalid("listen: at least one tcp or ws address is needed");
+        }
+        if self.session.heartbeat.is_zero() {
+            return invalid("session.heartbeat must be above zero");
+        }
+        if self.limits.max_frame_bytes < 64 {
+            return invalid("limits.max_frame_bytes must be at least 64");
+        }
+        if self.limits.outbox_capacity == 0 || self.session.max_unacked_messages == 0 {
+            return invalid("limits.outbox_capacity and session.max_unacked_messages must be above zero");
+        }
+        if self.session.ack_every == 0 {
+            return invalid("session.ack_every must be above zero");
+        }
+        Ok(())
+    }
+}
+
+/// Sets one dotted key. The value is parsed as a TOML value, and taken as a string if that
+/// fails, so `--set auth.mode=jwt` and `--set listen.tcp=["0.0.0.0:7400"]` both work.
+fn apply_override(doc: &mut toml::Table, item: &str) -> Result<(), ConfigError> {
+    let (key, raw) = item.split_once('=').ok_or_else(|| ConfigError::BadOverride(item.into()))?;
+    let parts: Vec<&str> = key.trim().split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::BadOverride(item.into()));
+    }
+    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
+    let (last, sections) = parts.split_last().expect("split yields at least one part");
+    let mut table = doc;
+    for section in sections {
+        let entry =
+            table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
+        table = entry.as_table_mut().ok_or_else(|| ConfigError::NotATable {
+            key: key.to_owned(),
+            section: section.to_string(),
+        })?;
+    }
+    table.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_win_over_defaults_and_are_typed() {
+        let cfg = GatewayConfig::load(
+            None,
+            &[
+                "session.heartbeat=500ms".into(),
+                "listen.tcp=[\"127.0.0.1:9000\"]".into(),
+                "auth.mode=jwt".into(),
+                "limits.messages_per_second=5".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.session.heartbeat, Duration::from_millis(500));
+        assert_eq!(cfg.session.to_session_config().read_timeout, Duration::from_secs(1));
+        assert_eq!(cfg.listen.tcp, vec!["127.0.0.1:9000".parse().unwrap()]);
+        assert_eq!(cfg.auth.mode, AuthMode::Jwt);
+        assert_eq!(cfg.limits.messages_per_second, 5);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        assert!(GatewayConfig::load(None, &["session.hartbeat=1s".into()]).is_err());
+        assert!(GatewayConfig::load(None, &["session.heartbeat=soon".into()]).is_err());
+        assert!(GatewayConfig::load(None, &["noequals".into()]).is_err());
+        assert!(GatewayConfig::load(None, &["session.heartbeat.x=1".into()]).is_err());
+        assert!(GatewayConfig::load(None, &["session.heartbeat=0s".into()]).is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! Building, starting and stopping a gateway: listeners, the state all sessions share, and
+//! graceful shutdown (every session is told why before its connection closes).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tickwire_session::SessionConfig;
+use tickwire_transport::{Conn, accept_ws};
+use tickwire_wire::proto::{Close, CloseReason, Control, control};
+use tickwire_wire::{Frame, FrameDecoder};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{AuthProvider, provider_from_config};
+use crate::config::{ConfigError, GatewayConfig};
+use crate::handshake::handshake;
+use crate::registry::Registry;
+use crate::router::{EchoRouter, Router};
+use crate::stats::Stats;
+
+/// How long a closing connection gets to take its Close frame.
+const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause after a failed accept (for example, out of file descriptors) before the next one.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Why a gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+}
+
+/// State every connection and session task shares.
+pub(crate) struct Shared {
+    pub(crate) config: GatewayConfig,
+    pub(crate) session_config: SessionConfig,
+    pub(crate) decoder: FrameDecoder,
+    pub(crate) auth: Box<dyn AuthProvider>,
+    pub(crate) router: Arc<dyn Router>,
+    pub(crate) registry: Registry,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+}
+
+/// A configured gateway, not yet listening.
+pub struct Gateway {
+    config: GatewayConfig,
+    auth: Box<dyn AuthProvider>,
+    router: Arc<dyn Router>,
+}
+
+impl Gateway {
+    /// A gateway with the auth provider the config names and the echo router.
+    pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
+        let auth = provider_from_config(&config.auth)?;
+        let router = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
+        Ok(Gateway { config, auth, router })
+    }
+
+    pub fn with_router(mut self, router: Arc<dyn Router>) -> Gateway {
+        self.router = router;
+        self
+    }
+
+    pub fn with_auth(mut self, auth: Box<dyn AuthProvider>) -> Gateway {
+        self.auth = auth;
+        self
+    }
+
+    /// Binds every listener and starts accepting.
+    pub async fn start(self) -> Result<RunningGateway, GatewayError> {
+        if self.auth.is_dev() {
+            tracing::warn!("auth mode is `dev`: anyone can connect; set auth.mode = \"jwt\" in production");
+        }
+        let shared = Arc::new(Shared {
+            session_config: self.config.session.to_session_config(),
+            decoder: FrameDecoder::new(self.config.limits.max_frame_bytes),
+            auth: self.auth,
+            router: self.router,
+            registry: Registry::new(),
+            stats: Arc::new(Stats::default()),
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            config: self.config,
+        });
+        let mut tcp_addrs = Vec::new();
+        let mut ws_addrs = Vec::new();
+        for (addrs, out, ws) in [(&shared.config.listen.tcp, &mut tcp_addrs, false), (&shared.config.listen.ws, &mut ws_addrs, true)] {
+            for &addr in addrs {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| GatewayError::Bind { addr, source })?;
+                let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
+                tracing::info!(%local, transport = if ws { "ws" } else { "tcp" }, "listening");
+                out.push(local);
+                shared.tracker.spawn(accept_loop(shared.clone(), listener, ws));
+            }
+        }
+        Ok(RunningGateway { shared, tcp_addrs, ws_addrs })
+    }
+}
+
+/// A gateway that is accepting connections.
+pub struct RunningGateway {
+    shared: Arc<Shared>,
+    tcp_addrs: Vec<SocketAddr>,
+    ws_addrs: Vec<SocketAddr>,
+}
+
+impl RunningGateway {
+    /// Bound TCP addresses (with real ports when the config asked for port 0).
+    pub fn tcp_addrs(&self) -> &[SocketAddr] {
+        &self.tcp_addrs
+    }
+
+    pub fn ws_addrs(&self) -> &[SocketAddr] {
+        &self.ws_addrs
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.shared.stats.clone()
+    }
+
+    /// Sessions alive, attached or waiting for a resume.
+    pub fn session_count(&self) -> usize {
+        self.shared.registry.len()
+    }
+
+    /// Stops accepting, closes every session with reason SHUTDOWN, and waits for them (at most
+    /// `grace`). Returns false if some tasks were still running at the deadline.
+    pub async fn shutdown(self, grace: Duration) -> bool {
+        self.shared.cancel.cancel();
+        self.shared.tracker.close();
+        tokio::time::timeout(grace, self.shared.tracker.wait()).await.is_ok()
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
+    loop {
+        let accepted = tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let task_shared = shared.clone();
+        shared.tracker.spawn(async move {
+            let conn = if ws {
+                let limit = task_shared.config.limits.auth_timeout;
+                match tokio::time::timeout(limit, accept_ws(stream)).await {
+                    Ok(Ok(conn)) => conn,
+                    _ => return,
+                }
+            } else {
+                Conn::Tcp(stream)
+            };
+            tokio::select! {
+                () = task_shared.cancel.cancelled() => {}
+                () = handshake(task_shared.clone(), conn) => {}
+            }
+        });
+    }
+}
+
+/// Sends a Close frame (best effort, bounded in time) and closes the connection.
+pub(crate) async fn send_close(conn: &mut Conn, reason: CloseReason, message: &str) {
+    let close = Control {
+        kind: Some(control::Kind::Close(Close { reason: reason as i32, message: message.to_owned() })),
+    };
+    let mut buf = BytesMut::new();
+    Frame::control(&close).encode(&mut buf);
+    let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, async {
+        let _ = conn.write_all(&buf).await;
+        conn.shutdown().await;
+    })
+    .await;
+}

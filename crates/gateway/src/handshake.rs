@@ -1,0 +1,109 @@
+//! The first exchange on every connection: read the Hello within the auth timeout, then either
+//! open a new session (after auth) or hand the connection to the session it resumes.
+
+use std::io;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tickwire_session::{ResumeToken, SessionId};
+use tickwire_transport::Conn;
+use tickwire_wire::proto::{CloseReason, Hello, control};
+use tickwire_wire::{Frame, FrameDecoder, WireError, decode_control};
+
+use crate::gateway::{Shared, send_close};
+use crate::registry::Takeover;
+use crate::session_task::SessionTask;
+use crate::stats::Stats;
+
+/// The only protocol version this gateway speaks.
+pub(crate) const PROTOCOL_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+enum HelloError {
+    #[error("connection closed before the Hello")]
+    Closed,
+    #[error("read failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("the first frame must be a CONTROL Hello")]
+    NotHello,
+}
+
+impl HelloError {
+    fn reason(&self) -> CloseReason {
+        match self {
+            HelloError::Wire(WireError::FrameTooLarge { .. }) => CloseReason::FrameTooLarge,
+            _ => CloseReason::ProtocolError,
+        }
+    }
+}
+
+async fn read_hello(conn: &mut Conn, buf: &mut BytesMut, decoder: &FrameDecoder) -> Result<Hello, HelloError> {
+    loop {
+        if let Some(frame) = decoder.decode(buf)? {
+            return match frame {
+                Frame::Control(body) => match decode_control(body)? {
+                    control::Kind::Hello(hello) => Ok(hello),
+                    _ => Err(HelloError::NotHello),
+                },
+                _ => Err(HelloError::NotHello),
+            };
+        }
+        if conn.read(buf).await? == 0 {
+            return Err(HelloError::Closed);
+        }
+    }
+}
+
+async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: String) {
+    tracing::debug!(?reason, %message, "connection rejected");
+    Stats::add(&shared.stats.connections_rejected, 1);
+    send_close(&mut conn, reason, &message).await;
+}
+
+/// Runs the handshake on a freshly accepted connection.
+pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
+    let mut buf = BytesMut::new();
+    let limit = shared.config.limits.auth_timeout;
+    let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &shared.decoder)).await {
+        Err(_) => {
+            let msg = format!("no Hello within {}", humantime_fmt(limit));
+            return reject(&shared, conn, CloseReason::AuthTimeout, msg).await;
+        }
+        Ok(Err(HelloError::Closed)) => return,
+        Ok(Err(e)) => return reject(&shared, conn, e.reason(), e.to_string()).await,
+        Ok(Ok(hello)) => hello,
+    };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        let msg = format!("protocol version {} is not supported (want {PROTOCOL_VERSION})", hello.protocol_version);
+        return reject(&shared, conn, CloseReason::ProtocolError, msg).await;
+    }
+    if let Some(resume) = hello.resume {
+        let Some(id) = SessionId::from_slice(&resume.session_id) else {
+            let msg = "session_id must be 16 bytes".to_owned();
+            return reject(&shared, conn, CloseReason::ResumeFailed, msg).await;
+        };
+        let takeover = Takeover { conn, buf, last_received: resume.last_received };
+        if let Err((e, takeover)) = shared.registry.resume(&id, &resume.resume_token, takeover) {
+            return reject(&shared, takeover.conn, CloseReason::ResumeFailed, e.to_string()).await;
+        }
+        return;
+    }
+    let identity = match shared.auth.authenticate(&hello.token) {
+        Ok(identity) => identity,
+        Err(e) => return reject(&shared, conn, CloseReason::AuthFailed, e.to_string()).await,
+    };
+    let id = SessionId(rand::random());
+    let token = ResumeToken(rand::random());
+    let player_id = if identity.player_id.is_empty() {
+        format!("anon-{}", &id.to_string()[..12])
+    } else {
+        identity.player_id
+    };
+    SessionTask::spawn(shared, conn, buf, id, token, player_id);
+}
+
+fn humantime_fmt(d: std::time::Duration) -> String {
+    format!("{} ms", d.as_millis())
+}

@@ -1,0 +1,23 @@
+//! The tickwire gateway: the I/O shell around the session state machine.
+//!
+//! It accepts TCP and WebSocket connections, runs the handshake and auth, and gives every
+//! session one task that owns its [`tickwire_session::Session`]. A dropped connection leaves
+//! that task waiting for a resume; a resume hands the new connection to the same task, so no
+//! state is ever copied between tasks. Application messages go to a [`Router`]; the built-in
+//! [`EchoRouter`] answers the `echo` method that the ping-pong bench uses.
+
+mod auth;
+mod config;
+mod gateway;
+mod handshake;
+mod rate_limit;
+mod registry;
+mod router;
+mod session_task;
+mod stats;
+
+pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
+pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm};
+pub use gateway::{Gateway, GatewayError, RunningGateway};
+pub use router::{EchoRouter, Router, SessionHandle};
+pub use stats::{Stats, StatsSnapshot};

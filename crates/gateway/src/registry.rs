@@ -1,0 +1,84 @@
+//! Live sessions by id, so a resuming connection can find its session's task.
+//!
+//! The task itself holds the session, attached or not; the registry only holds the resume
+//! token and a way to hand the task a new connection. Sharded so that handshakes on different
+//! threads rarely meet on one lock.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::BytesMut;
+use tickwire_session::{ResumeToken, SessionId};
+use tickwire_transport::Conn;
+use tokio::sync::mpsc;
+
+const SHARDS: usize = 64;
+
+/// A new connection for an existing session, with what the client said in its Hello.
+#[derive(Debug)]
+pub(crate) struct Takeover {
+    pub(crate) conn: Conn,
+    /// Bytes that arrived after the Hello.
+    pub(crate) buf: BytesMut,
+    pub(crate) last_received: u64,
+}
+
+struct Entry {
+    token: ResumeToken,
+    takeover: mpsc::Sender<Takeover>,
+}
+
+/// Why a resume was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ResumeError {
+    #[error("no such session (it may have expired)")]
+    Unknown,
+    #[error("resume token does not match")]
+    BadToken,
+    #[error("the session is already being resumed")]
+    Busy,
+}
+
+pub(crate) struct Registry {
+    shards: Box<[Mutex<HashMap<SessionId, Entry>>]>,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Registry {
+        Registry { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+    }
+
+    fn shard(&self, id: &SessionId) -> &Mutex<HashMap<SessionId, Entry>> {
+        &self.shards[id.0[0] as usize % SHARDS]
+    }
+
+    pub(crate) fn insert(&self, id: SessionId, token: ResumeToken, takeover: mpsc::Sender<Takeover>) {
+        self.shard(&id).lock().expect("registry lock").insert(id, Entry { token, takeover });
+    }
+
+    pub(crate) fn remove(&self, id: &SessionId) {
+        self.shard(id).lock().expect("registry lock").remove(id);
+    }
+
+    /// Hands `takeover` to the session's task if the token matches.
+    pub(crate) fn resume(
+        &self,
+        id: &SessionId,
+        token: &[u8],
+        takeover: Takeover,
+    ) -> Result<(), (ResumeError, Takeover)> {
+        let shard = self.shard(id).lock().expect("registry lock");
+        let Some(entry) = shard.get(id) else { return Err((ResumeError::Unknown, takeover)) };
+        if !entry.token.verify(token) {
+            return Err((ResumeError::BadToken, takeover));
+        }
+        entry.takeover.try_send(takeover).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(t) => (ResumeError::Busy, t),
+            mpsc::error::TrySendError::Closed(t) => (ResumeError::Unknown, t),
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().expect("registry lock").len()).sum()
+    }
+}

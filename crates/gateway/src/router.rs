@@ -1,0 +1,104 @@
+//! Where application messages go. A [`Router`] gets every request and push a session delivers;
+//! the gateway ships [`EchoRouter`], which answers `echo` for the ping-pong bench and tests.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+use tickwire_session::SessionId;
+use tickwire_wire::encode_message;
+use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
+use tokio::sync::mpsc;
+
+/// A way to send to one session from anywhere: a bounded outbox in front of its task.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    pub(crate) id: SessionId,
+    pub(crate) player_id: Arc<str>,
+    pub(crate) outbox: mpsc::Sender<Bytes>,
+}
+
+/// A push could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    #[error("the session's outbox is full (slow consumer)")]
+    Full,
+    #[error("the session has ended")]
+    Closed,
+}
+
+impl SessionHandle {
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    pub fn player_id(&self) -> &str {
+        &self.player_id
+    }
+
+    /// Queues a one-way message without waiting. A full outbox is the caller's to handle:
+    /// coalesce, drop, or end the session.
+    pub fn push(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
+        let envelope = Envelope {
+            kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })),
+        };
+        self.outbox.try_send(encode_message(&envelope)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => PushError::Full,
+            mpsc::error::TrySendError::Closed(_) => PushError::Closed,
+        })
+    }
+}
+
+/// Application logic behind the gateway. Called on the session's own task, so a slow router
+/// slows only that session; hand long work to another task and answer through
+/// [`SessionHandle::push`].
+pub trait Router: Send + Sync + 'static {
+    /// Answers a request. `None` means no response is sent for it.
+    fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response>;
+
+    /// A one-way message from the client.
+    fn on_push(&self, _session: &SessionHandle, _push: Push) {}
+
+    /// The session has ended for good (closed, expired or shut down).
+    fn on_session_closed(&self, _session: &SessionHandle) {}
+}
+
+/// Answers `echo` requests with a body of the requested size; anything else is NOT_FOUND.
+#[derive(Debug)]
+pub struct EchoRouter {
+    zeros: Bytes,
+}
+
+impl EchoRouter {
+    /// `max_body` caps the response size a client may ask for.
+    pub fn new(max_body: usize) -> EchoRouter {
+        EchoRouter { zeros: Bytes::from(vec![0u8; max_body]) }
+    }
+}
+
+pub(crate) fn error_response(id: u64, status: Status, error: String) -> Response {
+    Response { id, status: status as i32, body: Bytes::new(), error }
+}
+
+impl Router for EchoRouter {
+    fn on_request(&self, _session: &SessionHandle, request: Request) -> Option<Response> {
+        let id = request.id;
+        if request.method != "echo" {
+            let msg = format!("unknown method `{}`", request.method);
+            return Some(error_response(id, Status::NotFound, msg));
+        }
+        let echo = match EchoRequest::decode(request.body) {
+            Ok(echo) => echo,
+            Err(e) => {
+                let msg = format!("malformed EchoRequest: {e}");
+                return Some(error_response(id, Status::InvalidArgument, msg));
+            }
+        };
+        let size = echo.response_bytes as usize;
+        if size > self.zeros.len() {
+            let msg = format!("response_bytes {size} exceeds the limit of {}", self.zeros.len());
+            return Some(error_response(id, Status::InvalidArgument, msg));
+        }
+        Some(Response { id, status: Status::Ok as i32, body: self.zeros.slice(..size), error: String::new() })
+    }
+}

@@ -1,0 +1,323 @@
+//! One task per session: it owns the [`Session`] state machine and, while attached, its
+//! connection. It reads frames, feeds the session, dispatches messages to the router, drains
+//! the session's bounded outbox, and keeps a single timer armed at the session's next deadline.
+//! When the connection drops, the task stays and waits for a resume until the window closes.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tickwire_session::{Received, ResumeToken, Role, Session, SessionError, SessionId, Timeout};
+use tickwire_transport::Conn;
+use tickwire_wire::proto::{CloseReason, Control, Envelope, Welcome, control, envelope};
+use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_message};
+use tokio::sync::mpsc;
+use tokio::time::sleep_until;
+
+use crate::gateway::{Shared, send_close};
+use crate::rate_limit::TokenBucket;
+use crate::registry::Takeover;
+use crate::router::SessionHandle;
+use crate::stats::Stats;
+
+/// Outbox messages written per wake-up before the task checks its other inputs again.
+const OUTBOX_BATCH: usize = 64;
+
+/// Why the session ended; sent to the client when a connection is attached.
+#[derive(Debug)]
+struct End {
+    reason: CloseReason,
+    message: String,
+}
+
+impl End {
+    fn new(reason: CloseReason, message: impl Into<String>) -> End {
+        End { reason, message: message.into() }
+    }
+}
+
+impl From<SessionError> for End {
+    fn from(e: SessionError) -> End {
+        let reason = match e {
+            SessionError::RetransmitOverflow { .. } => CloseReason::RetransmitOverflow,
+            _ => CloseReason::ProtocolError,
+        };
+        End::new(reason, e.to_string())
+    }
+}
+
+impl From<WireError> for End {
+    fn from(e: WireError) -> End {
+        let reason = match e {
+            WireError::FrameTooLarge { .. } => CloseReason::FrameTooLarge,
+            _ => CloseReason::ProtocolError,
+        };
+        End::new(reason, e.to_string())
+    }
+}
+
+pub(crate) struct SessionTask {
+    shared: Arc<Shared>,
+    handle: SessionHandle,
+    token: ResumeToken,
+    session: Session,
+    conn: Option<Conn>,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    outbox: mpsc::Receiver<Bytes>,
+    takeovers: mpsc::Receiver<Takeover>,
+    bucket: TokenBucket,
+}
+
+/// Reads from the connection if there is one; otherwise never completes.
+async fn read_conn(conn: &mut Option<Conn>, buf: &mut BytesMut) -> io::Result<usize> {
+    match conn {
+        Some(conn) => conn.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl SessionTask {
+    pub(crate) fn spawn(
+        shared: Arc<Shared>,
+        conn: Conn,
+        rbuf: BytesMut,
+        id: SessionId,
+        token: ResumeToken,
+        player_id: String,
+    ) {
+        let now = Instant::now();
+        let limits = &shared.config.limits;
+        let (outbox_tx, outbox) = mpsc::channel(limits.outbox_capacity);
+        let (takeover_tx, takeovers) = mpsc::channel(1);
+        shared.registry.insert(id, token, takeover_tx);
+        Stats::add(&shared.stats.sessions_open, 1);
+        let task = SessionTask {
+            handle: SessionHandle { id, player_id: player_id.into(), outbox: outbox_tx },
+            token,
+            session: Session::new(Role::Server, shared.session_config.clone(), now),
+            conn: None,
+            rbuf,
+            wbuf: BytesMut::new(),
+            outbox,
+            takeovers,
+            bucket: TokenBucket::new(limits.messages_per_second, limits.message_burst, now),
+            shared: shared.clone(),
+        };
+        shared.tracker.spawn(task.run(conn));
+    }
+
+    async fn run(mut self, first: Conn) {
+        let end = match self.attach_new(first).await {
+            Ok(()) => self.serve().await,
+            Err(end) => end,
+        };
+        tracing::debug!(session = %self.handle.id, reason = ?end.reason, message = %end.message, "session ended");
+        if let Some(mut conn) = self.conn.take() {
+            send_close(&mut conn, end.reason, &end.message).await;
+            Stats::sub(&self.shared.stats.connections_open, 1);
+        }
+        self.shared.registry.remove(&self.handle.id);
+        Stats::sub(&self.shared.stats.sessions_open, 1);
+        self.shared.router.on_session_closed(&self.handle);
+    }
+
+    fn welcome(&self, resumed: bool) -> Frame {
+        let cfg = self.session.config();
+        let millis = |d: std::time::Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        Frame::control(&Control {
+            kind: Some(control::Kind::Welcome(Welcome {
+                session_id: Bytes::copy_from_slice(&self.handle.id.0),
+                resume_token: Bytes::copy_from_slice(&self.token.0),
+                resumed,
+                last_received: self.session.last_received(),
+                heartbeat_ms: millis(cfg.heartbeat),
+                resume_window_ms: millis(cfg.resume_window),
+                max_frame_bytes: self.shared.decoder.max_frame_bytes(),
+                player_id: self.handle.player_id.to_string(),
+            })),
+        })
+    }
+
+    async fn attach_new(&mut self, conn: Conn) -> Result<(), End> {
+        self.conn = Some(conn);
+        Stats::add(&self.shared.stats.connections_open, 1);
+        self.welcome(false).encode(&mut self.wbuf);
+        self.flush().await;
+        self.on_input(Instant::now()).await
+    }
+
+    async fn serve(&mut self) -> End {
+        let cancel = self.shared.cancel.clone();
+        let deadline = sleep_until(self.session.poll_timeout().into());
+        tokio::pin!(deadline);
+        loop {
+            let attached = self.conn.is_some();
+            let step = tokio::select! {
+                biased;
+                () = cancel.cancelled() => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
+                Some(takeover) = self.takeovers.recv() => self.on_takeover(takeover).await,
+                read = read_conn(&mut self.conn, &mut self.rbuf), if attached => match read {
+                    Ok(0) | Err(_) => {
+                        self.drop_link();
+                        Ok(())
+                    }
+                    Ok(n) => {
+                        Stats::add(&self.shared.stats.bytes_in, n as u64);
+                        self.on_input(Instant::now()).await
+                    }
+                },
+                Some(msg) = self.outbox.recv(), if attached => self.on_outbox(msg).await,
+                () = &mut deadline => self.on_deadline(),
+            };
+            if let Err(end) = step {
+                return end;
+            }
+            // Deadlines only move later with traffic, so the timer is re-armed lazily when it
+            // fires; it is moved earlier only on attach/detach.
+            let next = self.session.poll_timeout().into();
+            if deadline.is_elapsed() || next < deadline.deadline() {
+                deadline.as_mut().reset(next);
+            }
+        }
+    }
+
+    fn on_deadline(&mut self) -> Result<(), End> {
+        match self.session.on_timeout(Instant::now()) {
+            Timeout::Nothing | Timeout::Transmit(_) => Ok(()),
+            Timeout::LinkDead => {
+                self.drop_link();
+                Ok(())
+            }
+            Timeout::Expired => Err(End::new(CloseReason::ResumeFailed, "resume window expired")),
+        }
+    }
+
+    fn drop_link(&mut self) {
+        if self.conn.take().is_some() {
+            Stats::sub(&self.shared.stats.connections_open, 1);
+            self.session.detach(Instant::now());
+            self.rbuf = BytesMut::new();
+            self.wbuf.clear();
+        }
+    }
+
+    async fn on_takeover(&mut self, takeover: Takeover) -> Result<(), End> {
+        let now = Instant::now();
+        if let Some(mut old) = self.conn.take() {
+            Stats::sub(&self.shared.stats.connections_open, 1);
+            self.session.detach(now);
+            send_close(&mut old, CloseReason::Replaced, "session resumed on another connection").await;
+        }
+        let resend = self.session.attach(now, takeover.last_received)?;
+        Stats::add(&self.shared.stats.connections_open, 1);
+        Stats::add(&self.shared.stats.sessions_resumed, 1);
+        self.conn = Some(takeover.conn);
+        self.rbuf = takeover.buf;
+        self.wbuf.clear();
+        self.welcome(true).encode(&mut self.wbuf);
+        for frame in resend {
+            frame.encode(&mut self.wbuf);
+        }
+        self.flush().await;
+        self.on_input(now).await
+    }
+
+    /// Decodes and handles every complete frame in the read buffer, then writes the replies.
+    async fn on_input(&mut self, now: Instant) -> Result<(), End> {
+        while self.conn.is_some() {
+            let Some(frame) = self.shared.decoder.decode(&mut self.rbuf)? else { break };
+            match frame {
+                Frame::Control(body) => match decode_control(body)? {
+                    control::Kind::Close(close) => {
+                        self.conn = None;
+                        Stats::sub(&self.shared.stats.connections_open, 1);
+                        return Err(End::new(CloseReason::Normal, format!("client closed: {}", close.message)));
+                    }
+                    _ => return Err(End::new(CloseReason::ProtocolError, "unexpected control message after the handshake")),
+                },
+                frame @ Frame::Data { .. } => {
+                    if !self.bucket.take(now) {
+                        return Err(End::new(CloseReason::RateLimited, "message rate limit exceeded"));
+                    }
+                    if let Received::Deliver(payload) = self.session.on_frame(now, frame)? {
+                        Stats::add(&self.shared.stats.messages_in, 1);
+                        self.dispatch(now, payload)?;
+                    }
+                }
+                frame => {
+                    self.session.on_frame(now, frame)?;
+                }
+            }
+        }
+        if let Some(frame) = self.session.poll_transmit(now) {
+            frame.encode(&mut self.wbuf);
+        }
+        if self.rbuf.is_empty() {
+            // Idle sessions hold no read buffer.
+            self.rbuf = BytesMut::new();
+        }
+        self.flush().await;
+        Ok(())
+    }
+
+    fn dispatch(&mut self, now: Instant, payload: Bytes) -> Result<(), End> {
+        let router = &self.shared.router;
+        match decode_envelope(payload)? {
+            envelope::Kind::Request(request) => {
+                if let Some(response) = router.on_request(&self.handle, request) {
+                    let env = Envelope { kind: Some(envelope::Kind::Response(response)) };
+                    self.send(now, encode_message(&env))?;
+                }
+            }
+            envelope::Kind::Push(push) => router.on_push(&self.handle, push),
+            envelope::Kind::Response(_) => {
+                return Err(End::new(CloseReason::ProtocolError, "clients may not send responses"));
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
+        if let Some(frame) = self.session.send(now, message)? {
+            frame.encode(&mut self.wbuf);
+            Stats::add(&self.shared.stats.messages_out, 1);
+        }
+        Ok(())
+    }
+
+    async fn on_outbox(&mut self, first: Bytes) -> Result<(), End> {
+        let now = Instant::now();
+        self.send(now, first)?;
+        for _ in 1..OUTBOX_BATCH {
+            match self.outbox.try_recv() {
+                Ok(msg) => self.send(now, msg)?,
+                Err(_) => break,
+            }
+        }
+        self.flush().await;
+        Ok(())
+    }
+
+    /// Writes the pending output. A failed or stalled write drops the connection; the session
+    /// keeps everything unacknowledged for the resume.
+    async fn flush(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            self.wbuf.clear();
+            return;
+        };
+        if self.wbuf.is_empty() {
+            return;
+        }
+        let limit = self.shared.config.limits.write_timeout;
+        let len = self.wbuf.len() as u64;
+        match tokio::time::timeout(limit, conn.write_all(&self.wbuf)).await {
+            Ok(Ok(())) => {
+                Stats::add(&self.shared.stats.bytes_out, len);
+                self.wbuf.clear();
+            }
+            Ok(Err(_)) | Err(_) => self.drop_link(),
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Process-wide counters the gateway keeps with relaxed atomics; the bench and tests read them.
+//! (Prometheus export comes with the metrics endpoint.)
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Live counters of one gateway.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) connections_open: AtomicU64,
+    pub(crate) sessions_open: AtomicU64,
+    pub(crate) sessions_resumed: AtomicU64,
+    pub(crate) messages_in: AtomicU64,
+    pub(crate) messages_out: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) connections_rejected: AtomicU64,
+}
+
+/// A copy of [`Stats`] at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub connections_open: u64,
+    pub sessions_open: u64,
+    pub sessions_resumed: u64,
+    pub messages_in: u64,
+    pub messages_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub connections_rejected: u64,
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            connections_open: self.connections_open.load(Relaxed),
+            sessions_open: self.sessions_open.load(Relaxed),
+            sessions_resumed: self.sessions_resumed.load(Relaxed),
+            messages_in: self.messages_in.load(Relaxed),
+            messages_out: self.messages_out.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            bytes_out: self.bytes_out.load(Relaxed),
+            connections_rejected: self.connections_rejected.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
+        counter.fetch_sub(n, Relaxed);
+    }
+}
