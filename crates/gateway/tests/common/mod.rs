@@ -1,0 +1,103 @@
+//! Shared helpers for the gateway's integration tests: a gateway on loopback port 0, raw
+//! sockets for sending malformed bytes, and a client factory.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+use tickwire_client::{ConnectOptions, Connection, Target};
+use tickwire_gateway::{Gateway, GatewayConfig, RunningGateway};
+use tickwire_wire::proto::{Close, CloseReason, Control, EchoRequest, Hello, control};
+use tickwire_wire::{Frame, FrameDecoder, decode_control};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub async fn start(overrides: &[&str]) -> RunningGateway {
+    let mut all = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[\"127.0.0.1:0\"]".to_owned()];
+    all.extend(overrides.iter().map(|s| s.to_string()));
+    let config = GatewayConfig::load(None, &all).expect("test config");
+    Gateway::new(config).expect("gateway").start().await.expect("start")
+}
+
+pub fn tcp_target(gw: &RunningGateway) -> Target {
+    Target::Tcp(gw.tcp_addrs()[0])
+}
+
+pub async fn connect(gw: &RunningGateway) -> Connection {
+    Connection::connect(ConnectOptions::new(tcp_target(gw))).await.expect("connect")
+}
+
+pub fn echo_body(response_bytes: u32, padding: usize) -> Bytes {
+    EchoRequest { response_bytes, padding: Bytes::from(vec![7u8; padding]) }.encode_to_vec().into()
+}
+
+pub fn hello_frame(token: &str) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    Frame::control(&Control {
+        kind: Some(control::Kind::Hello(Hello { protocol_version: 1, token: token.into(), resume: None, client_name: "raw".into() })),
+    })
+    .encode(&mut buf);
+    buf.to_vec()
+}
+
+/// Sends `bytes` on a fresh TCP connection and returns the Close the gateway answers with,
+/// reading until the gateway closes the socket (bounded by a timeout).
+pub async fn raw_close(addr: SocketAddr, bytes: &[u8]) -> Option<Close> {
+    raw_exchange(addr, bytes, false).await
+}
+
+/// Like [`raw_close`], but half-closes the socket after writing (EOF, possibly mid-frame).
+pub async fn raw_close_eof(addr: SocketAddr, bytes: &[u8]) -> Option<Close> {
+    raw_exchange(addr, bytes, true).await
+}
+
+async fn raw_exchange(addr: SocketAddr, bytes: &[u8], eof: bool) -> Option<Close> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    if eof {
+        stream.shutdown().await.unwrap();
+    }
+    let mut data = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut data)).await;
+    assert!(read.is_ok(), "gateway did not close the connection");
+    let decoder = FrameDecoder::default();
+    let mut buf = BytesMut::from(&data[..]);
+    let mut close = None;
+    while let Ok(Some(frame)) = decoder.decode(&mut buf) {
+        if let Frame::Control(body) = frame {
+            if let Ok(control::Kind::Close(c)) = decode_control(body) {
+                close = Some(c);
+            }
+        }
+    }
+    close
+}
+
+pub fn reason(close: &Option<Close>) -> Option<CloseReason> {
+    close.as_ref().map(|c| c.reason())
+}
+
+/// One request/response round trip on a raw [`Connection`].
+pub async fn round_trip(conn: &mut Connection, id: u64, size: u32) -> tickwire_wire::proto::Response {
+    conn.send_request(id, "echo", echo_body(size, 0)).unwrap();
+    loop {
+        conn.flush().await;
+        match tokio::time::timeout(Duration::from_secs(10), conn.next_event()).await.expect("response in time").unwrap() {
+            Some(tickwire_client::Event::Response(r)) => return r,
+            Some(other) => panic!("unexpected event {other:?}"),
+            None => {}
+        }
+    }
+}
+
+/// A DATA frame carrying an `echo` request, as raw bytes.
+pub fn echo_frame(seq: u64, id: u64) -> Vec<u8> {
+    use tickwire_wire::proto::{Envelope, Request, envelope};
+    let request = Request { id, method: "echo".into(), body: echo_body(1, 0) };
+    let payload = tickwire_wire::encode_message(&Envelope { kind: Some(envelope::Kind::Request(request)) });
+    let mut buf = BytesMut::new();
+    Frame::Data { seq, ack: 0, payload }.encode(&mut buf);
+    buf.to_vec()
+}

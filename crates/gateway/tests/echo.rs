@@ -1,0 +1,56 @@
+//! The echo service over TCP and WebSocket, and RPC error statuses.
+
+mod common;
+
+use bytes::Bytes;
+use tickwire_client::{Client, ClientError, ConnectOptions, Target};
+use tickwire_wire::proto::Status;
+
+#[tokio::test]
+async fn echo_over_tcp_returns_the_requested_size() {
+    let gw = common::start(&[]).await;
+    let client = Client::connect(ConnectOptions::new(common::tcp_target(&gw))).await.unwrap();
+    for size in [0u32, 1, 71, 151, 4096] {
+        let body = client.call("echo", common::echo_body(size, 164)).await.unwrap();
+        assert_eq!(body.len(), size as usize);
+    }
+    assert!(client.player_id().starts_with("anon-"));
+    client.close().await;
+    assert!(gw.shutdown(std::time::Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn echo_over_websocket() {
+    let gw = common::start(&[]).await;
+    let url = format!("ws://{}/", gw.ws_addrs()[0]);
+    let target = Target::parse(&url).await.unwrap();
+    let mut opts = ConnectOptions::new(target);
+    opts.token = "alice".into();
+    let client = Client::connect(opts).await.unwrap();
+    assert_eq!(client.player_id(), "alice");
+    let body = client.call("echo", common::echo_body(300, 10)).await.unwrap();
+    assert_eq!(body.len(), 300);
+    client.close().await;
+}
+
+#[tokio::test]
+async fn unknown_method_and_bad_body_get_error_statuses_and_the_session_lives_on() {
+    let gw = common::start(&[]).await;
+    let client = Client::connect(ConnectOptions::new(common::tcp_target(&gw))).await.unwrap();
+    let err = client.call("nope", Bytes::new()).await.unwrap_err();
+    assert!(matches!(err, ClientError::Status { status: Status::NotFound, .. }), "{err}");
+    let err = client.call("echo", Bytes::from_static(&[0x0a, 0xff])).await.unwrap_err();
+    assert!(matches!(err, ClientError::Status { status: Status::InvalidArgument, .. }), "{err}");
+    let err = client.call("echo", common::echo_body(u32::MAX, 0)).await.unwrap_err();
+    assert!(matches!(err, ClientError::Status { status: Status::InvalidArgument, .. }), "{err}");
+    assert_eq!(client.call("echo", common::echo_body(5, 0)).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn target_parsing() {
+    assert!(matches!(Target::parse("127.0.0.1:1").await.unwrap(), Target::Tcp(_)));
+    assert!(matches!(Target::parse("tcp://127.0.0.1:1").await.unwrap(), Target::Tcp(_)));
+    assert!(matches!(Target::parse("ws://127.0.0.1:1/x").await.unwrap(), Target::Ws { .. }));
+    assert!(matches!(Target::parse("http://127.0.0.1:1").await, Err(ClientError::BadTarget(_))));
+    assert!(matches!(Target::parse("nonsense").await, Err(ClientError::BadTarget(_))));
+}

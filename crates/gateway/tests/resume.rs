@@ -1,0 +1,178 @@
+//! Sessions survive dropped connections: a proxy in the test cuts connections at random while
+//! thousands of requests flow, and every response must arrive exactly once and in order.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rand::{Rng, SeedableRng};
+use tickwire_client::{ClientError, ConnectOptions, Connection, Event, Target};
+use tickwire_wire::Frame;
+use tickwire_wire::proto::{CloseReason, Control, Hello, ResumeRequest, control};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A TCP proxy whose every connection can be cut at once by bumping `cuts`.
+struct ChaosProxy {
+    addr: SocketAddr,
+    cuts: watch::Sender<u64>,
+}
+
+impl ChaosProxy {
+    async fn start(upstream: SocketAddr) -> ChaosProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cuts, watch_rx) = watch::channel(0u64);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else { return };
+                let mut cut = watch_rx.clone();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut up) = TcpStream::connect(upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = cut.changed() => {}
+                    }
+                    // Dropping both sockets cuts the connection, possibly mid-frame.
+                });
+            }
+        });
+        ChaosProxy { addr, cuts }
+    }
+
+    fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
+async fn resume_until_ok(conn: &mut Connection) {
+    let mut backoff = Duration::from_millis(1);
+    for _ in 0..200 {
+        match conn.resume().await {
+            Ok(()) => return,
+            Err(ClientError::Closed { reason, message }) => panic!("session lost: {reason:?} {message}"),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(50));
+            }
+        }
+    }
+    panic!("could not resume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_in_order_through_random_cuts() {
+    const TOTAL: u64 = 30_000;
+    const WINDOW: u64 = 64;
+    let gw = common::start(&["session.max_unacked_messages=4096", "limits.messages_per_second=1000000", "limits.message_burst=1000000"]).await;
+    let proxy = ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
+
+    // Cut every connection at random intervals while the test runs.
+    let cutter = {
+        let seed: u64 = rand::random();
+        println!("chaos seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let cuts = proxy.cuts.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(2..25))).await;
+                cuts.send_modify(|n| *n += 1);
+            }
+        })
+    };
+
+    let mut sent = 0u64;
+    let mut received = Vec::with_capacity(TOTAL as usize);
+    let mut link_losses = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while (received.len() as u64) < TOTAL {
+        assert!(tokio::time::Instant::now() < deadline, "stalled at {} of {TOTAL}", received.len());
+        while sent < TOTAL && sent - received.len() as u64 <= WINDOW {
+            sent += 1;
+            conn.send_request(sent, "echo", common::echo_body(16, 32)).unwrap();
+        }
+        conn.flush().await;
+        match tokio::time::timeout(Duration::from_secs(10), conn.next_event()).await.expect("event in time").unwrap() {
+            Some(Event::Response(r)) => received.push(r.id),
+            Some(Event::LinkLost) => {
+                link_losses += 1;
+                resume_until_ok(&mut conn).await;
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => {}
+        }
+    }
+    cutter.abort();
+    let expected: Vec<u64> = (1..=TOTAL).collect();
+    assert_eq!(received, expected, "responses lost, duplicated or reordered");
+    assert!(link_losses >= 10, "the proxy should have cut the link several times, cut {link_losses}");
+    println!("{TOTAL} round trips over {link_losses} cut connections");
+}
+
+#[tokio::test]
+async fn resume_with_a_wrong_token_or_unknown_session_fails() {
+    let gw = common::start(&[]).await;
+    let conn = common::connect(&gw).await;
+    for (id, token) in [(conn.session_id().0.to_vec(), vec![0u8; 16]), (vec![9u8; 16], vec![0u8; 16]), (vec![1u8; 3], vec![])] {
+        let mut buf = BytesMut::new();
+        Frame::control(&Control {
+            kind: Some(control::Kind::Hello(Hello {
+                protocol_version: 1,
+                token: String::new(),
+                resume: Some(ResumeRequest { session_id: Bytes::from(id), resume_token: Bytes::from(token), last_received: 0 }),
+                client_name: "thief".into(),
+            })),
+        })
+        .encode(&mut buf);
+        let close = common::raw_close(gw.tcp_addrs()[0], &buf).await;
+        assert_eq!(common::reason(&close), Some(CloseReason::ResumeFailed), "{close:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_expires_after_the_resume_window() {
+    let gw = common::start(&["session.resume_window=200ms"]).await;
+    let proxy = ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
+    assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    match conn.resume().await {
+        Err(ClientError::Closed { reason: CloseReason::ResumeFailed, .. }) => {}
+        other => panic!("expected RESUME_FAILED, got {other:?}"),
+    }
+    assert_eq!(gw.session_count(), 0);
+}
+
+#[tokio::test]
+async fn a_resume_replaces_a_half_open_connection() {
+    let gw = common::start(&[]).await;
+    let mut conn = common::connect(&gw).await;
+    assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
+    // The old connection is still open on the gateway's side; the resume must take over.
+    conn.resume().await.unwrap();
+    assert_eq!(common::round_trip(&mut conn, 2, 8).await.id, 2);
+    assert_eq!(gw.stats().snapshot().sessions_resumed, 1);
+}
+
+#[tokio::test]
+async fn shutdown_tells_every_session_why() {
+    let gw = common::start(&[]).await;
+    let mut conns = Vec::new();
+    for _ in 0..5 {
+        conns.push(common::connect(&gw).await);
+    }
+    assert!(gw.shutdown(Duration::from_secs(5)).await, "sessions did not finish");
+    for mut conn in conns {
+        let event = loop {
+            if let Some(e) = conn.next_event().await.unwrap() {
+                break e;
+            }
+        };
+        assert!(matches!(event, Event::Closed { reason: CloseReason::Shutdown, .. }), "{event:?}");
+    }
+}
