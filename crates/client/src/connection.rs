@@ -75,6 +75,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     deadline: Pin<Box<Sleep>>,
     closed: bool,
+    bytes_in: u64,
+    bytes_out: u64,
 }
 
 impl std::fmt::Debug for Connection {
@@ -153,6 +155,8 @@ impl Connection {
             events: VecDeque::new(),
             deadline,
             closed: false,
+            bytes_in: 0,
+            bytes_out: 0,
         };
         connection.on_input(now)?;
         Ok(connection)
@@ -173,6 +177,11 @@ impl Connection {
 
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Bytes read and written on this session's connections so far (after the handshake).
+    pub fn byte_counts(&self) -> (u64, u64) {
+        (self.bytes_in, self.bytes_out)
     }
 
     /// Reconnects and resumes the session. Everything unacknowledged is resent in both
@@ -235,7 +244,10 @@ impl Connection {
             return;
         }
         match conn.write_all(&self.wbuf).await {
-            Ok(()) => self.wbuf.clear(),
+            Ok(()) => {
+                self.bytes_out += self.wbuf.len() as u64;
+                self.wbuf.clear();
+            }
             Err(_) => {
                 self.lose_link();
                 self.events.push_back(Event::LinkLost);
@@ -259,7 +271,10 @@ impl Connection {
                     self.lose_link();
                     return Ok(Some(Event::LinkLost));
                 }
-                Ok(_) => self.on_input(Instant::now())?,
+                Ok(n) => {
+                    self.bytes_in += n as u64;
+                    self.on_input(Instant::now())?;
+                }
             },
             () = &mut self.deadline => {
                 match self.session.on_timeout(Instant::now()) {

@@ -1,0 +1,109 @@
+//! Facts about the machine and a process, read from `/proc`: every figure the bench prints
+//! names its machine, and server CPU and memory are measured, not guessed.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Cores and CPU model, as `BENCHMARKS.md` asks every figure to carry.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".to_owned());
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        Machine { cores, cpu_model }
+    }
+
+    /// One line for reports: `2 cores, AMD EPYC`.
+    pub fn line(&self) -> String {
+        format!("{} cores, {}", self.cores, self.cpu_model)
+    }
+}
+
+/// CPU time and resident memory of one process at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcSample {
+    pub at: Instant,
+    /// User plus system CPU time, in seconds.
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+}
+
+impl ProcSample {
+    /// Reads `/proc/<pid>/stat` and `/proc/<pid>/statm`; `None` if the process is gone.
+    pub fn read(pid: u32) -> Option<ProcSample> {
+        let at = Instant::now();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name may contain spaces; fields resume after the last ')'.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the full line, 12 and 13 after the name.
+        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+        let rss_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let (tck, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+        Some(ProcSample {
+            at,
+            cpu_seconds: ticks as f64 / tck.max(1) as f64,
+            rss_bytes: rss_pages * page.max(1) as u64,
+        })
+    }
+
+    /// CPU use between two samples, in percent of one core.
+    pub fn cpu_pct_since(&self, earlier: &ProcSample) -> f64 {
+        let wall = self.at.duration_since(earlier.at).as_secs_f64();
+        if wall <= 0.0 { 0.0 } else { 100.0 * (self.cpu_seconds - earlier.cpu_seconds) / wall }
+    }
+}
+
+/// Raises this process's open-file limit as far as the system allows and returns it.
+/// Root may raise the hard limit too (up to `fs.nr_open`).
+pub fn raise_fd_limit() -> u64 {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let wanted = nr_open.min(1 << 20) as libc::rlim_t;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscalls on a stack value.
+    unsafe {
+        let both = libc::rlimit { rlim_cur: wanted, rlim_max: wanted };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &both) != 0 {
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+    }
+    lim.rlim_cur as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_its_own_process() {
+        let sample = ProcSample::read(std::process::id()).expect("own /proc entry");
+        assert!(sample.rss_bytes > 0);
+        assert!(sample.cpu_seconds >= 0.0);
+        assert!(ProcSample::read(u32::MAX).is_none());
+        let m = Machine::detect();
+        assert!(m.cores >= 1);
+        assert!(m.line().contains("cores"));
+    }
+}

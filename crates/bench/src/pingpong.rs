@@ -1,0 +1,543 @@
+//! Workload B1, the Qifun BCP ping-pong report: clients join at a fixed ramp, each sends an
+//! echo request on an open-loop schedule (fixed interval or random think time), and the bench
+//! measures how many sessions hold with 0 errors, 0 lost and p99 RTT within the limit.
+//!
+//! Every client is one task driving a [`Connection`] directly. Requests fire on schedule
+//! whether or not earlier ones were answered, so slow answers show up as latency rather than
+//! as a lower request rate (no coordinated omission).
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use prost::Message;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use serde::Serialize;
+use tickwire_client::{ConnectOptions, Connection, Event, Target};
+use tickwire_wire::proto::EchoRequest;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::machine::{Machine, ProcSample, raise_fd_limit};
+use crate::server::ChildGateway;
+
+/// Most steps one run can have.
+const MAX_STEPS: usize = 64;
+/// After a hold window, answers still count this long; later ones are lost.
+const GRACE: Duration = Duration::from_secs(2);
+/// Shortest think time of the random-think mode, as in the report.
+const MIN_THINK: Duration = Duration::from_millis(10);
+
+fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+/// Flags of `tickwire bench pingpong`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PingPongArgs {
+    /// Clients to hold: one step per value, ascending (e.g. 10000,30000,50000).
+    #[arg(long, value_delimiter = ',', default_value = "2000")]
+    pub clients: Vec<usize>,
+    /// A new client joins every RAMP (the report used 50ms).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub ramp: Duration,
+    /// Time between two requests of one client.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Instead of a fixed interval, think a uniform random time between 10ms and this.
+    #[arg(long, value_parser = parse_duration)]
+    pub max_think: Option<Duration>,
+    /// Session heartbeat, set on the gateway and announced to clients.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub heartbeat: Duration,
+    /// Size of each request body.
+    #[arg(long, default_value_t = 164)]
+    pub request_bytes: usize,
+    /// Size of each response body.
+    #[arg(long, default_value_t = 71)]
+    pub response_bytes: u32,
+    /// Hold window of each step.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// p99 RTT a step must stay within to hold.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub max_p99: Duration,
+    /// A running gateway (host:port) instead of a child process.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// With --target: the gateway's pid, for CPU and memory figures.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Clients per loopback source address (each has about 28k ephemeral ports).
+    #[arg(long, default_value_t = 20_000)]
+    pub clients_per_source: usize,
+    /// Keep going after a step that does not hold.
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Run the report's grid of rows instead (each shortened by --duration).
+    #[arg(long, value_enum)]
+    pub grid: Option<Grid>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write SVG plots into this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grid {
+    /// The rows of the BCP report.
+    Report,
+}
+
+/// RTT percentiles in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rtt {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// One step: a number of clients held for the hold window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub row: String,
+    pub clients: usize,
+    pub connected: usize,
+    pub interval_ms: Option<u64>,
+    pub max_think_ms: Option<u64>,
+    pub heartbeat_ms: u64,
+    pub request_bytes: usize,
+    pub response_bytes: u32,
+    pub hold_s: f64,
+    pub held: bool,
+    pub requests: u64,
+    pub rps: f64,
+    pub rtt_ms: Rtt,
+    pub errors: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub server_cpu_pct: Option<f64>,
+    pub server_rss_bytes: Option<u64>,
+    /// Bytes the server received per second (what the clients wrote).
+    pub bytes_in_per_s: f64,
+    /// Bytes the server sent per second (what the clients read).
+    pub bytes_out_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub bench: &'static str,
+    pub machine: Machine,
+    pub max_held_clients: usize,
+    pub steps: Vec<Step>,
+}
+
+/// One row of a run: a fixed send pattern, ramped through the client counts.
+#[derive(Debug, Clone)]
+struct Row {
+    name: String,
+    interval: Duration,
+    max_think: Option<Duration>,
+    heartbeat: Duration,
+    request_bytes: usize,
+    response_bytes: u32,
+}
+
+/// Counters the client tasks share, per step where it matters.
+struct Shared {
+    /// Index of the step being held, or `usize::MAX` outside hold windows.
+    holding: AtomicUsize,
+    sent: [AtomicU64; MAX_STEPS],
+    answered: [AtomicU64; MAX_STEPS],
+    duplicated: AtomicU64,
+    errors: AtomicU64,
+    connected: AtomicU64,
+    failed: AtomicU64,
+    bytes_to_server: AtomicU64,
+    bytes_from_server: AtomicU64,
+    rtt: Vec<Mutex<Histogram<u64>>>,
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            holding: AtomicUsize::new(usize::MAX),
+            sent: std::array::from_fn(|_| AtomicU64::new(0)),
+            answered: std::array::from_fn(|_| AtomicU64::new(0)),
+            duplicated: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            connected: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            bytes_to_server: AtomicU64::new(0),
+            bytes_from_server: AtomicU64::new(0),
+            rtt: (0..MAX_STEPS)
+                .map(|_| Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")))
+                .collect(),
+            stop: CancellationToken::new(),
+        }
+    }
+}
+
+/// An echo request body of exactly `size` bytes (`EchoRequest` plus padding).
+pub fn echo_body(size: usize, response_bytes: u32) -> Bytes {
+    let mut padding = size;
+    loop {
+        let msg = EchoRequest { response_bytes, padding: Bytes::from(vec![0x5a; padding]) };
+        let len = msg.encoded_len();
+        if len <= size || padding == 0 {
+            return msg.encode_to_vec().into();
+        }
+        padding -= (len - size).min(padding);
+    }
+}
+
+/// Runs `tickwire bench pingpong`.
+pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
+    anyhow::ensure!(!args.clients.is_empty(), "--clients needs at least one value");
+    anyhow::ensure!(args.clients.len() <= MAX_STEPS, "at most {MAX_STEPS} steps");
+    anyhow::ensure!(args.clients.windows(2).all(|w| w[0] < w[1]), "--clients must be ascending");
+    let fd_limit = raise_fd_limit();
+    let machine = Machine::detect();
+    println!("machine: {}", machine.line());
+    let rows = match args.grid {
+        None => vec![Row {
+            name: "custom".into(),
+            interval: args.interval,
+            max_think: args.max_think,
+            heartbeat: args.heartbeat,
+            request_bytes: args.request_bytes,
+            response_bytes: args.response_bytes,
+        }],
+        Some(Grid::Report) => report_grid(),
+    };
+    let needed = args.clients.last().copied().unwrap_or(0) + 100;
+    if (fd_limit as usize) < needed {
+        println!("warning: open-file limit is {fd_limit}, below the {needed} this run needs");
+    }
+    let mut steps = Vec::new();
+    for row in rows {
+        steps.extend(run_row(&args, &row).await?);
+    }
+    let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
+    let report = Report { bench: "pingpong", machine, max_held_clients, steps };
+    println!("max held clients: {max_held_clients} ({})", report.machine.line());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.plot {
+        crate::plot::pingpong(dir, &report)?;
+        println!("wrote plots to {}", dir.display());
+    }
+    Ok(report)
+}
+
+/// The report's rows: send interval at heartbeat 3s, heartbeat at interval 1–2s, two sizes.
+fn report_grid() -> Vec<Row> {
+    let ms = Duration::from_millis;
+    let mut rows = Vec::new();
+    for (req, resp) in [(164, 71), (356, 151)] {
+        for interval in [500, 1000, 2000, 3000] {
+            rows.push(Row {
+                name: format!("interval {interval}ms hb 3s {req}/{resp}B"),
+                interval: ms(interval),
+                max_think: None,
+                heartbeat: ms(3000),
+                request_bytes: req,
+                response_bytes: resp,
+            });
+        }
+        for hb in [500, 1000, 1500, 6000] {
+            rows.push(Row {
+                name: format!("interval 1-2s hb {hb}ms {req}/{resp}B"),
+                interval: ms(1000),
+                max_think: Some(ms(2000)),
+                heartbeat: ms(hb),
+                request_bytes: req,
+                response_bytes: resp,
+            });
+        }
+    }
+    rows
+}
+
+async fn run_row(args: &PingPongArgs, row: &Row) -> anyhow::Result<Vec<Step>> {
+    println!("\n== {} ==", row.name);
+    let overrides = vec![
+        format!("session.heartbeat=\"{}ms\"", row.heartbeat.as_millis()),
+        // The bench's own load is the subject; the per-connection limit must not shape it.
+        "limits.messages_per_second=100000".to_owned(),
+        "limits.message_burst=100000".to_owned(),
+    ];
+    let (child, addr, pid) = match &args.target {
+        Some(t) => {
+            let Target::Tcp(addr) = Target::parse(t).await? else { anyhow::bail!("--target must be a TCP address") };
+            (None, addr, args.server_pid)
+        }
+        None => {
+            let child = ChildGateway::start(&overrides)?;
+            let (addr, pid) = (child.tcp, child.pid());
+            (Some(child), addr, Some(pid))
+        }
+    };
+    let shared = Arc::new(Shared::new());
+    let body = echo_body(row.request_bytes, row.response_bytes);
+    let mut tasks = JoinSet::new();
+    let mut steps = Vec::new();
+    print_header();
+    for (k, &clients) in args.clients.iter().enumerate() {
+        ramp_to(args, row, &shared, &mut tasks, &body, addr, clients).await;
+        // Let every new client reach its steady schedule before measuring.
+        tokio::time::sleep(row.max_think.unwrap_or(row.interval).min(Duration::from_secs(3))).await;
+        let step = hold(args, row, &shared, k, clients, pid).await;
+        print_row(&step);
+        let held = step.held;
+        steps.push(step);
+        if !held && !args.keep_going {
+            break;
+        }
+    }
+    shared.stop.cancel();
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
+    drop(child);
+    Ok(steps)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn ramp_to(
+    args: &PingPongArgs,
+    row: &Row,
+    shared: &Arc<Shared>,
+    tasks: &mut JoinSet<()>,
+    body: &Bytes,
+    addr: SocketAddr,
+    clients: usize,
+) {
+    let have = tasks.len();
+    let bar = ProgressBar::new((clients - have) as u64).with_message(format!("ramping to {clients} clients"));
+    bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}").expect("template"));
+    let mut tick = tokio::time::interval(args.ramp.max(Duration::from_micros(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for k in have..clients {
+        tick.tick().await;
+        let source = Ipv4Addr::new(127, 0, 0, 1 + (k / args.clients_per_source.max(1)) as u8);
+        let mut opts = ConnectOptions::new(Target::Tcp(addr));
+        opts.local_addr = Some(IpAddr::V4(source));
+        opts.client_name = format!("bench-{k}");
+        tasks.spawn(client(k as u64, shared.clone(), opts, row.clone(), body.clone()));
+        bar.inc(1);
+    }
+    // Wait (bounded) for the handshakes to finish.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (shared.connected.load(Relaxed) + shared.failed.load(Relaxed)) < clients as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bar.finish_and_clear();
+}
+
+async fn hold(args: &PingPongArgs, row: &Row, shared: &Shared, k: usize, clients: usize, pid: Option<u32>) -> Step {
+    let errors_before = shared.errors.load(Relaxed);
+    let dup_before = shared.duplicated.load(Relaxed);
+    let (to0, from0) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
+    let cpu0 = pid.and_then(ProcSample::read);
+    let start = Instant::now();
+    shared.holding.store(k, Relaxed);
+    let bar = ProgressBar::new(args.duration.as_secs()).with_message(format!("holding {clients} clients"));
+    bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len}s").expect("template"));
+    let end = start + args.duration;
+    while Instant::now() < end {
+        tokio::time::sleep((end - Instant::now()).min(Duration::from_secs(1))).await;
+        bar.set_position(start.elapsed().as_secs());
+    }
+    shared.holding.store(usize::MAX, Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu1 = pid.and_then(ProcSample::read);
+    let (to1, from1) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
+    bar.finish_and_clear();
+    tokio::time::sleep(GRACE).await;
+    let sent = shared.sent[k].load(Relaxed);
+    let answered = shared.answered[k].load(Relaxed);
+    let hist = shared.rtt[k].lock().expect("histogram lock").clone();
+    let ms = |us: u64| us as f64 / 1000.0;
+    let rtt = Rtt { p50: ms(hist.value_at_quantile(0.5)), p99: ms(hist.value_at_quantile(0.99)), max: ms(hist.max()) };
+    let errors = shared.errors.load(Relaxed) - errors_before;
+    let lost = sent.saturating_sub(answered);
+    let duplicated = shared.duplicated.load(Relaxed) - dup_before;
+    let connected = shared.connected.load(Relaxed) as usize;
+    let held = errors == 0
+        && lost == 0
+        && duplicated == 0
+        && connected >= clients
+        && sent > 0
+        && rtt.p99 <= args.max_p99.as_secs_f64() * 1000.0;
+    Step {
+        row: row.name.clone(),
+        clients,
+        connected,
+        interval_ms: row.max_think.is_none().then(|| row.interval.as_millis() as u64),
+        max_think_ms: row.max_think.map(|d| d.as_millis() as u64),
+        heartbeat_ms: row.heartbeat.as_millis() as u64,
+        request_bytes: row.request_bytes,
+        response_bytes: row.response_bytes,
+        hold_s: elapsed,
+        held,
+        requests: answered,
+        rps: answered as f64 / elapsed,
+        rtt_ms: rtt,
+        errors,
+        lost,
+        duplicated,
+        server_cpu_pct: cpu0.zip(cpu1).map(|(a, b)| b.cpu_pct_since(&a)),
+        server_rss_bytes: cpu1.map(|s| s.rss_bytes),
+        bytes_in_per_s: (to1 - to0) as f64 / elapsed,
+        bytes_out_per_s: (from1 - from0) as f64 / elapsed,
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10}",
+        "clients", "held", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "lost", "dup", "cpu %", "rss MiB", "in KiB/s", "out KiB/s"
+    );
+}
+
+fn print_row(s: &Step) {
+    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    println!(
+        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0}",
+        s.clients,
+        if s.held { "yes" } else { "NO" },
+        s.rps,
+        s.rtt_ms.p50,
+        s.rtt_ms.p99,
+        s.rtt_ms.max,
+        s.errors,
+        s.lost,
+        s.duplicated,
+        opt(s.server_cpu_pct),
+        opt(s.server_rss_bytes.map(|b| b as f64 / (1 << 20) as f64)),
+        s.bytes_in_per_s / 1024.0,
+        s.bytes_out_per_s / 1024.0,
+    );
+}
+
+/// One simulated client: connect, then send on schedule and match answers until stopped.
+async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions, row: Row, body: Bytes) {
+    let mut conn = match Connection::connect(opts).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "connect failed");
+            shared.failed.fetch_add(1, Relaxed);
+            shared.errors.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    shared.connected.fetch_add(1, Relaxed);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let think = |rng: &mut SmallRng| match row.max_think {
+        Some(max) => rng.random_range(MIN_THINK..=max.max(MIN_THINK)),
+        None => row.interval,
+    };
+    // A random phase spreads the clients' sends evenly over the interval.
+    let phase = row.max_think.unwrap_or(row.interval).mul_f64(rng.random::<f64>());
+    let mut next = tokio::time::Instant::now() + phase;
+    let timer = tokio::time::sleep_until(next);
+    tokio::pin!(timer);
+    let mut outstanding: VecDeque<(u64, Instant, usize)> = VecDeque::new();
+    let mut id = 0u64;
+    let (mut seen_in, mut seen_out) = (0u64, 0u64);
+    loop {
+        conn.flush().await;
+        tokio::select! {
+            biased;
+            () = shared.stop.cancelled() => break,
+            () = &mut timer => {
+                id += 1;
+                let step = shared.holding.load(Relaxed);
+                if step != usize::MAX {
+                    shared.sent[step].fetch_add(1, Relaxed);
+                }
+                outstanding.push_back((id, Instant::now(), step));
+                if conn.send_request(id, "echo", body.clone()).is_err() {
+                    shared.errors.fetch_add(1, Relaxed);
+                    break;
+                }
+                // Open loop: the schedule never waits for answers.
+                next += think(&mut rng);
+                timer.as_mut().reset(next);
+                let (bytes_in, bytes_out) = conn.byte_counts();
+                shared.bytes_from_server.fetch_add(bytes_in - seen_in, Relaxed);
+                shared.bytes_to_server.fetch_add(bytes_out - seen_out, Relaxed);
+                (seen_in, seen_out) = (bytes_in, bytes_out);
+            }
+            event = conn.next_event() => match event {
+                Ok(Some(Event::Response(response))) => {
+                    match outstanding.iter().position(|(i, ..)| *i == response.id) {
+                        Some(pos) => {
+                            let (_, sent_at, step) = outstanding.remove(pos).expect("position is valid");
+                            if step != usize::MAX {
+                                let us = sent_at.elapsed().as_micros() as u64;
+                                let _ = shared.rtt[step].lock().expect("histogram lock").record(us.max(1));
+                                shared.answered[step].fetch_add(1, Relaxed);
+                            }
+                        }
+                        None => {
+                            shared.duplicated.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+                Ok(Some(Event::LinkLost)) => {
+                    // A real client resumes; the bench counts the drop as an error and resumes too.
+                    shared.errors.fetch_add(1, Relaxed);
+                    if conn.resume().await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Some(_)) | Err(_) => {
+                    shared.errors.fetch_add(1, Relaxed);
+                    break;
+                }
+                Ok(None) => {}
+            },
+        }
+    }
+    if !shared.stop.is_cancelled() {
+        shared.connected.fetch_sub(1, Relaxed);
+    }
+    conn.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_body_has_the_exact_size() {
+        for size in [0, 1, 2, 3, 10, 71, 127, 128, 129, 164, 356, 20_000] {
+            let body = echo_body(size, 71);
+            assert!(body.len() <= size.max(3), "size {size}: got {}", body.len());
+            if size >= 5 {
+                assert_eq!(body.len(), size, "size {size}");
+            }
+            assert_eq!(EchoRequest::decode(body).unwrap().response_bytes, 71);
+        }
+    }
+
+    #[test]
+    fn the_report_grid_has_sixteen_rows() {
+        let rows = report_grid();
+        assert_eq!(rows.len(), 16);
+        assert!(rows.iter().any(|r| r.heartbeat == Duration::from_millis(500) && r.max_think.is_some()));
+    }
+}

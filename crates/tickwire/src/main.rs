@@ -1,0 +1,123 @@
+//! The `tickwire` command line: parses flags, sets up logging and the runtime, and hands over
+//! to the library crates. Errors end up here as `anyhow` reports.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tickwire_bench::machine::raise_fd_limit;
+use tickwire_bench::server::LISTENING_PREFIX;
+use tickwire_gateway::{Gateway, GatewayConfig};
+
+/// How long sessions get to hear the shutdown reason before the process exits.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+#[command(name = "tickwire", version, about = "A backend for multiplayer games: real-time gateway and benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the real-time gateway.
+    Gateway(GatewayArgs),
+    /// Re-run a reference benchmark against tickwire.
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+}
+
+#[derive(clap::Args)]
+struct GatewayArgs {
+    /// TOML config file (see deploy/tickwire.toml).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override any config key, e.g. --set session.heartbeat=1s (repeatable; applied last).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// TCP listen address (repeatable); replaces listen.tcp.
+    #[arg(long)]
+    tcp: Vec<String>,
+    /// WebSocket listen address (repeatable); replaces listen.ws.
+    #[arg(long)]
+    ws: Vec<String>,
+    /// Session heartbeat; replaces session.heartbeat.
+    #[arg(long)]
+    heartbeat: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// B1: ping-pong sessions held (the Qifun BCP report).
+    Pingpong(tickwire_bench::pingpong::PingPongArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Gateway(_) => "info",
+        Command::Bench { .. } => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Gateway(args) => gateway(args).await,
+            Command::Bench { bench: Bench::Pingpong(args) } => {
+                tickwire_bench::pingpong::run(args).await.map(|_| ())
+            }
+        }
+    })
+}
+
+fn list(values: &[String]) -> String {
+    let quoted: Vec<String> = values.iter().map(|v| format!("\"{v}\"")).collect();
+    format!("[{}]", quoted.join(","))
+}
+
+async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
+    let mut overrides = Vec::new();
+    if !args.tcp.is_empty() {
+        overrides.push(format!("listen.tcp={}", list(&args.tcp)));
+    }
+    if !args.ws.is_empty() {
+        overrides.push(format!("listen.ws={}", list(&args.ws)));
+    }
+    if let Some(hb) = &args.heartbeat {
+        overrides.push(format!("session.heartbeat=\"{hb}\""));
+    }
+    overrides.extend(args.overrides);
+    let config = GatewayConfig::load(args.config.as_deref(), &overrides).context("loading configuration")?;
+    let gateway = Gateway::new(config)?.start().await?;
+    for addr in gateway.tcp_addrs() {
+        println!("{LISTENING_PREFIX}tcp://{addr}");
+    }
+    for addr in gateway.ws_addrs() {
+        println!("{LISTENING_PREFIX}ws://{addr}/");
+    }
+    wait_for_signal().await?;
+    tracing::info!(sessions = gateway.session_count(), "shutting down");
+    if !gateway.shutdown(SHUTDOWN_GRACE).await {
+        tracing::warn!("some sessions did not close within {}", humantime::format_duration(SHUTDOWN_GRACE));
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
