@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use serde::Serialize;
 use tickwire_client::{ConnectOptions, Connection, Event, Target};
 use tickwire_wire::proto::EchoRequest;
+use tokio::runtime::Handle;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +79,9 @@ pub struct PingPongArgs {
     /// Clients per loopback source address (each has about 28k ephemeral ports).
     #[arg(long, default_value_t = 20_000)]
     pub clients_per_source: usize,
+    /// Load-generator threads, one single-threaded runtime each (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Keep going after a step that does not hold.
     #[arg(long)]
     pub keep_going: bool,
@@ -224,9 +228,11 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     if (fd_limit as usize) < needed {
         println!("warning: open-file limit is {fd_limit}, below the {needed} this run needs");
     }
+    let threads = args.threads.unwrap_or(machine.cores);
+    let runtimes = tickwire_transport::io_threads(threads, "bench-io")?;
     let mut steps = Vec::new();
     for row in rows {
-        steps.extend(run_row(&args, &row).await?);
+        steps.extend(run_row(&args, &row, &runtimes).await?);
     }
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
     let report = Report { bench: "pingpong", machine, max_held_clients, steps };
@@ -271,7 +277,7 @@ fn report_grid() -> Vec<Row> {
     rows
 }
 
-async fn run_row(args: &PingPongArgs, row: &Row) -> anyhow::Result<Vec<Step>> {
+async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow::Result<Vec<Step>> {
     println!("\n== {} ==", row.name);
     let overrides = vec![
         format!("session.heartbeat=\"{}ms\"", row.heartbeat.as_millis()),
@@ -296,7 +302,7 @@ async fn run_row(args: &PingPongArgs, row: &Row) -> anyhow::Result<Vec<Step>> {
     let mut steps = Vec::new();
     print_header();
     for (k, &clients) in args.clients.iter().enumerate() {
-        ramp_to(args, row, &shared, &mut tasks, &body, addr, clients).await;
+        ramp_to(args, row, &shared, (&mut tasks, runtimes), &body, addr, clients).await;
         // Let every new client reach its steady schedule before measuring.
         tokio::time::sleep(row.max_think.unwrap_or(row.interval).min(Duration::from_secs(3))).await;
         let step = hold(args, row, &shared, k, clients, pid).await;
@@ -314,12 +320,11 @@ async fn run_row(args: &PingPongArgs, row: &Row) -> anyhow::Result<Vec<Step>> {
     Ok(steps)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn ramp_to(
     args: &PingPongArgs,
     row: &Row,
     shared: &Arc<Shared>,
-    tasks: &mut JoinSet<()>,
+    (tasks, runtimes): (&mut JoinSet<()>, &[Handle]),
     body: &Bytes,
     addr: SocketAddr,
     clients: usize,
@@ -335,7 +340,8 @@ async fn ramp_to(
         let mut opts = ConnectOptions::new(Target::Tcp(addr));
         opts.local_addr = Some(IpAddr::V4(source));
         opts.client_name = format!("bench-{k}");
-        tasks.spawn(client(k as u64, shared.clone(), opts, row.clone(), body.clone()));
+        let runtime = &runtimes[k % runtimes.len()];
+        tasks.spawn_on(client(k as u64, shared.clone(), opts, row.clone(), body.clone()), runtime);
         bar.inc(1);
     }
     // Wait (bounded) for the handshakes to finish.
@@ -459,6 +465,10 @@ async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions, row: Row, 
     let (mut seen_in, mut seen_out) = (0u64, 0u64);
     loop {
         conn.flush().await;
+        let (bytes_in, bytes_out) = conn.byte_counts();
+        shared.bytes_from_server.fetch_add(bytes_in - seen_in, Relaxed);
+        shared.bytes_to_server.fetch_add(bytes_out - seen_out, Relaxed);
+        (seen_in, seen_out) = (bytes_in, bytes_out);
         tokio::select! {
             biased;
             () = shared.stop.cancelled() => break,
@@ -476,10 +486,6 @@ async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions, row: Row, 
                 // Open loop: the schedule never waits for answers.
                 next += think(&mut rng);
                 timer.as_mut().reset(next);
-                let (bytes_in, bytes_out) = conn.byte_counts();
-                shared.bytes_from_server.fetch_add(bytes_in - seen_in, Relaxed);
-                shared.bytes_to_server.fetch_add(bytes_out - seen_out, Relaxed);
-                (seen_in, seen_out) = (bytes_in, bytes_out);
             }
             event = conn.next_event() => match event {
                 Ok(Some(Event::Response(response))) => {

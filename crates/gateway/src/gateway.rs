@@ -11,7 +11,8 @@ use tickwire_session::SessionConfig;
 use tickwire_transport::{Conn, accept_ws};
 use tickwire_wire::proto::{Close, CloseReason, Control, control};
 use tickwire_wire::{Frame, FrameDecoder};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -24,6 +25,8 @@ use crate::stats::Stats;
 
 /// How long a closing connection gets to take its Close frame.
 const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pending connections the kernel queues per listener.
+const LISTEN_BACKLOG: u32 = 4096;
 /// Pause after a failed accept (for example, out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -74,8 +77,15 @@ impl Gateway {
         self
     }
 
-    /// Binds every listener and starts accepting.
+    /// Binds every listener and starts accepting on the current runtime.
     pub async fn start(self) -> Result<RunningGateway, GatewayError> {
+        self.start_on(&[Handle::current()])
+    }
+
+    /// Binds every listener once per runtime (with `SO_REUSEPORT`, so the kernel spreads new
+    /// connections over them) and starts accepting. A session lives on the runtime that
+    /// accepted it. Pass single-threaded runtimes for a thread-per-core gateway.
+    pub fn start_on(self, runtimes: &[Handle]) -> Result<RunningGateway, GatewayError> {
         if self.auth.is_dev() {
             tracing::warn!("auth mode is `dev`: anyone can connect; set auth.mode = \"jwt\" in production");
         }
@@ -94,13 +104,16 @@ impl Gateway {
         let mut ws_addrs = Vec::new();
         for (addrs, out, ws) in [(&shared.config.listen.tcp, &mut tcp_addrs, false), (&shared.config.listen.ws, &mut ws_addrs, true)] {
             for &addr in addrs {
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| GatewayError::Bind { addr, source })?;
-                let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
-                tracing::info!(%local, transport = if ws { "ws" } else { "tcp" }, "listening");
+                // The first bind resolves port 0; the others share the port it got.
+                let mut local = addr;
+                for runtime in runtimes {
+                    let _guard = runtime.enter();
+                    let listener = reuseport_listener(local).map_err(|source| GatewayError::Bind { addr, source })?;
+                    local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
+                    runtime.spawn(shared.tracker.track_future(accept_loop(shared.clone(), listener, ws)));
+                }
+                tracing::info!(%local, transport = if ws { "ws" } else { "tcp" }, threads = runtimes.len(), "listening");
                 out.push(local);
-                shared.tracker.spawn(accept_loop(shared.clone(), listener, ws));
             }
         }
         Ok(RunningGateway { shared, tcp_addrs, ws_addrs })
@@ -140,6 +153,14 @@ impl RunningGateway {
         self.shared.tracker.close();
         tokio::time::timeout(grace, self.shared.tracker.wait()).await.is_ok()
     }
+}
+
+fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {

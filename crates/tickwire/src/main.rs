@@ -48,6 +48,9 @@ struct GatewayArgs {
     /// Session heartbeat; replaces session.heartbeat.
     #[arg(long)]
     heartbeat: Option<String>,
+    /// I/O threads, one single-threaded runtime each (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -69,7 +72,8 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The main runtime only coordinates; the heavy lifting runs on per-core I/O threads.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Gateway(args) => gateway(args).await,
@@ -98,7 +102,9 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
     overrides.extend(args.overrides);
     let config = GatewayConfig::load(args.config.as_deref(), &overrides).context("loading configuration")?;
-    let gateway = Gateway::new(config)?.start().await?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runtimes = tickwire_transport::io_threads(threads, "tickwire-io")?;
+    let gateway = Gateway::new(config)?.start_on(&runtimes)?;
     for addr in gateway.tcp_addrs() {
         println!("{LISTENING_PREFIX}tcp://{addr}");
     }
@@ -121,3 +127,6 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
+use tokio::io::Interest;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -42,9 +43,21 @@ impl Conn {
                 if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                     buf.reserve(READ_CHUNK);
                 }
-                match stream.try_read_buf(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                let room = buf.capacity() - buf.len();
+                let mut got = 0;
+                // A short read drained the socket: answer WouldBlock to `try_io` so tokio clears
+                // the readiness now, instead of paying one more read that returns EAGAIN.
+                let result = stream.try_io(Interest::READABLE, || {
+                    got = stream.try_read_buf(buf)?;
+                    if got > 0 && got < room { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(()) }
+                });
+                match result {
+                    Ok(()) => return Ok(got),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if got > 0 {
+                            return Ok(got);
+                        }
+                    }
                     Err(e) => return Err(e),
                 }
             },
@@ -98,6 +111,9 @@ impl Conn {
 pub async fn connect_tcp(addr: SocketAddr, local: Option<IpAddr>) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     if let Some(ip) = local {
+        // Let connect() pick the port for the whole 4-tuple; a plain bind(ip, 0) would scan
+        // every bound socket for a conflict and reserve a port across all destinations.
+        set_bind_address_no_port(&socket)?;
         socket.bind(SocketAddr::new(ip, 0))?;
     }
     let stream = socket.connect(addr).await?;
@@ -117,4 +133,46 @@ pub async fn connect_ws(url: &str, addr: SocketAddr) -> io::Result<Conn> {
 pub async fn accept_ws(stream: TcpStream) -> io::Result<Conn> {
     let ws = tokio_tungstenite::accept_async(stream).await.map_err(io::Error::other)?;
     Ok(Conn::Ws(Box::new(ws)))
+}
+
+fn set_bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a correctly sized int option.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Starts `n` threads, each running a single-threaded tokio runtime, and returns their handles.
+///
+/// Thread-per-core: a task spawned on a handle stays on that thread, so a wake-up never crosses
+/// threads. With tokio's work-stealing runtime, idle workers are woken for every burst of
+/// work, and on a lightly loaded box those futex wake-ups cost more than the work itself.
+/// The threads run until the process exits.
+pub fn io_threads(n: usize, name: &str) -> io::Result<Vec<tokio::runtime::Handle>> {
+    (0..n.max(1))
+        .map(|i| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => {
+                        let _ = tx.send(Ok(rt.handle().clone()));
+                        rt.block_on(std::future::pending::<()>());
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            })?;
+            rx.recv().map_err(|_| io::Error::other("runtime thread died"))?
+        })
+        .collect()
 }
