@@ -6,8 +6,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = root.join("tickwire/v1/control.proto");
     println!("cargo:rerun-if-changed={}", file.display());
     let descriptors = protox::compile([&file], [&root])?;
-    prost_build::Config::new()
-        .bytes(["."])
-        .compile_fds(descriptors)?;
+    prost_build::Config::new().bytes(["."]).compile_fds(descriptors)?;
     Ok(())
 }

@@ -89,7 +89,7 @@ pub fn raise_fd_limit() -> u64 {
         }
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 #[cfg(test)]

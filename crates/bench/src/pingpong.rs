@@ -238,7 +238,8 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     let report = Report { bench: "pingpong", machine, max_held_clients, steps };
     println!("max held clients: {max_held_clients} ({})", report.machine.line());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     if let Some(dir) = &args.plot {
@@ -287,7 +288,9 @@ async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow:
     ];
     let (child, addr, pid) = match &args.target {
         Some(t) => {
-            let Target::Tcp(addr) = Target::parse(t).await? else { anyhow::bail!("--target must be a TCP address") };
+            let Target::Tcp(addr) = Target::parse(t).await? else {
+                anyhow::bail!("--target must be a TCP address")
+            };
             (None, addr, args.server_pid)
         }
         None => {
@@ -346,13 +349,22 @@ async fn ramp_to(
     }
     // Wait (bounded) for the handshakes to finish.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while (shared.connected.load(Relaxed) + shared.failed.load(Relaxed)) < clients as u64 && Instant::now() < deadline {
+    while (shared.connected.load(Relaxed) + shared.failed.load(Relaxed)) < clients as u64
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bar.finish_and_clear();
 }
 
-async fn hold(args: &PingPongArgs, row: &Row, shared: &Shared, k: usize, clients: usize, pid: Option<u32>) -> Step {
+async fn hold(
+    args: &PingPongArgs,
+    row: &Row,
+    shared: &Shared,
+    k: usize,
+    clients: usize,
+    pid: Option<u32>,
+) -> Step {
     let errors_before = shared.errors.load(Relaxed);
     let dup_before = shared.duplicated.load(Relaxed);
     let (to0, from0) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
@@ -376,7 +388,11 @@ async fn hold(args: &PingPongArgs, row: &Row, shared: &Shared, k: usize, clients
     let answered = shared.answered[k].load(Relaxed);
     let hist = shared.rtt[k].lock().expect("histogram lock").clone();
     let ms = |us: u64| us as f64 / 1000.0;
-    let rtt = Rtt { p50: ms(hist.value_at_quantile(0.5)), p99: ms(hist.value_at_quantile(0.99)), max: ms(hist.max()) };
+    let rtt = Rtt {
+        p50: ms(hist.value_at_quantile(0.5)),
+        p99: ms(hist.value_at_quantile(0.99)),
+        max: ms(hist.max()),
+    };
     let errors = shared.errors.load(Relaxed) - errors_before;
     let lost = sent.saturating_sub(answered);
     let duplicated = shared.duplicated.load(Relaxed) - dup_before;
@@ -391,7 +407,7 @@ async fn hold(args: &PingPongArgs, row: &Row, shared: &Shared, k: usize, clients
         row: row.name.clone(),
         clients,
         connected,
-        interval_ms: row.max_think.is_none().then(|| row.interval.as_millis() as u64),
+        interval_ms: row.max_think.is_none().then_some(row.interval.as_millis() as u64),
         max_think_ms: row.max_think.map(|d| d.as_millis() as u64),
         heartbeat_ms: row.heartbeat.as_millis() as u64,
         request_bytes: row.request_bytes,
@@ -414,7 +430,19 @@ async fn hold(args: &PingPongArgs, row: &Row, shared: &Shared, k: usize, clients
 fn print_header() {
     println!(
         "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10}",
-        "clients", "held", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "lost", "dup", "cpu %", "rss MiB", "in KiB/s", "out KiB/s"
+        "clients",
+        "held",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "errors",
+        "lost",
+        "dup",
+        "cpu %",
+        "rss MiB",
+        "in KiB/s",
+        "out KiB/s"
     );
 }
 

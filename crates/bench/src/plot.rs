@@ -13,7 +13,12 @@ pub(crate) fn pingpong(dir: &Path, report: &Report) -> anyhow::Result<()> {
     let series = |f: fn(&crate::pingpong::Step) -> f64| -> Vec<(f64, f64)> {
         report.steps.iter().map(|s| (s.clients as f64, f(s))).collect()
     };
-    line_chart(&dir.join("pingpong-rtt.svg"), "p99 RTT (ms) vs clients", &series(|s| s.rtt_ms.p99), &report.machine.line())?;
+    line_chart(
+        &dir.join("pingpong-rtt.svg"),
+        "p99 RTT (ms) vs clients",
+        &series(|s| s.rtt_ms.p99),
+        &report.machine.line(),
+    )?;
     line_chart(
         &dir.join("pingpong-cpu.svg"),
         "gateway CPU (% of one core) vs clients",

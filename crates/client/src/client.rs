@@ -157,7 +157,9 @@ impl Driver {
                 let _ = self.pushes.send(push).await;
                 Ok(())
             }
-            Event::Request(_) => Err(ClientError::Protocol("servers may not send requests to clients".into())),
+            Event::Request(_) => {
+                Err(ClientError::Protocol("servers may not send requests to clients".into()))
+            }
             Event::Closed { reason, message } => Err(ClientError::Closed { reason, message }),
             Event::LinkLost => self.reconnect().await,
         }

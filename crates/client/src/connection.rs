@@ -14,8 +14,8 @@ use bytes::{Bytes, BytesMut};
 use tickwire_session::{Received, ResumeToken, Role, Session, SessionConfig, SessionId, Timeout};
 use tickwire_transport::Conn;
 use tickwire_wire::proto::{
-    Close, CloseReason, Control, Envelope, Hello, Push, Request, ResumeRequest, Response, Welcome,
-    control, envelope,
+    Close, CloseReason, Control, Envelope, Hello, Push, Request, Response, ResumeRequest, Welcome, control,
+    envelope,
 };
 use tickwire_wire::{Frame, FrameDecoder, decode_control, decode_envelope, encode_message};
 use tokio::time::{Sleep, sleep_until};
@@ -58,7 +58,10 @@ pub enum Event {
     /// The connection dropped or timed out; the session waits for [`Connection::resume`].
     LinkLost,
     /// The server ended the session; resuming is pointless.
-    Closed { reason: CloseReason, message: String },
+    Closed {
+        reason: CloseReason,
+        message: String,
+    },
 }
 
 /// A client session and its current connection.
@@ -81,7 +84,10 @@ pub struct Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("session", &self.id).field("attached", &self.conn.is_some()).finish()
+        f.debug_struct("Connection")
+            .field("session", &self.id)
+            .field("attached", &self.conn.is_some())
+            .finish()
     }
 }
 
@@ -97,7 +103,11 @@ fn hello(opts: &ConnectOptions, resume: Option<ResumeRequest>) -> Frame {
 }
 
 /// Opens a transport, sends `hello`, and waits for the Welcome.
-async fn handshake(opts: &ConnectOptions, hello: Frame, decoder: &FrameDecoder) -> Result<(Conn, Welcome, BytesMut), ClientError> {
+async fn handshake(
+    opts: &ConnectOptions,
+    hello: Frame,
+    decoder: &FrameDecoder,
+) -> Result<(Conn, Welcome, BytesMut), ClientError> {
     let mut conn = opts.target.connect(opts.local_addr).await?;
     let mut buf = BytesMut::new();
     hello.encode(&mut buf);
@@ -111,7 +121,9 @@ async fn handshake(opts: &ConnectOptions, hello: Frame, decoder: &FrameDecoder) 
                 };
                 return match decode_control(body)? {
                     control::Kind::Welcome(w) => Ok(w),
-                    control::Kind::Close(c) => Err(ClientError::Closed { reason: c.reason(), message: c.message }),
+                    control::Kind::Close(c) => {
+                        Err(ClientError::Closed { reason: c.reason(), message: c.message })
+                    }
                     control::Kind::Hello(_) => Err(ClientError::Protocol("server sent a Hello".into())),
                 };
             }
@@ -301,7 +313,8 @@ impl Connection {
                     control::Kind::Close(close) => {
                         self.closed = true;
                         self.conn = None;
-                        self.events.push_back(Event::Closed { reason: close.reason(), message: close.message });
+                        self.events
+                            .push_back(Event::Closed { reason: close.reason(), message: close.message });
                         return Ok(());
                     }
                     _ => return Err(ClientError::Protocol("unexpected control message".into())),
@@ -338,7 +351,10 @@ impl Connection {
     pub async fn close(mut self) {
         if let Some(mut conn) = self.conn.take() {
             let close = Control {
-                kind: Some(control::Kind::Close(Close { reason: CloseReason::Normal as i32, message: "bye".into() })),
+                kind: Some(control::Kind::Close(Close {
+                    reason: CloseReason::Normal as i32,
+                    message: "bye".into(),
+                })),
             };
             self.wbuf.clear();
             Frame::control(&close).encode(&mut self.wbuf);

@@ -80,17 +80,20 @@ impl JwtAuth {
         let invalid = |m: String| ConfigError::Invalid(m);
         let (key, algorithm) = match config.jwt_algorithm {
             JwtAlgorithm::HS256 => {
-                let secret = config.jwt_secret.as_deref().filter(|s| !s.is_empty()).ok_or_else(
-                    || invalid("auth.jwt_secret is required for HS256".into()),
-                )?;
+                let secret = config
+                    .jwt_secret
+                    .as_deref()
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| invalid("auth.jwt_secret is required for HS256".into()))?;
                 (DecodingKey::from_secret(secret.as_bytes()), Algorithm::HS256)
             }
             JwtAlgorithm::RS256 => {
-                let path = config.jwt_public_key_file.as_ref().ok_or_else(|| {
-                    invalid("auth.jwt_public_key_file is required for RS256".into())
-                })?;
-                let pem = std::fs::read(path)
-                    .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                let path = config
+                    .jwt_public_key_file
+                    .as_ref()
+                    .ok_or_else(|| invalid("auth.jwt_public_key_file is required for RS256".into()))?;
+                let pem =
+                    std::fs::read(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
                 let key = DecodingKey::from_rsa_pem(&pem)
                     .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
                 (key, Algorithm::RS256)
@@ -121,9 +124,7 @@ impl AuthProvider for JwtAuth {
 }
 
 /// The provider the configuration asks for.
-pub(crate) fn provider_from_config(
-    config: &AuthConfig,
-) -> Result<Box<dyn AuthProvider>, ConfigError> {
+pub(crate) fn provider_from_config(config: &AuthConfig) -> Result<Box<dyn AuthProvider>, ConfigError> {
     Ok(match config.mode {
         AuthMode::Dev => Box::new(DevAuth),
         AuthMode::Jwt => Box::new(JwtAuth::from_config(config)?),
@@ -141,8 +142,12 @@ mod tests {
     fn token(secret: &str, sub: &str, exp_offset: i64) -> String {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
         let claims = serde_json_like(sub, now + exp_offset);
-        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()))
-            .unwrap()
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
     }
 
     #[derive(serde::Serialize)]

@@ -24,7 +24,7 @@ pub enum ConfigError {
 }
 
 /// Everything the gateway reads from `tickwire.toml`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     pub listen: ListenConfig,
@@ -148,17 +148,6 @@ impl Default for LimitsConfig {
     }
 }
 
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        GatewayConfig {
-            listen: ListenConfig::default(),
-            session: SessionSettings::default(),
-            limits: LimitsConfig::default(),
-            auth: AuthConfig::default(),
-        }
-    }
-}
-
 impl SessionSettings {
     /// The session state machine's view of these settings.
     pub fn to_session_config(&self) -> SessionConfig {
@@ -230,10 +219,9 @@ fn apply_override(doc: &mut toml::Table, item: &str) -> Result<(), ConfigError> 
     for section in sections {
         let entry =
             table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
-        table = entry.as_table_mut().ok_or_else(|| ConfigError::NotATable {
-            key: key.to_owned(),
-            section: section.to_string(),
-        })?;
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| ConfigError::NotATable { key: key.to_owned(), section: section.to_string() })?;
     }
     table.insert(last.to_string(), value);
     Ok(())

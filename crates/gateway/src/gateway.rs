@@ -102,13 +102,17 @@ impl Gateway {
         });
         let mut tcp_addrs = Vec::new();
         let mut ws_addrs = Vec::new();
-        for (addrs, out, ws) in [(&shared.config.listen.tcp, &mut tcp_addrs, false), (&shared.config.listen.ws, &mut ws_addrs, true)] {
+        for (addrs, out, ws) in [
+            (&shared.config.listen.tcp, &mut tcp_addrs, false),
+            (&shared.config.listen.ws, &mut ws_addrs, true),
+        ] {
             for &addr in addrs {
                 // The first bind resolves port 0; the others share the port it got.
                 let mut local = addr;
                 for runtime in runtimes {
                     let _guard = runtime.enter();
-                    let listener = reuseport_listener(local).map_err(|source| GatewayError::Bind { addr, source })?;
+                    let listener =
+                        reuseport_listener(local).map_err(|source| GatewayError::Bind { addr, source })?;
                     local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
                     runtime.spawn(shared.tracker.track_future(accept_loop(shared.clone(), listener, ws)));
                 }

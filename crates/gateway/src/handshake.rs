@@ -39,7 +39,11 @@ impl HelloError {
     }
 }
 
-async fn read_hello(conn: &mut Conn, buf: &mut BytesMut, decoder: &FrameDecoder) -> Result<Hello, HelloError> {
+async fn read_hello(
+    conn: &mut Conn,
+    buf: &mut BytesMut,
+    decoder: &FrameDecoder,
+) -> Result<Hello, HelloError> {
     loop {
         if let Some(frame) = decoder.decode(buf)? {
             return match frame {
@@ -76,7 +80,8 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
         Ok(Ok(hello)) => hello,
     };
     if hello.protocol_version != PROTOCOL_VERSION {
-        let msg = format!("protocol version {} is not supported (want {PROTOCOL_VERSION})", hello.protocol_version);
+        let msg =
+            format!("protocol version {} is not supported (want {PROTOCOL_VERSION})", hello.protocol_version);
         return reject(&shared, conn, CloseReason::ProtocolError, msg).await;
     }
     if let Some(resume) = hello.resume {

@@ -39,9 +39,7 @@ impl SessionHandle {
     /// Queues a one-way message without waiting. A full outbox is the caller's to handle:
     /// coalesce, drop, or end the session.
     pub fn push(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
-        let envelope = Envelope {
-            kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })),
-        };
+        let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
         self.outbox.try_send(encode_message(&envelope)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => PushError::Full,
             mpsc::error::TrySendError::Closed(_) => PushError::Closed,

@@ -233,9 +233,17 @@ impl SessionTask {
                     control::Kind::Close(close) => {
                         self.conn = None;
                         Stats::sub(&self.shared.stats.connections_open, 1);
-                        return Err(End::new(CloseReason::Normal, format!("client closed: {}", close.message)));
+                        return Err(End::new(
+                            CloseReason::Normal,
+                            format!("client closed: {}", close.message),
+                        ));
                     }
-                    _ => return Err(End::new(CloseReason::ProtocolError, "unexpected control message after the handshake")),
+                    _ => {
+                        return Err(End::new(
+                            CloseReason::ProtocolError,
+                            "unexpected control message after the handshake",
+                        ));
+                    }
                 },
                 frame @ Frame::Data { .. } => {
                     if !self.bucket.take(now) {

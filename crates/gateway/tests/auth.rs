@@ -12,10 +12,18 @@ use tickwire_wire::proto::CloseReason;
 fn jwt(secret: &str, sub: &str, ttl: i64) -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
     let claims = serde_json::json!({ "sub": sub, "exp": now + ttl });
-    jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap()
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
 }
 
-async fn connect_with(gw: &tickwire_gateway::RunningGateway, token: String) -> Result<Connection, ClientError> {
+async fn connect_with(
+    gw: &tickwire_gateway::RunningGateway,
+    token: String,
+) -> Result<Connection, ClientError> {
     let mut opts = ConnectOptions::new(common::tcp_target(gw));
     opts.token = token;
     Connection::connect(opts).await
@@ -33,7 +41,9 @@ async fn jwt_mode_accepts_signed_tokens_only() {
         ("garbage", "x.y.z".to_owned()),
     ] {
         match connect_with(&gw, token).await {
-            Err(ClientError::Closed { reason: CloseReason::AuthFailed, message }) => assert!(!message.is_empty()),
+            Err(ClientError::Closed { reason: CloseReason::AuthFailed, message }) => {
+                assert!(!message.is_empty())
+            }
             other => panic!("{name} token: expected AUTH_FAILED, got {other:?}"),
         }
     }

@@ -38,12 +38,28 @@ async fn each_kind_of_bad_input_gets_its_reason() {
         ("bad hello protobuf", vec![0, 0, 0, 3, 0x01, 0x0a, 0x7f], CloseReason::ProtocolError),
         ("empty control", vec![0, 0, 0, 1, 0x01], CloseReason::ProtocolError),
         ("wrong version", vec![0, 0, 0, 5, 0x01, 0x0a, 0x02, 0x08, 0x02], CloseReason::ProtocolError),
-        ("bad envelope after hello", [hello.clone(), data_frame(1, &[0x0a, 0x7f])].concat(), CloseReason::ProtocolError),
+        (
+            "bad envelope after hello",
+            [hello.clone(), data_frame(1, &[0x0a, 0x7f])].concat(),
+            CloseReason::ProtocolError,
+        ),
         ("sequence gap", [hello.clone(), data_frame(5, b"")].concat(), CloseReason::ProtocolError),
-        ("ack beyond sent", [hello.clone(), vec![0, 0, 0, 2, 0x03, 0x09]].concat(), CloseReason::ProtocolError),
+        (
+            "ack beyond sent",
+            [hello.clone(), vec![0, 0, 0, 2, 0x03, 0x09]].concat(),
+            CloseReason::ProtocolError,
+        ),
         ("hello twice", [hello.clone(), hello.clone()].concat(), CloseReason::ProtocolError),
-        ("client response", [hello.clone(), data_frame(1, &[0x12, 0x02, 0x08, 0x01])].concat(), CloseReason::ProtocolError),
-        ("oversized after hello", [hello.clone(), vec![0, 0, 0x10, 0, 0x02]].concat(), CloseReason::FrameTooLarge),
+        (
+            "client response",
+            [hello.clone(), data_frame(1, &[0x12, 0x02, 0x08, 0x01])].concat(),
+            CloseReason::ProtocolError,
+        ),
+        (
+            "oversized after hello",
+            [hello.clone(), vec![0, 0, 0x10, 0, 0x02]].concat(),
+            CloseReason::FrameTooLarge,
+        ),
     ];
     for (i, (name, bytes, want)) in cases.into_iter().enumerate() {
         let close = common::raw_close(addr, &bytes).await;

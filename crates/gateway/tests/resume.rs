@@ -67,7 +67,12 @@ async fn resume_until_ok(conn: &mut Connection) {
 async fn exactly_once_in_order_through_random_cuts() {
     const TOTAL: u64 = 30_000;
     const WINDOW: u64 = 64;
-    let gw = common::start(&["session.max_unacked_messages=4096", "limits.messages_per_second=1000000", "limits.message_burst=1000000"]).await;
+    let gw = common::start(&[
+        "session.max_unacked_messages=4096",
+        "limits.messages_per_second=1000000",
+        "limits.message_burst=1000000",
+    ])
+    .await;
     let proxy = ChaosProxy::start(gw.tcp_addrs()[0]).await;
     let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
 
@@ -96,7 +101,11 @@ async fn exactly_once_in_order_through_random_cuts() {
             conn.send_request(sent, "echo", common::echo_body(16, 32)).unwrap();
         }
         conn.flush().await;
-        match tokio::time::timeout(Duration::from_secs(10), conn.next_event()).await.expect("event in time").unwrap() {
+        match tokio::time::timeout(Duration::from_secs(10), conn.next_event())
+            .await
+            .expect("event in time")
+            .unwrap()
+        {
             Some(Event::Response(r)) => received.push(r.id),
             Some(Event::LinkLost) => {
                 link_losses += 1;
@@ -117,13 +126,21 @@ async fn exactly_once_in_order_through_random_cuts() {
 async fn resume_with_a_wrong_token_or_unknown_session_fails() {
     let gw = common::start(&[]).await;
     let conn = common::connect(&gw).await;
-    for (id, token) in [(conn.session_id().0.to_vec(), vec![0u8; 16]), (vec![9u8; 16], vec![0u8; 16]), (vec![1u8; 3], vec![])] {
+    for (id, token) in [
+        (conn.session_id().0.to_vec(), vec![0u8; 16]),
+        (vec![9u8; 16], vec![0u8; 16]),
+        (vec![1u8; 3], vec![]),
+    ] {
         let mut buf = BytesMut::new();
         Frame::control(&Control {
             kind: Some(control::Kind::Hello(Hello {
                 protocol_version: 1,
                 token: String::new(),
-                resume: Some(ResumeRequest { session_id: Bytes::from(id), resume_token: Bytes::from(token), last_received: 0 }),
+                resume: Some(ResumeRequest {
+                    session_id: Bytes::from(id),
+                    resume_token: Bytes::from(token),
+                    last_received: 0,
+                }),
                 client_name: "thief".into(),
             })),
         })

@@ -253,11 +253,7 @@ impl Session {
 
     /// A new connection carries on the session. `peer_last_received` comes from the resume
     /// handshake. Returns the frames to resend, in order, before anything else.
-    pub fn attach(
-        &mut self,
-        now: Instant,
-        peer_last_received: u64,
-    ) -> Result<Vec<Frame>, SessionError> {
+    pub fn attach(&mut self, now: Instant, peer_last_received: u64) -> Result<Vec<Frame>, SessionError> {
         if peer_last_received < self.peer_acked {
             return Err(SessionError::AckWentBackwards {
                 claimed: peer_last_received,
@@ -273,11 +269,7 @@ impl Session {
             .unacked
             .iter()
             .zip(first..)
-            .map(|(payload, seq)| Frame::Data {
-                seq,
-                ack: self.last_received,
-                payload: payload.clone(),
-            })
+            .map(|(payload, seq)| Frame::Data { seq, ack: self.last_received, payload: payload.clone() })
             .collect())
     }
 }
@@ -309,8 +301,7 @@ mod tests {
     #[test]
     fn overflow_by_count_and_by_bytes() {
         let t = Instant::now();
-        let config =
-            SessionConfig { max_unacked_messages: 2, max_unacked_bytes: 10, ..Default::default() };
+        let config = SessionConfig { max_unacked_messages: 2, max_unacked_bytes: 10, ..Default::default() };
         let mut s = Session::new(Role::Server, config, t);
         s.send(t, Bytes::from_static(b"12345")).unwrap();
         assert_eq!(
@@ -318,10 +309,7 @@ mod tests {
             Err(SessionError::RetransmitOverflow { messages: 2, bytes: 11 })
         );
         s.send(t, Bytes::from_static(b"1")).unwrap();
-        assert!(matches!(
-            s.send(t, Bytes::new()),
-            Err(SessionError::RetransmitOverflow { messages: 3, .. })
-        ));
+        assert!(matches!(s.send(t, Bytes::new()), Err(SessionError::RetransmitOverflow { messages: 3, .. })));
     }
 
     #[test]
@@ -389,8 +377,7 @@ mod tests {
     fn resume_resends_only_what_the_peer_lacks() {
         let t = Instant::now();
         let (mut c, mut s) = pair(t);
-        let frames: Vec<_> =
-            (0..3u8).map(|i| s.send(t, Bytes::from(vec![i])).unwrap().unwrap()).collect();
+        let frames: Vec<_> = (0..3u8).map(|i| s.send(t, Bytes::from(vec![i])).unwrap().unwrap()).collect();
         c.on_frame(t, frames[0].clone()).unwrap();
         s.detach(t);
         c.detach(t);
@@ -405,9 +392,6 @@ mod tests {
             }
         }
         assert_eq!(got, vec![1, 2, 3]);
-        assert_eq!(
-            s.attach(t, 0),
-            Err(SessionError::AckWentBackwards { claimed: 0, acked: 1 })
-        );
+        assert_eq!(s.attach(t, 0), Err(SessionError::AckWentBackwards { claimed: 0, acked: 1 }));
     }
 }

@@ -96,11 +96,8 @@ impl World {
 
     fn deliver(&mut self, to_client: bool, duplicate: Option<prop::sample::Index>) {
         let Some((to_s, to_c)) = &mut self.link else { return };
-        let (queue, back, side) = if to_client {
-            (to_c, to_s, &mut self.client)
-        } else {
-            (to_s, to_c, &mut self.server)
-        };
+        let (queue, back, side) =
+            if to_client { (to_c, to_s, &mut self.client) } else { (to_s, to_c, &mut self.server) };
         let frame = match duplicate {
             Some(i) if !side.seen.is_empty() => side.seen[i.index(side.seen.len())].clone(),
             Some(_) => return,

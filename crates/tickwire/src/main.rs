@@ -14,7 +14,11 @@ use tickwire_gateway::{Gateway, GatewayConfig};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Parser)]
-#[command(name = "tickwire", version, about = "A backend for multiplayer games: real-time gateway and benchmarks")]
+#[command(
+    name = "tickwire",
+    version,
+    about = "A backend for multiplayer games: real-time gateway and benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -85,10 +85,9 @@ impl Conn {
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         match self {
             Conn::Tcp(stream) => tokio::io::AsyncWriteExt::write_all(stream, data).await,
-            Conn::Ws(ws) => ws
-                .send(Message::Binary(Bytes::copy_from_slice(data)))
-                .await
-                .map_err(io::Error::other),
+            Conn::Ws(ws) => {
+                ws.send(Message::Binary(Bytes::copy_from_slice(data))).await.map_err(io::Error::other)
+            }
         }
     }
 
@@ -124,8 +123,7 @@ pub async fn connect_tcp(addr: SocketAddr, local: Option<IpAddr>) -> io::Result<
 /// Opens a WebSocket connection to `url` (`ws://host:port/path`) over a fresh TCP connection.
 pub async fn connect_ws(url: &str, addr: SocketAddr) -> io::Result<Conn> {
     let stream = connect_tcp(addr, None).await?;
-    let (ws, _response) =
-        tokio_tungstenite::client_async(url, stream).await.map_err(io::Error::other)?;
+    let (ws, _response) = tokio_tungstenite::client_async(url, stream).await.map_err(io::Error::other)?;
     Ok(Conn::Ws(Box::new(ws)))
 }
 

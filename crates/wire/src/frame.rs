@@ -86,9 +86,7 @@ impl Frame {
     pub fn body_len(&self) -> usize {
         1 + match self {
             Frame::Control(body) => body.len(),
-            Frame::Data { seq, ack, payload } => {
-                varint::len(*seq) + varint::len(*ack) + payload.len()
-            }
+            Frame::Data { seq, ack, payload } => varint::len(*seq) + varint::len(*ack) + payload.len(),
             Frame::Ack { ack } | Frame::Heartbeat { ack } => varint::len(*ack),
         }
     }
@@ -222,8 +220,11 @@ mod tests {
         let bytes = proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from);
         prop_oneof![
             bytes.clone().prop_map(Frame::Control),
-            (any::<u64>(), any::<u64>(), bytes)
-                .prop_map(|(seq, ack, payload)| Frame::Data { seq, ack, payload }),
+            (any::<u64>(), any::<u64>(), bytes).prop_map(|(seq, ack, payload)| Frame::Data {
+                seq,
+                ack,
+                payload
+            }),
             any::<u64>().prop_map(|ack| Frame::Ack { ack }),
             any::<u64>().prop_map(|ack| Frame::Heartbeat { ack }),
         ]
@@ -272,10 +273,7 @@ mod tests {
     fn oversized_frame_is_rejected_before_buffering() {
         let decoder = FrameDecoder::new(16);
         let mut buf = BytesMut::from(&[0x00, 0x00, 0x00, 0x11, 0x02][..]);
-        assert!(matches!(
-            decoder.decode(&mut buf),
-            Err(WireError::FrameTooLarge { len: 17, max: 16 })
-        ));
+        assert!(matches!(decoder.decode(&mut buf), Err(WireError::FrameTooLarge { len: 17, max: 16 })));
     }
 
     #[test]

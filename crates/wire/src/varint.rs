@@ -34,7 +34,7 @@ pub(crate) fn put(mut value: u64, dst: &mut impl BufMut) {
 
 pub(crate) fn len(value: u64) -> usize {
     // 1 byte per started group of 7 bits; 0 still takes one byte.
-    ((64 - (value | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 #[cfg(test)]

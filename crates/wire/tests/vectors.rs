@@ -11,8 +11,8 @@ use bytes::{Bytes, BytesMut};
 use prost::Message;
 use serde_json::Value;
 use tickwire_wire::proto::{
-    Close, Control, EchoRequest, Envelope, Hello, Push, Request, Response, ResumeRequest, Welcome,
-    control, envelope,
+    Close, Control, EchoRequest, Envelope, Hello, Push, Request, Response, ResumeRequest, Welcome, control,
+    envelope,
 };
 use tickwire_wire::{Frame, FrameDecoder, WireError, encode_message};
 
@@ -62,14 +62,21 @@ fn control_from(v: &Value) -> Control {
 fn envelope_from(v: &Value) -> Envelope {
     let kind = if let Some(r) = v.get("request") {
         let body = match r.get("echo") {
-            Some(e) => EchoRequest { response_bytes: n(e, "response_bytes") as u32, padding: b(e, "padding") }
-                .encode_to_vec()
-                .into(),
+            Some(e) => {
+                EchoRequest { response_bytes: n(e, "response_bytes") as u32, padding: b(e, "padding") }
+                    .encode_to_vec()
+                    .into()
+            }
             None => b(r, "body"),
         };
         envelope::Kind::Request(Request { id: n(r, "id"), method: s(r, "method"), body })
     } else if let Some(r) = v.get("response") {
-        envelope::Kind::Response(Response { id: n(r, "id"), status: n(r, "status") as i32, body: b(r, "body"), error: s(r, "error") })
+        envelope::Kind::Response(Response {
+            id: n(r, "id"),
+            status: n(r, "status") as i32,
+            body: b(r, "body"),
+            error: s(r, "error"),
+        })
     } else if let Some(p) = v.get("push") {
         envelope::Kind::Push(Push { topic: s(p, "topic"), body: b(p, "body") })
     } else {
@@ -132,15 +139,19 @@ fn frames_match_their_vectors() {
         if let Frame::Control(body) = &frame {
             tickwire_wire::decode_control(body.clone()).unwrap_or_else(|e| panic!("vector `{name}`: {e}"));
         }
-        if let Frame::Data { payload, .. } = &frame {
-            if vector["frame"].get("envelope").is_some() {
-                tickwire_wire::decode_envelope(payload.clone()).unwrap_or_else(|e| panic!("vector `{name}`: {e}"));
-            }
+        if let Frame::Data { payload, .. } = &frame
+            && vector["frame"].get("envelope").is_some()
+        {
+            tickwire_wire::decode_envelope(payload.clone())
+                .unwrap_or_else(|e| panic!("vector `{name}`: {e}"));
         }
     }
     for vector in doc["invalid"].as_array().expect("invalid array") {
         let name = s(vector, "name");
-        let max = vector.get("max_frame_bytes").and_then(Value::as_u64).unwrap_or(u64::from(tickwire_wire::DEFAULT_MAX_FRAME_BYTES));
+        let max = vector
+            .get("max_frame_bytes")
+            .and_then(Value::as_u64)
+            .unwrap_or(u64::from(tickwire_wire::DEFAULT_MAX_FRAME_BYTES));
         let decoder = FrameDecoder::new(max as u32);
         let mut buf = BytesMut::from(&hex::decode(s(vector, "hex").replace(' ', "")).unwrap()[..]);
         let result = decoder.decode(&mut buf).and_then(|frame| match frame {

@@ -36,7 +36,12 @@ pub fn echo_body(response_bytes: u32, padding: usize) -> Bytes {
 pub fn hello_frame(token: &str) -> Vec<u8> {
     let mut buf = BytesMut::new();
     Frame::control(&Control {
-        kind: Some(control::Kind::Hello(Hello { protocol_version: 1, token: token.into(), resume: None, client_name: "raw".into() })),
+        kind: Some(control::Kind::Hello(Hello {
+            protocol_version: 1,
+            token: token.into(),
+            resume: None,
+            client_name: "raw".into(),
+        })),
     })
     .encode(&mut buf);
     buf.to_vec()
@@ -66,10 +71,10 @@ async fn raw_exchange(addr: SocketAddr, bytes: &[u8], eof: bool) -> Option<Close
     let mut buf = BytesMut::from(&data[..]);
     let mut close = None;
     while let Ok(Some(frame)) = decoder.decode(&mut buf) {
-        if let Frame::Control(body) = frame {
-            if let Ok(control::Kind::Close(c)) = decode_control(body) {
-                close = Some(c);
-            }
+        if let Frame::Control(body) = frame
+            && let Ok(control::Kind::Close(c)) = decode_control(body)
+        {
+            close = Some(c);
         }
     }
     close
@@ -84,7 +89,11 @@ pub async fn round_trip(conn: &mut Connection, id: u64, size: u32) -> tickwire_w
     conn.send_request(id, "echo", echo_body(size, 0)).unwrap();
     loop {
         conn.flush().await;
-        match tokio::time::timeout(Duration::from_secs(10), conn.next_event()).await.expect("response in time").unwrap() {
+        match tokio::time::timeout(Duration::from_secs(10), conn.next_event())
+            .await
+            .expect("response in time")
+            .unwrap()
+        {
             Some(tickwire_client::Event::Response(r)) => return r,
             Some(other) => panic!("unexpected event {other:?}"),
             None => {}
