@@ -192,17 +192,20 @@ impl Shared {
     }
 }
 
-/// An echo request body of exactly `size` bytes (`EchoRequest` plus padding).
+/// An echo request body of `size` bytes (`EchoRequest` plus padding). Exact for every size
+/// except the few that the padding's length prefix skips over (it grows from 1 to 2 bytes at
+/// 128 bytes of padding); those get one byte less.
 pub fn echo_body(size: usize, response_bytes: u32) -> Bytes {
-    let mut padding = size;
-    loop {
-        let msg = EchoRequest { response_bytes, padding: Bytes::from(vec![0x5a; padding]) };
-        let len = msg.encoded_len();
-        if len <= size || padding == 0 {
-            return msg.encode_to_vec().into();
-        }
-        padding -= (len - size).min(padding);
-    }
+    let base = EchoRequest { response_bytes, padding: Bytes::new() }.encoded_len();
+    // The padding field costs a tag byte, a varint length and the padding itself.
+    let fits = |target: usize| {
+        (1..=5).find_map(|prefix| {
+            let pad = target.checked_sub(base + 1 + prefix)?;
+            (prost::encoding::encoded_len_varint(pad as u64) == prefix).then_some(pad)
+        })
+    };
+    let padding = (0..=size).rev().take(8).find_map(fits).unwrap_or(0);
+    EchoRequest { response_bytes, padding: Bytes::from(vec![0x5a; padding]) }.encode_to_vec().into()
 }
 
 /// Runs `tickwire bench pingpong`.
@@ -558,14 +561,16 @@ mod tests {
 
     #[test]
     fn echo_body_has_the_exact_size() {
-        for size in [0, 1, 2, 3, 10, 71, 127, 128, 129, 164, 356, 20_000] {
+        for size in [0, 1, 2, 3, 10, 71, 127, 128, 129, 131, 164, 356, 20_000] {
             let body = echo_body(size, 71);
-            assert!(body.len() <= size.max(3), "size {size}: got {}", body.len());
+            assert!(body.len() <= size.max(2), "size {size}: got {}", body.len());
             if size >= 5 {
                 assert_eq!(body.len(), size, "size {size}");
             }
             assert_eq!(EchoRequest::decode(body).unwrap().response_bytes, 71);
         }
+        // 132 would need 128 bytes of padding with a 1-byte length prefix: one byte short.
+        assert_eq!(echo_body(132, 71).len(), 131);
     }
 
     #[test]
