@@ -131,6 +131,8 @@ pub struct Step {
     pub duplicated: u64,
     pub server_cpu_pct: Option<f64>,
     pub server_rss_bytes: Option<u64>,
+    /// CPU of the load generator itself (this process), in percent of one core.
+    pub loadgen_cpu_pct: Option<f64>,
     /// Bytes the server received per second (what the clients wrote).
     pub bytes_in_per_s: f64,
     /// Bytes the server sent per second (what the clients read).
@@ -372,6 +374,7 @@ async fn hold(
     let dup_before = shared.duplicated.load(Relaxed);
     let (to0, from0) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
     let cpu0 = pid.and_then(ProcSample::read);
+    let own0 = ProcSample::read(std::process::id());
     let start = Instant::now();
     shared.holding.store(k, Relaxed);
     let bar = ProgressBar::new(args.duration.as_secs()).with_message(format!("holding {clients} clients"));
@@ -384,6 +387,7 @@ async fn hold(
     shared.holding.store(usize::MAX, Relaxed);
     let elapsed = start.elapsed().as_secs_f64();
     let cpu1 = pid.and_then(ProcSample::read);
+    let own1 = ProcSample::read(std::process::id());
     let (to1, from1) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
     bar.finish_and_clear();
     tokio::time::sleep(GRACE).await;
@@ -425,6 +429,7 @@ async fn hold(
         duplicated,
         server_cpu_pct: cpu0.zip(cpu1).map(|(a, b)| b.cpu_pct_since(&a)),
         server_rss_bytes: cpu1.map(|s| s.rss_bytes),
+        loadgen_cpu_pct: own0.zip(own1).map(|(a, b)| b.cpu_pct_since(&a)),
         bytes_in_per_s: (to1 - to0) as f64 / elapsed,
         bytes_out_per_s: (from1 - from0) as f64 / elapsed,
     }
@@ -452,7 +457,7 @@ fn print_header() {
 fn print_row(s: &Step) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     println!(
-        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0}",
+        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
         s.clients,
         if s.held { "yes" } else { "NO" },
         s.rps,
@@ -466,6 +471,7 @@ fn print_row(s: &Step) {
         opt(s.server_rss_bytes.map(|b| b as f64 / (1 << 20) as f64)),
         s.bytes_in_per_s / 1024.0,
         s.bytes_out_per_s / 1024.0,
+        opt(s.loadgen_cpu_pct),
     );
 }
 
