@@ -19,5 +19,5 @@ mod stats;
 pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
-pub use router::{EchoRouter, Router, SessionHandle};
+pub use router::{EchoRouter, PushError, Router, SessionHandle};
 pub use stats::{Stats, StatsSnapshot};

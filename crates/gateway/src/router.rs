@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tickwire_session::SessionId;
 use tickwire_wire::encode_message;
 use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
+
 use tokio::sync::mpsc;
 
 /// A way to send to one session from anywhere: a bounded outbox in front of its task.
@@ -16,6 +18,9 @@ pub struct SessionHandle {
     pub(crate) id: SessionId,
     pub(crate) player_id: Arc<str>,
     pub(crate) outbox: mpsc::Sender<Bytes>,
+    /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
+    /// task checks it after every step; a full outbox always has a message to wake the task.
+    pub(crate) slow: Arc<AtomicBool>,
 }
 
 /// A push could not be queued.
@@ -41,7 +46,10 @@ impl SessionHandle {
     pub fn push(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
         let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
         self.outbox.try_send(encode_message(&envelope)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => PushError::Full,
+            mpsc::error::TrySendError::Full(_) => {
+                self.slow.store(true, Ordering::Relaxed);
+                PushError::Full
+            }
             mpsc::error::TrySendError::Closed(_) => PushError::Closed,
         })
     }

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -94,7 +95,12 @@ impl SessionTask {
         shared.registry.insert(id, token, takeover_tx);
         Stats::add(&shared.stats.sessions_open, 1);
         let task = SessionTask {
-            handle: SessionHandle { id, player_id: player_id.into(), outbox: outbox_tx },
+            handle: SessionHandle {
+                id,
+                player_id: player_id.into(),
+                outbox: outbox_tx,
+                slow: Arc::new(AtomicBool::new(false)),
+            },
             token,
             session: Session::new(Role::Server, shared.session_config.clone(), now),
             conn: None,
@@ -173,6 +179,13 @@ impl SessionTask {
             };
             if let Err(end) = step {
                 return end;
+            }
+            if self.handle.slow.load(Ordering::Relaxed) {
+                let queued = self.shared.config.limits.outbox_capacity;
+                return End::new(
+                    CloseReason::SlowConsumer,
+                    format!("more than {queued} messages queued for this session"),
+                );
             }
             // Deadlines only move later with traffic, so the timer is re-armed lazily when it
             // fires; it is moved earlier only on attach/detach.

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -11,42 +10,6 @@ use rand::{Rng, SeedableRng};
 use tickwire_client::{ClientError, ConnectOptions, Connection, Event, Target};
 use tickwire_wire::Frame;
 use tickwire_wire::proto::{CloseReason, Control, Hello, ResumeRequest, control};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-
-/// A TCP proxy whose every connection can be cut at once by bumping `cuts`.
-struct ChaosProxy {
-    addr: SocketAddr,
-    cuts: watch::Sender<u64>,
-}
-
-impl ChaosProxy {
-    async fn start(upstream: SocketAddr) -> ChaosProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (cuts, watch_rx) = watch::channel(0u64);
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut down, _)) = listener.accept().await else { return };
-                let mut cut = watch_rx.clone();
-                cut.mark_unchanged();
-                tokio::spawn(async move {
-                    let Ok(mut up) = TcpStream::connect(upstream).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
-                        _ = cut.changed() => {}
-                    }
-                    // Dropping both sockets cuts the connection, possibly mid-frame.
-                });
-            }
-        });
-        ChaosProxy { addr, cuts }
-    }
-
-    fn cut(&self) {
-        self.cuts.send_modify(|n| *n += 1);
-    }
-}
 
 async fn resume_until_ok(conn: &mut Connection) {
     let mut backoff = Duration::from_millis(1);
@@ -73,7 +36,7 @@ async fn exactly_once_in_order_through_random_cuts() {
         "limits.message_burst=1000000",
     ])
     .await;
-    let proxy = ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let proxy = common::ChaosProxy::start(gw.tcp_addrs()[0]).await;
     let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
 
     // Cut every connection at random intervals while the test runs.
@@ -153,7 +116,7 @@ async fn resume_with_a_wrong_token_or_unknown_session_fails() {
 #[tokio::test]
 async fn a_session_expires_after_the_resume_window() {
     let gw = common::start(&["session.resume_window=200ms"]).await;
-    let proxy = ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let proxy = common::ChaosProxy::start(gw.tcp_addrs()[0]).await;
     let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
     assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
     proxy.cut();
@@ -192,4 +155,28 @@ async fn shutdown_tells_every_session_why() {
         };
         assert!(matches!(event, Event::Closed { reason: CloseReason::Shutdown, .. }), "{event:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_resumes_by_itself_and_calls_survive_cuts() {
+    let gw = common::start(&["limits.messages_per_second=1000000", "limits.message_burst=1000000"]).await;
+    let proxy = common::ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let client =
+        tickwire_client::Client::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
+    let cuts = proxy.cuts.clone();
+    let cutter = tokio::spawn(async move {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            cuts.send_modify(|n| *n += 1);
+        }
+    });
+    let mut calls = 0;
+    while !cutter.is_finished() || calls < 500 {
+        let size = (calls % 100) as u32;
+        let body = client.call("echo", common::echo_body(size, 0)).await.expect("call survives cuts");
+        assert_eq!(body.len(), size as usize);
+        calls += 1;
+    }
+    assert!(gw.stats().snapshot().sessions_resumed >= 5, "{:?}", gw.stats().snapshot());
+    client.close().await;
 }

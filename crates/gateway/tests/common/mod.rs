@@ -12,7 +12,8 @@ use tickwire_gateway::{Gateway, GatewayConfig, RunningGateway};
 use tickwire_wire::proto::{Close, CloseReason, Control, EchoRequest, Hello, control};
 use tickwire_wire::{Frame, FrameDecoder, decode_control};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 pub async fn start(overrides: &[&str]) -> RunningGateway {
     let mut all = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[\"127.0.0.1:0\"]".to_owned()];
@@ -109,4 +110,38 @@ pub fn echo_frame(seq: u64, id: u64) -> Vec<u8> {
     let mut buf = BytesMut::new();
     Frame::Data { seq, ack: 0, payload }.encode(&mut buf);
     buf.to_vec()
+}
+
+/// A TCP proxy whose every connection can be cut at once by bumping `cuts`.
+pub struct ChaosProxy {
+    pub addr: SocketAddr,
+    pub cuts: watch::Sender<u64>,
+}
+
+impl ChaosProxy {
+    pub async fn start(upstream: SocketAddr) -> ChaosProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cuts, watch_rx) = watch::channel(0u64);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut down, _)) = listener.accept().await else { return };
+                let mut cut = watch_rx.clone();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut up) = TcpStream::connect(upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = cut.changed() => {}
+                    }
+                    // Dropping both sockets cuts the connection, possibly mid-frame.
+                });
+            }
+        });
+        ChaosProxy { addr, cuts }
+    }
+
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
 }

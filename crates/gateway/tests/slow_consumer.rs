@@ -1,0 +1,56 @@
+//! A session whose outbox fills up is closed as a slow consumer; nobody waits for it, and the
+//! other sessions carry on.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tickwire_client::Event;
+use tickwire_gateway::{EchoRouter, Gateway, GatewayConfig, PushError, Router, SessionHandle};
+use tickwire_wire::proto::{CloseReason, Request, Response};
+
+/// Answers `flood` by pushing more messages than the outbox holds; everything else is echo.
+struct Flooder {
+    echo: EchoRouter,
+}
+
+impl Router for Flooder {
+    fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        if request.method == "flood" {
+            let mut refused = 0;
+            for _ in 0..100 {
+                if session.push("flood", Bytes::from_static(b"x")) == Err(PushError::Full) {
+                    refused += 1;
+                }
+            }
+            assert!(refused > 0, "an outbox of 8 cannot take 100 pushes");
+            return None;
+        }
+        self.echo.on_request(session, request)
+    }
+}
+
+#[tokio::test]
+async fn a_full_outbox_closes_only_that_session() {
+    let config = GatewayConfig::load(
+        None,
+        &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into(), "limits.outbox_capacity=8".into()],
+    )
+    .unwrap();
+    let gw = Gateway::new(config).unwrap().with_router(Arc::new(Flooder { echo: EchoRouter::new(1024) }));
+    let gw = gw.start().await.unwrap();
+    let mut healthy = common::connect(&gw).await;
+    let mut victim = common::connect(&gw).await;
+    victim.send_request(1, "flood", Bytes::new()).unwrap();
+    victim.flush().await;
+    let closed = loop {
+        match victim.next_event().await.unwrap() {
+            Some(Event::Closed { reason, message }) => break (reason, message),
+            Some(Event::Push(_)) | None => {}
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
+    assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+}
