@@ -156,6 +156,7 @@ impl SessionTask {
 
     async fn serve(&mut self) -> End {
         let cancel = self.shared.cancel.clone();
+        let half_timeout = self.session.config().read_timeout / 2;
         let deadline = sleep_until(self.session.poll_timeout().into());
         tokio::pin!(deadline);
         loop {
@@ -187,10 +188,14 @@ impl SessionTask {
                     format!("more than {queued} messages queued for this session"),
                 );
             }
-            // Deadlines only move later with traffic, so the timer is re-armed lazily when it
-            // fires; it is moved earlier only on attach/detach.
+            // Deadlines only move later with traffic, so the timer is not re-armed per message.
+            // It is re-armed when it fires, when the deadline moves earlier (attach/detach),
+            // and when a step finds it less than half a read timeout away: that last one
+            // happens at most once per half timeout, on a wake-up we are having anyway, and
+            // keeps the timer of a healthy idle session from ever firing.
             let next = self.session.poll_timeout().into();
-            if deadline.is_elapsed() || next < deadline.deadline() {
+            let soon = deadline.deadline() < tokio::time::Instant::now() + half_timeout;
+            if deadline.is_elapsed() || next < deadline.deadline() || (soon && next > deadline.deadline()) {
                 deadline.as_mut().reset(next);
             }
         }

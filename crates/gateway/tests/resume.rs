@@ -180,3 +180,24 @@ async fn the_client_resumes_by_itself_and_calls_survive_cuts() {
     assert!(gw.stats().snapshot().sessions_resumed >= 5, "{:?}", gw.stats().snapshot());
     client.close().await;
 }
+
+#[tokio::test]
+async fn a_silent_client_is_dropped_after_the_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = common::start(&["session.heartbeat=200ms", "session.resume_window=10s"]).await;
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    stream.write_all(&common::hello_frame("")).await.unwrap();
+    let start = tokio::time::Instant::now();
+    // Read the Welcome, then stay silent: no heartbeats.
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut sink)).await;
+    let elapsed = start.elapsed();
+    assert!(read.is_ok(), "the gateway never dropped the silent connection");
+    assert!(
+        elapsed >= Duration::from_millis(400),
+        "dropped after {elapsed:?}, before the 400ms read timeout"
+    );
+    // The connection is gone but the session waits for a resume.
+    assert_eq!(gw.session_count(), 1);
+    assert_eq!(gw.stats().snapshot().connections_open, 0);
+}
