@@ -5,26 +5,31 @@
 //! Every client is one task driving a [`Connection`] directly. Requests fire on schedule
 //! whether or not earlier ones were answered, so slow answers show up as latency rather than
 //! as a lower request rate (no coordinated omission).
+//!
+//! `mod.rs` holds the flags and the orchestration (ramp, hold, measure); `client.rs` the
+//! simulated client; `report.rs` the figures and how they are printed.
 
-use std::collections::VecDeque;
+mod client;
+mod report;
+
+pub use client::echo_body;
+pub use report::{Report, Rtt, Step};
+
+use client::Shared;
+use report::{print_header, print_row};
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use prost::Message;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
-use serde::Serialize;
-use tickwire_client::{ConnectOptions, Connection, Event, Target};
-use tickwire_wire::proto::EchoRequest;
+use tickwire_client::{ConnectOptions, Target};
 use tokio::runtime::Handle;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::machine::{Machine, ProcSample, raise_fd_limit};
 use crate::server::ChildGateway;
@@ -102,51 +107,6 @@ pub enum Grid {
     Report,
 }
 
-/// RTT percentiles in milliseconds.
-#[derive(Debug, Clone, Serialize)]
-pub struct Rtt {
-    pub p50: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-/// One step: a number of clients held for the hold window.
-#[derive(Debug, Clone, Serialize)]
-pub struct Step {
-    pub row: String,
-    pub clients: usize,
-    pub connected: usize,
-    pub interval_ms: Option<u64>,
-    pub max_think_ms: Option<u64>,
-    pub heartbeat_ms: u64,
-    pub request_bytes: usize,
-    pub response_bytes: u32,
-    pub hold_s: f64,
-    pub held: bool,
-    pub requests: u64,
-    pub rps: f64,
-    pub rtt_ms: Rtt,
-    pub errors: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub server_cpu_pct: Option<f64>,
-    pub server_rss_bytes: Option<u64>,
-    /// CPU of the load generator itself (this process), in percent of one core.
-    pub loadgen_cpu_pct: Option<f64>,
-    /// Bytes the server received per second (what the clients wrote).
-    pub bytes_in_per_s: f64,
-    /// Bytes the server sent per second (what the clients read).
-    pub bytes_out_per_s: f64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Report {
-    pub bench: &'static str,
-    pub machine: Machine,
-    pub max_held_clients: usize,
-    pub steps: Vec<Step>,
-}
-
 /// One row of a run: a fixed send pattern, ramped through the client counts.
 #[derive(Debug, Clone)]
 struct Row {
@@ -156,58 +116,6 @@ struct Row {
     heartbeat: Duration,
     request_bytes: usize,
     response_bytes: u32,
-}
-
-/// Counters the client tasks share, per step where it matters.
-struct Shared {
-    /// Index of the step being held, or `usize::MAX` outside hold windows.
-    holding: AtomicUsize,
-    sent: [AtomicU64; MAX_STEPS],
-    answered: [AtomicU64; MAX_STEPS],
-    duplicated: AtomicU64,
-    errors: AtomicU64,
-    connected: AtomicU64,
-    failed: AtomicU64,
-    bytes_to_server: AtomicU64,
-    bytes_from_server: AtomicU64,
-    rtt: Vec<Mutex<Histogram<u64>>>,
-    stop: CancellationToken,
-}
-
-impl Shared {
-    fn new() -> Shared {
-        Shared {
-            holding: AtomicUsize::new(usize::MAX),
-            sent: std::array::from_fn(|_| AtomicU64::new(0)),
-            answered: std::array::from_fn(|_| AtomicU64::new(0)),
-            duplicated: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            connected: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            bytes_to_server: AtomicU64::new(0),
-            bytes_from_server: AtomicU64::new(0),
-            rtt: (0..MAX_STEPS)
-                .map(|_| Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")))
-                .collect(),
-            stop: CancellationToken::new(),
-        }
-    }
-}
-
-/// An echo request body of `size` bytes (`EchoRequest` plus padding). Exact for every size
-/// except the few that the padding's length prefix skips over (it grows from 1 to 2 bytes at
-/// 128 bytes of padding); those get one byte less.
-pub fn echo_body(size: usize, response_bytes: u32) -> Bytes {
-    let base = EchoRequest { response_bytes, padding: Bytes::new() }.encoded_len();
-    // The padding field costs a tag byte, a varint length and the padding itself.
-    let fits = |target: usize| {
-        (1..=5).find_map(|prefix| {
-            let pad = target.checked_sub(base + 1 + prefix)?;
-            (prost::encoding::encoded_len_varint(pad as u64) == prefix).then_some(pad)
-        })
-    };
-    let padding = (0..=size).rev().take(8).find_map(fits).unwrap_or(0);
-    EchoRequest { response_bytes, padding: Bytes::from(vec![0x5a; padding]) }.encode_to_vec().into()
 }
 
 /// Runs `tickwire bench pingpong`.
@@ -349,7 +257,7 @@ async fn ramp_to(
         opts.local_addr = Some(IpAddr::V4(source));
         opts.client_name = format!("bench-{k}");
         let runtime = &runtimes[k % runtimes.len()];
-        tasks.spawn_on(client(k as u64, shared.clone(), opts, row.clone(), body.clone()), runtime);
+        tasks.spawn_on(client::client(k as u64, shared.clone(), opts, row.clone(), body.clone()), runtime);
         bar.inc(1);
     }
     // Wait (bounded) for the handshakes to finish.
@@ -435,135 +343,11 @@ async fn hold(
     }
 }
 
-fn print_header() {
-    println!(
-        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10}",
-        "clients",
-        "held",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "errors",
-        "lost",
-        "dup",
-        "cpu %",
-        "rss MiB",
-        "in KiB/s",
-        "out KiB/s"
-    );
-}
-
-fn print_row(s: &Step) {
-    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
-    println!(
-        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
-        s.clients,
-        if s.held { "yes" } else { "NO" },
-        s.rps,
-        s.rtt_ms.p50,
-        s.rtt_ms.p99,
-        s.rtt_ms.max,
-        s.errors,
-        s.lost,
-        s.duplicated,
-        opt(s.server_cpu_pct),
-        opt(s.server_rss_bytes.map(|b| b as f64 / (1 << 20) as f64)),
-        s.bytes_in_per_s / 1024.0,
-        s.bytes_out_per_s / 1024.0,
-        opt(s.loadgen_cpu_pct),
-    );
-}
-
-/// One simulated client: connect, then send on schedule and match answers until stopped.
-async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions, row: Row, body: Bytes) {
-    let mut conn = match Connection::connect(opts).await {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::debug!(error = %e, "connect failed");
-            shared.failed.fetch_add(1, Relaxed);
-            shared.errors.fetch_add(1, Relaxed);
-            return;
-        }
-    };
-    shared.connected.fetch_add(1, Relaxed);
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let think = |rng: &mut SmallRng| match row.max_think {
-        Some(max) => rng.random_range(MIN_THINK..=max.max(MIN_THINK)),
-        None => row.interval,
-    };
-    // A random phase spreads the clients' sends evenly over the interval.
-    let phase = row.max_think.unwrap_or(row.interval).mul_f64(rng.random::<f64>());
-    let mut next = tokio::time::Instant::now() + phase;
-    let timer = tokio::time::sleep_until(next);
-    tokio::pin!(timer);
-    let mut outstanding: VecDeque<(u64, Instant, usize)> = VecDeque::new();
-    let mut id = 0u64;
-    let (mut seen_in, mut seen_out) = (0u64, 0u64);
-    loop {
-        conn.flush().await;
-        let (bytes_in, bytes_out) = conn.byte_counts();
-        shared.bytes_from_server.fetch_add(bytes_in - seen_in, Relaxed);
-        shared.bytes_to_server.fetch_add(bytes_out - seen_out, Relaxed);
-        (seen_in, seen_out) = (bytes_in, bytes_out);
-        tokio::select! {
-            biased;
-            () = shared.stop.cancelled() => break,
-            () = &mut timer => {
-                id += 1;
-                let step = shared.holding.load(Relaxed);
-                if step != usize::MAX {
-                    shared.sent[step].fetch_add(1, Relaxed);
-                }
-                outstanding.push_back((id, Instant::now(), step));
-                if conn.send_request(id, "echo", body.clone()).is_err() {
-                    shared.errors.fetch_add(1, Relaxed);
-                    break;
-                }
-                // Open loop: the schedule never waits for answers.
-                next += think(&mut rng);
-                timer.as_mut().reset(next);
-            }
-            event = conn.next_event() => match event {
-                Ok(Some(Event::Response(response))) => {
-                    match outstanding.iter().position(|(i, ..)| *i == response.id) {
-                        Some(pos) => {
-                            let (_, sent_at, step) = outstanding.remove(pos).expect("position is valid");
-                            if step != usize::MAX {
-                                let us = sent_at.elapsed().as_micros() as u64;
-                                let _ = shared.rtt[step].lock().expect("histogram lock").record(us.max(1));
-                                shared.answered[step].fetch_add(1, Relaxed);
-                            }
-                        }
-                        None => {
-                            shared.duplicated.fetch_add(1, Relaxed);
-                        }
-                    }
-                }
-                Ok(Some(Event::LinkLost)) => {
-                    // A real client resumes; the bench counts the drop as an error and resumes too.
-                    shared.errors.fetch_add(1, Relaxed);
-                    if conn.resume().await.is_err() {
-                        break;
-                    }
-                }
-                Ok(Some(_)) | Err(_) => {
-                    shared.errors.fetch_add(1, Relaxed);
-                    break;
-                }
-                Ok(None) => {}
-            },
-        }
-    }
-    if !shared.stop.is_cancelled() {
-        shared.connected.fetch_sub(1, Relaxed);
-    }
-    conn.close().await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
+    use tickwire_wire::proto::EchoRequest;
 
     #[test]
     fn echo_body_has_the_exact_size() {

@@ -1,0 +1,154 @@
+//! One simulated ping-pong client, and the counters all of them share.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use prost::Message;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use tickwire_client::{ConnectOptions, Connection, Event};
+use tickwire_wire::proto::EchoRequest;
+use tokio_util::sync::CancellationToken;
+
+use super::{MAX_STEPS, MIN_THINK, Row};
+
+/// Counters the client tasks share, per step where it matters.
+pub(super) struct Shared {
+    /// Index of the step being held, or `usize::MAX` outside hold windows.
+    pub(super) holding: AtomicUsize,
+    pub(super) sent: [AtomicU64; MAX_STEPS],
+    pub(super) answered: [AtomicU64; MAX_STEPS],
+    pub(super) duplicated: AtomicU64,
+    pub(super) errors: AtomicU64,
+    pub(super) connected: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) bytes_to_server: AtomicU64,
+    pub(super) bytes_from_server: AtomicU64,
+    pub(super) rtt: Vec<Mutex<Histogram<u64>>>,
+    pub(super) stop: CancellationToken,
+}
+
+impl Shared {
+    pub(super) fn new() -> Shared {
+        Shared {
+            holding: AtomicUsize::new(usize::MAX),
+            sent: std::array::from_fn(|_| AtomicU64::new(0)),
+            answered: std::array::from_fn(|_| AtomicU64::new(0)),
+            duplicated: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            connected: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            bytes_to_server: AtomicU64::new(0),
+            bytes_from_server: AtomicU64::new(0),
+            rtt: (0..MAX_STEPS)
+                .map(|_| Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")))
+                .collect(),
+            stop: CancellationToken::new(),
+        }
+    }
+}
+
+/// An echo request body of `size` bytes (`EchoRequest` plus padding). Exact for every size
+/// except the few that the padding's length prefix skips over (it grows from 1 to 2 bytes at
+/// 128 bytes of padding); those get one byte less.
+pub fn echo_body(size: usize, response_bytes: u32) -> Bytes {
+    let base = EchoRequest { response_bytes, padding: Bytes::new() }.encoded_len();
+    // The padding field costs a tag byte, a varint length and the padding itself.
+    let fits = |target: usize| {
+        (1..=5).find_map(|prefix| {
+            let pad = target.checked_sub(base + 1 + prefix)?;
+            (prost::encoding::encoded_len_varint(pad as u64) == prefix).then_some(pad)
+        })
+    };
+    let padding = (0..=size).rev().take(8).find_map(fits).unwrap_or(0);
+    EchoRequest { response_bytes, padding: Bytes::from(vec![0x5a; padding]) }.encode_to_vec().into()
+}
+
+/// One simulated client: connect, then send on schedule and match answers until stopped.
+pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions, row: Row, body: Bytes) {
+    let mut conn = match Connection::connect(opts).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "connect failed");
+            shared.failed.fetch_add(1, Relaxed);
+            shared.errors.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    shared.connected.fetch_add(1, Relaxed);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let think = |rng: &mut SmallRng| match row.max_think {
+        Some(max) => rng.random_range(MIN_THINK..=max.max(MIN_THINK)),
+        None => row.interval,
+    };
+    // A random phase spreads the clients' sends evenly over the interval.
+    let phase = row.max_think.unwrap_or(row.interval).mul_f64(rng.random::<f64>());
+    let mut next = tokio::time::Instant::now() + phase;
+    let timer = tokio::time::sleep_until(next);
+    tokio::pin!(timer);
+    let mut outstanding: VecDeque<(u64, Instant, usize)> = VecDeque::new();
+    let mut id = 0u64;
+    let (mut seen_in, mut seen_out) = (0u64, 0u64);
+    loop {
+        conn.flush().await;
+        let (bytes_in, bytes_out) = conn.byte_counts();
+        shared.bytes_from_server.fetch_add(bytes_in - seen_in, Relaxed);
+        shared.bytes_to_server.fetch_add(bytes_out - seen_out, Relaxed);
+        (seen_in, seen_out) = (bytes_in, bytes_out);
+        tokio::select! {
+            biased;
+            () = shared.stop.cancelled() => break,
+            () = &mut timer => {
+                id += 1;
+                let step = shared.holding.load(Relaxed);
+                if step != usize::MAX {
+                    shared.sent[step].fetch_add(1, Relaxed);
+                }
+                outstanding.push_back((id, Instant::now(), step));
+                if conn.send_request(id, "echo", body.clone()).is_err() {
+                    shared.errors.fetch_add(1, Relaxed);
+                    break;
+                }
+                // Open loop: the schedule never waits for answers.
+                next += think(&mut rng);
+                timer.as_mut().reset(next);
+            }
+            event = conn.next_event() => match event {
+                Ok(Some(Event::Response(response))) => {
+                    match outstanding.iter().position(|(i, ..)| *i == response.id) {
+                        Some(pos) => {
+                            let (_, sent_at, step) = outstanding.remove(pos).expect("position is valid");
+                            if step != usize::MAX {
+                                let us = sent_at.elapsed().as_micros() as u64;
+                                let _ = shared.rtt[step].lock().expect("histogram lock").record(us.max(1));
+                                shared.answered[step].fetch_add(1, Relaxed);
+                            }
+                        }
+                        None => {
+                            shared.duplicated.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+                Ok(Some(Event::LinkLost)) => {
+                    // A real client resumes; the bench counts the drop as an error and resumes too.
+                    shared.errors.fetch_add(1, Relaxed);
+                    if conn.resume().await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Some(_)) | Err(_) => {
+                    shared.errors.fetch_add(1, Relaxed);
+                    break;
+                }
+                Ok(None) => {}
+            },
+        }
+    }
+    if !shared.stop.is_cancelled() {
+        shared.connected.fetch_sub(1, Relaxed);
+    }
+    conn.close().await;
+}

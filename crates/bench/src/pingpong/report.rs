@@ -1,0 +1,90 @@
+//! The figures of a ping-pong run, as JSON and as a table on the terminal.
+
+use serde::Serialize;
+
+use crate::machine::Machine;
+
+/// RTT percentiles in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rtt {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// One step: a number of clients held for the hold window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub row: String,
+    pub clients: usize,
+    pub connected: usize,
+    pub interval_ms: Option<u64>,
+    pub max_think_ms: Option<u64>,
+    pub heartbeat_ms: u64,
+    pub request_bytes: usize,
+    pub response_bytes: u32,
+    pub hold_s: f64,
+    pub held: bool,
+    pub requests: u64,
+    pub rps: f64,
+    pub rtt_ms: Rtt,
+    pub errors: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub server_cpu_pct: Option<f64>,
+    pub server_rss_bytes: Option<u64>,
+    /// CPU of the load generator itself (this process), in percent of one core.
+    pub loadgen_cpu_pct: Option<f64>,
+    /// Bytes the server received per second (what the clients wrote).
+    pub bytes_in_per_s: f64,
+    /// Bytes the server sent per second (what the clients read).
+    pub bytes_out_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub bench: &'static str,
+    pub machine: Machine,
+    pub max_held_clients: usize,
+    pub steps: Vec<Step>,
+}
+
+pub(super) fn print_header() {
+    println!(
+        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10}",
+        "clients",
+        "held",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "errors",
+        "lost",
+        "dup",
+        "cpu %",
+        "rss MiB",
+        "in KiB/s",
+        "out KiB/s"
+    );
+}
+
+pub(super) fn print_row(s: &Step) {
+    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    println!(
+        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
+        s.clients,
+        if s.held { "yes" } else { "NO" },
+        s.rps,
+        s.rtt_ms.p50,
+        s.rtt_ms.p99,
+        s.rtt_ms.max,
+        s.errors,
+        s.lost,
+        s.duplicated,
+        opt(s.server_cpu_pct),
+        opt(s.server_rss_bytes.map(|b| b as f64 / (1 << 20) as f64)),
+        s.bytes_in_per_s / 1024.0,
+        s.bytes_out_per_s / 1024.0,
+        opt(s.loadgen_cpu_pct),
+    );
+}
