@@ -71,7 +71,7 @@ pub struct LimitsConfig {
     /// A write that takes longer than this drops the connection (the session waits to resume).
     #[serde(with = "humantime_serde")]
     pub write_timeout: Duration,
-    /// Application messages per second a connection may send, sustained.
+    /// Frames per second a connection may send after its Hello, sustained.
     pub messages_per_second: u32,
     /// Burst allowance above the sustained rate.
     pub message_burst: u32,

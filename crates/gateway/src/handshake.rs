@@ -72,7 +72,7 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
     let limit = shared.config.limits.auth_timeout;
     let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &shared.decoder)).await {
         Err(_) => {
-            let msg = format!("no Hello within {}", humantime_fmt(limit));
+            let msg = format!("no Hello within {} ms", limit.as_millis());
             return reject(&shared, conn, CloseReason::AuthTimeout, msg).await;
         }
         Ok(Err(HelloError::Closed)) => return,
@@ -107,8 +107,4 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
         identity.player_id
     };
     SessionTask::spawn(shared, conn, buf, id, token, player_id);
-}
-
-fn humantime_fmt(d: std::time::Duration) -> String {
-    format!("{} ms", d.as_millis())
 }

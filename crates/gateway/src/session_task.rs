@@ -228,10 +228,19 @@ impl SessionTask {
             self.session.detach(now);
             send_close(&mut old, CloseReason::Replaced, "session resumed on another connection").await;
         }
-        let resend = self.session.attach(now, takeover.last_received)?;
+        let mut conn = takeover.conn;
+        let resend = match self.session.attach(now, takeover.last_received) {
+            Ok(resend) => resend,
+            Err(e) => {
+                // The client claims to have lost what it acknowledged: the session cannot go on.
+                let end = End::new(CloseReason::ResumeFailed, e.to_string());
+                send_close(&mut conn, end.reason, &end.message).await;
+                return Err(end);
+            }
+        };
         Stats::add(&self.shared.stats.connections_open, 1);
         Stats::add(&self.shared.stats.sessions_resumed, 1);
-        self.conn = Some(takeover.conn);
+        self.conn = Some(conn);
         self.rbuf = takeover.buf;
         self.wbuf.clear();
         self.welcome(true).encode(&mut self.wbuf);
@@ -263,17 +272,15 @@ impl SessionTask {
                         ));
                     }
                 },
-                frame @ Frame::Data { .. } => {
+                frame => {
+                    // Every frame counts, so a flood of ACKs or HEARTBEATs is limited too.
                     if !self.bucket.take(now) {
-                        return Err(End::new(CloseReason::RateLimited, "message rate limit exceeded"));
+                        return Err(End::new(CloseReason::RateLimited, "frame rate limit exceeded"));
                     }
                     if let Received::Deliver(payload) = self.session.on_frame(now, frame)? {
                         Stats::add(&self.shared.stats.messages_in, 1);
                         self.dispatch(now, payload)?;
                     }
-                }
-                frame => {
-                    self.session.on_frame(now, frame)?;
                 }
             }
         }

@@ -118,3 +118,14 @@ proptest! {
         });
     }
 }
+
+#[tokio::test]
+async fn a_heartbeat_flood_is_rate_limited_too() {
+    let gw = common::start(&["limits.messages_per_second=10", "limits.message_burst=20"]).await;
+    let mut flood = common::hello_frame("");
+    for _ in 0..40 {
+        flood.extend_from_slice(&[0, 0, 0, 2, 0x04, 0x00]);
+    }
+    let close = common::raw_close(gw.tcp_addrs()[0], &flood).await;
+    assert_eq!(common::reason(&close), Some(CloseReason::RateLimited));
+}
