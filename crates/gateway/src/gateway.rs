@@ -22,6 +22,7 @@ use crate::handshake::handshake;
 use crate::registry::Registry;
 use crate::router::{EchoRouter, Router};
 use crate::stats::Stats;
+use crate::workers::{WorkerSet, listen_for_handoffs};
 
 /// How long a closing connection gets to take its Close frame.
 const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -37,6 +38,8 @@ pub enum GatewayError {
     Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
+    #[error("cannot listen for handoffs in {path}: {source}")]
+    Handoff { path: std::path::PathBuf, source: io::Error },
 }
 
 /// State every connection and session task shares.
@@ -50,6 +53,7 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
+    pub(crate) workers: Option<WorkerSet>,
 }
 
 /// A configured gateway, not yet listening.
@@ -57,6 +61,7 @@ pub struct Gateway {
     config: GatewayConfig,
     auth: Box<dyn AuthProvider>,
     router: Arc<dyn Router>,
+    workers: Option<WorkerSet>,
 }
 
 impl Gateway {
@@ -64,7 +69,7 @@ impl Gateway {
     pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let auth = provider_from_config(&config.auth)?;
         let router = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
-        Ok(Gateway { config, auth, router })
+        Ok(Gateway { config, auth, router, workers: None })
     }
 
     pub fn with_router(mut self, router: Arc<dyn Router>) -> Gateway {
@@ -74,6 +79,13 @@ impl Gateway {
 
     pub fn with_auth(mut self, auth: Box<dyn AuthProvider>) -> Gateway {
         self.auth = auth;
+        self
+    }
+
+    /// Runs this gateway as one of several worker processes sharing its ports (see
+    /// [`WorkerSet`]).
+    pub fn with_workers(mut self, workers: WorkerSet) -> Gateway {
+        self.workers = Some(workers);
         self
     }
 
@@ -98,8 +110,13 @@ impl Gateway {
             stats: Arc::new(Stats::default()),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            workers: self.workers,
             config: self.config,
         });
+        if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
+            listen_for_handoffs(shared.clone(), workers, runtime.clone())
+                .map_err(|source| GatewayError::Handoff { path: workers.dir.clone(), source })?;
+        }
         let mut tcp_addrs = Vec::new();
         let mut ws_addrs = Vec::new();
         for (addrs, out, ws) in [

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use tickwire_session::{ResumeToken, SessionId};
 use tickwire_transport::Conn;
-use tickwire_wire::proto::{CloseReason, Hello, control};
+use tickwire_wire::proto::{CloseReason, Control, Hello, control};
 use tickwire_wire::{Frame, FrameDecoder, WireError, decode_control};
 
 use crate::gateway::{Shared, send_close};
 use crate::registry::Takeover;
 use crate::session_task::SessionTask;
 use crate::stats::Stats;
+use crate::workers::{WorkerSet, hand_off};
 
 /// The only protocol version this gateway speaks.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
@@ -67,8 +68,13 @@ async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: S
 }
 
 /// Runs the handshake on a freshly accepted connection.
-pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
-    let mut buf = BytesMut::new();
+pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn) {
+    handshake_with(shared, conn, BytesMut::new()).await;
+}
+
+/// Runs the handshake on a connection of which `buf` was already read (a handoff from another
+/// worker process).
+pub(crate) async fn handshake_with(shared: Arc<Shared>, mut conn: Conn, mut buf: BytesMut) {
     let limit = shared.config.limits.auth_timeout;
     let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &shared.decoder)).await {
         Err(_) => {
@@ -84,11 +90,17 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
             format!("protocol version {} is not supported (want {PROTOCOL_VERSION})", hello.protocol_version);
         return reject(&shared, conn, CloseReason::ProtocolError, msg).await;
     }
-    if let Some(resume) = hello.resume {
+    if let Some(resume) = &hello.resume {
         let Some(id) = SessionId::from_slice(&resume.session_id) else {
             let msg = "session_id must be 16 bytes".to_owned();
             return reject(&shared, conn, CloseReason::ResumeFailed, msg).await;
         };
+        if let Some(workers) = &shared.workers {
+            let owner = workers.owner(&id);
+            if owner != workers.index {
+                return forward(&shared, workers, owner, conn, hello, buf).await;
+            }
+        }
         let takeover = Takeover { conn, buf, last_received: resume.last_received };
         if let Err((e, takeover)) = shared.registry.resume(&id, &resume.resume_token, takeover) {
             return reject(&shared, takeover.conn, CloseReason::ResumeFailed, e.to_string()).await;
@@ -99,7 +111,10 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
         Ok(identity) => identity,
         Err(e) => return reject(&shared, conn, CloseReason::AuthFailed, e.to_string()).await,
     };
-    let id = SessionId(rand::random());
+    let mut id = SessionId(rand::random());
+    if let Some(workers) = &shared.workers {
+        workers.stamp(&mut id);
+    }
     let token = ResumeToken(rand::random());
     let player_id = if identity.player_id.is_empty() {
         format!("anon-{}", &id.to_string()[..12])
@@ -107,4 +122,19 @@ pub(crate) async fn handshake(shared: Arc<Shared>, mut conn: Conn) {
         identity.player_id
     };
     SessionTask::spawn(shared, conn, buf, id, token, player_id);
+}
+
+/// Passes a resume to the worker process that owns the session, with the Hello re-encoded in
+/// front of whatever followed it.
+async fn forward(shared: &Shared, workers: &WorkerSet, owner: u8, conn: Conn, hello: Hello, rest: BytesMut) {
+    let Conn::Tcp(stream) = conn else {
+        let msg = "resuming a WebSocket session on another worker process is not supported yet".to_owned();
+        return reject(shared, conn, CloseReason::ResumeFailed, msg).await;
+    };
+    let mut data = BytesMut::new();
+    Frame::control(&Control { kind: Some(control::Kind::Hello(hello)) }).encode(&mut data);
+    data.extend_from_slice(&rest);
+    if let Err(e) = hand_off(workers, owner, stream, data).await {
+        tracing::warn!(error = %e, owner, "could not hand a resume to its worker");
+    }
 }

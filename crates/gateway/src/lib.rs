@@ -15,9 +15,11 @@ mod registry;
 mod router;
 mod session_task;
 mod stats;
+mod workers;
 
 pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, PushError, Router, SessionHandle};
 pub use stats::{Stats, StatsSnapshot};
+pub use workers::WorkerSet;

@@ -14,6 +14,7 @@ pub struct Stats {
     pub(crate) bytes_in: AtomicU64,
     pub(crate) bytes_out: AtomicU64,
     pub(crate) connections_rejected: AtomicU64,
+    pub(crate) handoffs_received: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one instant.
@@ -27,6 +28,8 @@ pub struct StatsSnapshot {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub connections_rejected: u64,
+    /// Resumes passed to this worker process by another one.
+    pub handoffs_received: u64,
 }
 
 impl Stats {
@@ -40,6 +43,7 @@ impl Stats {
             bytes_in: self.bytes_in.load(Relaxed),
             bytes_out: self.bytes_out.load(Relaxed),
             connections_rejected: self.connections_rejected.load(Relaxed),
+            handoffs_received: self.handoffs_received.load(Relaxed),
         }
     }
 
