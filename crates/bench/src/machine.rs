@@ -70,6 +70,29 @@ impl ProcSample {
     }
 }
 
+/// `pid` and all its descendants, found through the parent pid in `/proc/*/stat`.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()?;
+            Some((child, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(parents.iter().filter(|&&(_, ppid)| ppid == parent).map(|&(child, _)| child));
+        i += 1;
+    }
+    tree
+}
+
 /// Raises this process's open-file limit as far as the system allows and returns it.
 /// Root may raise the hard limit too (up to `fs.nr_open`).
 pub fn raise_fd_limit() -> u64 {
@@ -102,6 +125,9 @@ mod tests {
         assert!(sample.rss_bytes > 0);
         assert!(sample.cpu_seconds >= 0.0);
         assert!(ProcSample::read(u32::MAX).is_none());
+        let child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let tree = process_tree(std::process::id());
+        assert!(tree.contains(&std::process::id()) && tree.contains(&child.id()), "{tree:?}");
         let m = Machine::detect();
         assert!(m.cores >= 1);
         assert!(m.line().contains("cores"));

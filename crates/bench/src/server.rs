@@ -18,13 +18,14 @@ pub struct ChildGateway {
 }
 
 impl ChildGateway {
-    /// Runs `<this executable> gateway --set ...` on a free loopback port and waits until it
-    /// prints its TCP address.
-    pub fn start(overrides: &[String]) -> anyhow::Result<ChildGateway> {
+    /// Runs `<this executable> gateway --processes N --set ...` on a free loopback port and
+    /// waits until it prints its TCP address.
+    pub fn start(overrides: &[String], processes: u8) -> anyhow::Result<ChildGateway> {
         let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
         let mut cmd = Command::new(exe);
         cmd.arg("gateway")
             .args(["--set", "listen.tcp=[\"127.0.0.1:0\"]", "--set", "listen.ws=[]"])
+            .args(["--processes", &processes.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));

@@ -8,7 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tickwire_bench::machine::raise_fd_limit;
 use tickwire_bench::server::LISTENING_PREFIX;
-use tickwire_gateway::{Gateway, GatewayConfig};
+use tickwire_gateway::{Gateway, GatewayConfig, WorkerSet};
+
+mod supervisor;
 
 /// How long sessions get to hear the shutdown reason before the process exits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -52,15 +54,32 @@ struct GatewayArgs {
     /// Session heartbeat; replaces session.heartbeat.
     #[arg(long)]
     heartbeat: Option<String>,
-    /// I/O threads, one single-threaded runtime each (default: one per core).
+    /// I/O threads per process, one single-threaded runtime each (default: cores / processes).
     #[arg(long)]
     threads: Option<usize>,
+    /// Worker processes sharing the ports; resumes are routed to the process that owns the
+    /// session. Use it when one process cannot hold enough connections (its open-file limit).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    processes: u8,
+    /// Internal: this process is worker INDEX of --workers (started by --processes).
+    #[arg(long, hide = true, requires_all = ["workers", "handoff_dir"])]
+    worker: Option<u8>,
+    #[arg(long, hide = true)]
+    workers: Option<u8>,
+    #[arg(long, hide = true)]
+    handoff_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
     Pingpong(tickwire_bench::pingpong::PingPongArgs),
+    /// Internal: one load-generator process of a large pingpong run.
+    #[command(hide = true)]
+    PingpongWorker {
+        #[arg(long)]
+        spec: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,6 +103,9 @@ fn main() -> anyhow::Result<()> {
             Command::Bench { bench: Bench::Pingpong(args) } => {
                 tickwire_bench::pingpong::run(args).await.map(|_| ())
             }
+            Command::Bench { bench: Bench::PingpongWorker { spec } } => {
+                tickwire_bench::pingpong::worker_main(&spec).await
+            }
         }
     })
 }
@@ -106,9 +128,24 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
     overrides.extend(args.overrides);
     let config = GatewayConfig::load(args.config.as_deref(), &overrides).context("loading configuration")?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args.threads.unwrap_or_else(|| (cores / usize::from(args.processes)).max(1));
+    if args.processes > 1 && args.worker.is_none() {
+        let mut passthrough = Vec::new();
+        if let Some(path) = &args.config {
+            passthrough.extend(["--config".to_owned(), path.display().to_string()]);
+        }
+        for o in &overrides {
+            passthrough.extend(["--set".to_owned(), o.clone()]);
+        }
+        return supervisor::run(&config, &passthrough, args.processes, threads).await;
+    }
     let runtimes = tickwire_transport::io_threads(threads, "tickwire-io")?;
-    let gateway = Gateway::new(config)?.start_on(&runtimes)?;
+    let mut gateway = Gateway::new(config)?;
+    if let (Some(index), Some(count), Some(dir)) = (args.worker, args.workers, args.handoff_dir) {
+        gateway = gateway.with_workers(WorkerSet { index, count, dir });
+    }
+    let gateway = gateway.start_on(&runtimes)?;
     for addr in gateway.tcp_addrs() {
         println!("{LISTENING_PREFIX}tcp://{addr}");
     }
@@ -123,7 +160,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
+pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,

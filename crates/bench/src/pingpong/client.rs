@@ -43,12 +43,15 @@ impl Shared {
             failed: AtomicU64::new(0),
             bytes_to_server: AtomicU64::new(0),
             bytes_from_server: AtomicU64::new(0),
-            rtt: (0..MAX_STEPS)
-                .map(|_| Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")))
-                .collect(),
+            rtt: (0..MAX_STEPS).map(|_| Mutex::new(new_histogram())).collect(),
             stop: CancellationToken::new(),
         }
     }
+}
+
+/// An RTT histogram in microseconds, from 1 µs to 10 minutes, 3 significant digits.
+pub(super) fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds are valid")
 }
 
 /// An echo request body of `size` bytes (`EchoRequest` plus padding). Exact for every size

@@ -10,34 +10,33 @@
 //! simulated client; `report.rs` the figures and how they are printed.
 
 mod client;
+mod loadgen;
 mod report;
 
 pub use client::echo_body;
+pub use loadgen::worker_main;
 pub use report::{Report, Rtt, Step};
 
-use client::Shared;
+use loadgen::{LoadGen, WorkerSpec};
 use report::{print_header, print_row};
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
-use tickwire_client::{ConnectOptions, Target};
+use tickwire_client::Target;
 use tokio::runtime::Handle;
-use tokio::task::JoinSet;
 
-use crate::machine::{Machine, ProcSample, raise_fd_limit};
+use crate::machine::{Machine, ProcSample, process_tree, raise_fd_limit};
 use crate::server::ChildGateway;
 
 /// Most steps one run can have.
 const MAX_STEPS: usize = 64;
 /// After a hold window, answers still count this long; later ones are lost.
 const GRACE: Duration = Duration::from_secs(2);
+/// Descriptors each process keeps for things other than client sockets.
+const FD_MARGIN: usize = 1000;
 /// Shortest think time of the random-think mode, as in the report.
 const MIN_THINK: Duration = Duration::from_millis(10);
 
@@ -87,6 +86,12 @@ pub struct PingPongArgs {
     /// Load-generator threads, one single-threaded runtime each (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Load-generator processes (default: enough to stay under the open-file limit).
+    #[arg(long)]
+    pub procs: Option<usize>,
+    /// Gateway worker processes when the bench starts the gateway (default: the same rule).
+    #[arg(long)]
+    pub gateway_processes: Option<u8>,
     /// Keep going after a step that does not hold.
     #[arg(long)]
     pub keep_going: bool,
@@ -116,6 +121,20 @@ struct Row {
     heartbeat: Duration,
     request_bytes: usize,
     response_bytes: u32,
+}
+
+impl Row {
+    /// The send pattern a worker process was given (name and heartbeat are the orchestrator's).
+    fn from_spec(spec: &WorkerSpec) -> Row {
+        Row {
+            name: String::new(),
+            interval: Duration::from_micros(spec.interval_us),
+            max_think: spec.max_think_us.map(Duration::from_micros),
+            heartbeat: Duration::ZERO,
+            request_bytes: spec.request_bytes,
+            response_bytes: spec.response_bytes,
+        }
+    }
 }
 
 /// Runs `tickwire bench pingpong`.
@@ -193,6 +212,11 @@ fn report_grid() -> Vec<Row> {
 
 async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow::Result<Vec<Step>> {
     println!("\n== {} ==", row.name);
+    let largest = args.clients.last().copied().unwrap_or(0);
+    let fd_limit = raise_fd_limit() as usize;
+    // Each process keeps a margin of descriptors for everything that is not a client socket.
+    let per_process = fd_limit.saturating_sub(FD_MARGIN).max(1);
+    let needed = largest.div_ceil(per_process).max(1);
     let overrides = vec![
         format!("session.heartbeat=\"{}ms\"", row.heartbeat.as_millis()),
         // The bench's own load is the subject; the per-connection limit must not shape it.
@@ -207,21 +231,39 @@ async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow:
             (None, addr, args.server_pid)
         }
         None => {
-            let child = ChildGateway::start(&overrides)?;
+            let processes = args.gateway_processes.unwrap_or(needed.min(64) as u8);
+            let child = ChildGateway::start(&overrides, processes)?;
             let (addr, pid) = (child.tcp, child.pid());
             (Some(child), addr, Some(pid))
         }
     };
-    let shared = Arc::new(Shared::new());
-    let body = echo_body(row.request_bytes, row.response_bytes);
-    let mut tasks = JoinSet::new();
+    let procs = args.procs.unwrap_or(needed);
+    let spec = WorkerSpec {
+        addr,
+        interval_us: row.interval.as_micros() as u64,
+        max_think_us: row.max_think.map(|d| d.as_micros() as u64),
+        request_bytes: row.request_bytes,
+        response_bytes: row.response_bytes,
+        ramp_us: args.ramp.as_micros() as u64,
+        clients_per_source: args.clients_per_source,
+        threads: runtimes.len(),
+        index: 0,
+        workers: 1,
+    };
+    if procs > 1 {
+        println!("{procs} load-generator processes (open-file limit {fd_limit})");
+    }
+    let mut loadgen = LoadGen::start(spec, procs, runtimes).await?;
     let mut steps = Vec::new();
     print_header();
     for (k, &clients) in args.clients.iter().enumerate() {
-        ramp_to(args, row, &shared, (&mut tasks, runtimes), &body, addr, clients).await;
+        let bar = ProgressBar::new_spinner().with_message(format!("ramping to {clients} clients"));
+        bar.enable_steady_tick(Duration::from_millis(200));
+        loadgen.ramp_to(clients).await?;
+        bar.finish_and_clear();
         // Let every new client reach its steady schedule before measuring.
         tokio::time::sleep(row.max_think.unwrap_or(row.interval).min(Duration::from_secs(3))).await;
-        let step = hold(args, row, &shared, k, clients, pid).await;
+        let step = hold(args, row, &mut loadgen, k, clients, pid).await?;
         print_row(&step);
         let held = step.held;
         steps.push(step);
@@ -229,62 +271,36 @@ async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow:
             break;
         }
     }
-    shared.stop.cancel();
-    let drain = async { while tasks.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
+    loadgen.stop().await;
     drop(child);
     Ok(steps)
 }
 
-async fn ramp_to(
-    args: &PingPongArgs,
-    row: &Row,
-    shared: &Arc<Shared>,
-    (tasks, runtimes): (&mut JoinSet<()>, &[Handle]),
-    body: &Bytes,
-    addr: SocketAddr,
-    clients: usize,
-) {
-    let have = tasks.len();
-    let bar = ProgressBar::new((clients - have) as u64).with_message(format!("ramping to {clients} clients"));
-    bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}").expect("template"));
-    let mut tick = tokio::time::interval(args.ramp.max(Duration::from_micros(10)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    for k in have..clients {
-        tick.tick().await;
-        let source = Ipv4Addr::new(127, 0, 0, 1 + (k / args.clients_per_source.max(1)) as u8);
-        let mut opts = ConnectOptions::new(Target::Tcp(addr));
-        opts.local_addr = Some(IpAddr::V4(source));
-        opts.client_name = format!("bench-{k}");
-        let runtime = &runtimes[k % runtimes.len()];
-        tasks.spawn_on(client::client(k as u64, shared.clone(), opts, row.clone(), body.clone()), runtime);
-        bar.inc(1);
-    }
-    // Wait (bounded) for the handshakes to finish.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while (shared.connected.load(Relaxed) + shared.failed.load(Relaxed)) < clients as u64
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bar.finish_and_clear();
+/// CPU seconds and RSS summed over several processes.
+fn sample_all(pids: &[u32]) -> Option<ProcSample> {
+    let samples: Vec<ProcSample> = pids.iter().filter_map(|&p| ProcSample::read(p)).collect();
+    let first = samples.first()?;
+    Some(ProcSample {
+        at: first.at,
+        cpu_seconds: samples.iter().map(|s| s.cpu_seconds).sum(),
+        rss_bytes: samples.iter().map(|s| s.rss_bytes).sum(),
+    })
 }
 
 async fn hold(
     args: &PingPongArgs,
     row: &Row,
-    shared: &Shared,
+    loadgen: &mut LoadGen,
     k: usize,
     clients: usize,
     pid: Option<u32>,
-) -> Step {
-    let errors_before = shared.errors.load(Relaxed);
-    let dup_before = shared.duplicated.load(Relaxed);
-    let (to0, from0) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
-    let cpu0 = pid.and_then(ProcSample::read);
-    let own0 = ProcSample::read(std::process::id());
+) -> anyhow::Result<Step> {
+    let server = |pid: Option<u32>| pid.and_then(|p| sample_all(&process_tree(p)));
+    let before = loadgen.counters(k).await?;
+    let cpu0 = server(pid);
+    let own0 = sample_all(&loadgen.pids());
     let start = Instant::now();
-    shared.holding.store(k, Relaxed);
+    loadgen.set_holding(Some(k)).await?;
     let bar = ProgressBar::new(args.duration.as_secs()).with_message(format!("holding {clients} clients"));
     bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len}s").expect("template"));
     let end = start + args.duration;
@@ -292,33 +308,32 @@ async fn hold(
         tokio::time::sleep((end - Instant::now()).min(Duration::from_secs(1))).await;
         bar.set_position(start.elapsed().as_secs());
     }
-    shared.holding.store(usize::MAX, Relaxed);
+    loadgen.set_holding(None).await?;
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu1 = pid.and_then(ProcSample::read);
-    let own1 = ProcSample::read(std::process::id());
-    let (to1, from1) = (shared.bytes_to_server.load(Relaxed), shared.bytes_from_server.load(Relaxed));
+    let cpu1 = server(pid);
+    let own1 = sample_all(&loadgen.pids());
+    let mid = loadgen.counters(k).await?;
     bar.finish_and_clear();
     tokio::time::sleep(GRACE).await;
-    let sent = shared.sent[k].load(Relaxed);
-    let answered = shared.answered[k].load(Relaxed);
-    let hist = shared.rtt[k].lock().expect("histogram lock").clone();
+    let after = loadgen.counters(k).await?;
+    let hist = after.histogram();
     let ms = |us: u64| us as f64 / 1000.0;
     let rtt = Rtt {
         p50: ms(hist.value_at_quantile(0.5)),
         p99: ms(hist.value_at_quantile(0.99)),
         max: ms(hist.max()),
     };
-    let errors = shared.errors.load(Relaxed) - errors_before;
-    let lost = sent.saturating_sub(answered);
-    let duplicated = shared.duplicated.load(Relaxed) - dup_before;
-    let connected = shared.connected.load(Relaxed) as usize;
+    let errors = after.errors - before.errors;
+    let lost = after.sent.saturating_sub(after.answered);
+    let duplicated = after.duplicated - before.duplicated;
+    let connected = after.connected as usize;
     let held = errors == 0
         && lost == 0
         && duplicated == 0
         && connected >= clients
-        && sent > 0
+        && after.sent > 0
         && rtt.p99 <= args.max_p99.as_secs_f64() * 1000.0;
-    Step {
+    Ok(Step {
         row: row.name.clone(),
         clients,
         connected,
@@ -329,8 +344,8 @@ async fn hold(
         response_bytes: row.response_bytes,
         hold_s: elapsed,
         held,
-        requests: answered,
-        rps: answered as f64 / elapsed,
+        requests: after.answered,
+        rps: after.answered as f64 / elapsed,
         rtt_ms: rtt,
         errors,
         lost,
@@ -338,9 +353,9 @@ async fn hold(
         server_cpu_pct: cpu0.zip(cpu1).map(|(a, b)| b.cpu_pct_since(&a)),
         server_rss_bytes: cpu1.map(|s| s.rss_bytes),
         loadgen_cpu_pct: own0.zip(own1).map(|(a, b)| b.cpu_pct_since(&a)),
-        bytes_in_per_s: (to1 - to0) as f64 / elapsed,
-        bytes_out_per_s: (from1 - from0) as f64 / elapsed,
-    }
+        bytes_in_per_s: (mid.bytes_to_server - before.bytes_to_server) as f64 / elapsed,
+        bytes_out_per_s: (mid.bytes_from_server - before.bytes_from_server) as f64 / elapsed,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,133 @@
+//! `tickwire gateway --processes N`: runs N gateway worker processes on the same ports.
+//!
+//! The supervisor reserves each listening address (resolving port 0) with a bound but
+//! never-listening `SO_REUSEPORT` socket, starts the workers on those ports, and prints the
+//! addresses once every worker listens. It forwards SIGINT/SIGTERM to them, and if one worker
+//! dies it stops the others and fails: a half-running gateway would strand that worker's
+//! sessions without saying so.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use socket2::{Domain, Socket, Type};
+use tickwire_bench::server::LISTENING_PREFIX;
+use tickwire_gateway::GatewayConfig;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// How long workers get to start listening, and to stop after SIGTERM.
+const WORKER_START: Duration = Duration::from_secs(15);
+const WORKER_STOP: Duration = Duration::from_secs(15);
+
+/// Binds (without listening) so the port stays ours while the workers bind it too.
+fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, Socket)> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into()).with_context(|| format!("cannot bind {addr}"))?;
+    let local = socket.local_addr()?.as_socket().context("not an IP socket")?;
+    Ok((local, socket))
+}
+
+fn list(addrs: &[SocketAddr]) -> String {
+    let quoted: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+    format!("[{}]", quoted.join(","))
+}
+
+/// Runs the workers until a signal arrives or one of them dies.
+pub async fn run(
+    config: &GatewayConfig,
+    passthrough: &[String],
+    processes: u8,
+    threads: usize,
+) -> anyhow::Result<()> {
+    let mut reserved = Vec::new();
+    let mut tcp = Vec::new();
+    let mut ws = Vec::new();
+    for (addrs, out) in [(&config.listen.tcp, &mut tcp), (&config.listen.ws, &mut ws)] {
+        for &addr in addrs {
+            let (local, socket) = reserve(addr)?;
+            reserved.push(socket);
+            out.push(local);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("tickwire-gateway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
+    let (exited_tx, mut exited) =
+        mpsc::channel::<(u8, std::io::Result<std::process::ExitStatus>)>(processes as usize);
+    let mut pids = Vec::new();
+    for index in 0..processes {
+        let mut child: Child = Command::new(&exe)
+            .arg("gateway")
+            .args(passthrough)
+            .args([
+                "--set",
+                &format!("listen.tcp={}", list(&tcp)),
+                "--set",
+                &format!("listen.ws={}", list(&ws)),
+            ])
+            .args(["--worker", &index.to_string(), "--workers", &processes.to_string()])
+            .arg("--handoff-dir")
+            .arg(&dir)
+            .args(["--threads", &threads.to_string()])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a gateway worker")?;
+        pids.push(child.id().context("worker has no pid")?);
+        let stdout = child.stdout.take().context("worker stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let expected = tcp.len() + ws.len();
+        let ready = async {
+            let mut seen = 0;
+            while seen < expected {
+                match lines.next_line().await? {
+                    Some(line) if line.starts_with(LISTENING_PREFIX) => seen += 1,
+                    Some(_) => {}
+                    None => bail!("worker {index} exited before listening"),
+                }
+            }
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(WORKER_START, ready).await.context("a worker did not start in time")??;
+        let tx = exited_tx.clone();
+        tokio::spawn(async move {
+            // Drain the worker's stdout so it never blocks on a full pipe.
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            let status = child.wait().await;
+            let _ = tx.send((index, status)).await;
+        });
+    }
+    for addr in &tcp {
+        println!("{LISTENING_PREFIX}tcp://{addr}");
+    }
+    for addr in &ws {
+        println!("{LISTENING_PREFIX}ws://{addr}/");
+    }
+    tracing::info!(processes, "gateway workers running");
+    let result = tokio::select! {
+        r = crate::wait_for_signal() => r,
+        Some((index, status)) = exited.recv() => Err(anyhow::anyhow!("gateway worker {index} exited unexpectedly: {status:?}")),
+    };
+    for &pid in &pids {
+        // SAFETY: signalling our own children by pid.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    let stopped = async {
+        for _ in 0..pids.len() {
+            if exited.recv().await.is_none() {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout(WORKER_STOP, stopped).await.is_err() {
+        tracing::warn!("some workers did not stop in time");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(reserved);
+    result
+}
