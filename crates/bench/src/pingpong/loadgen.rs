@@ -184,7 +184,7 @@ impl Worker {
 
 /// The load generators of one run.
 pub(crate) enum LoadGen {
-    Local(Local),
+    Local(Box<Local>),
     Remote(Vec<Worker>),
 }
 
@@ -196,7 +196,7 @@ impl LoadGen {
         runtimes: &[Handle],
     ) -> anyhow::Result<LoadGen> {
         if procs <= 1 {
-            return Ok(LoadGen::Local(Local::new(spec, runtimes.to_vec())));
+            return Ok(LoadGen::Local(Box::new(Local::new(spec, runtimes.to_vec()))));
         }
         let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
         let threads = (spec.threads / procs).max(1);
