@@ -125,8 +125,10 @@ mod tests {
         assert!(sample.rss_bytes > 0);
         assert!(sample.cpu_seconds >= 0.0);
         assert!(ProcSample::read(u32::MAX).is_none());
-        let child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let tree = process_tree(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
         assert!(tree.contains(&std::process::id()) && tree.contains(&child.id()), "{tree:?}");
         let m = Machine::detect();
         assert!(m.cores >= 1);
