@@ -73,7 +73,7 @@ struct GatewayArgs {
 #[derive(Subcommand)]
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
-    Pingpong(tickwire_bench::pingpong::PingPongArgs),
+    Pingpong(Box<tickwire_bench::pingpong::PingPongArgs>),
     /// Internal: one load-generator process of a large pingpong run.
     #[command(hide = true)]
     PingpongWorker {
@@ -101,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Gateway(args) => gateway(args).await,
             Command::Bench { bench: Bench::Pingpong(args) } => {
-                tickwire_bench::pingpong::run(args).await.map(|_| ())
+                tickwire_bench::pingpong::run(*args).await.map(|_| ())
             }
             Command::Bench { bench: Bench::PingpongWorker { spec } } => {
                 tickwire_bench::pingpong::worker_main(&spec).await
