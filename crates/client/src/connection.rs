@@ -102,8 +102,19 @@ fn hello(opts: &ConnectOptions, resume: Option<ResumeRequest>) -> Frame {
     })
 }
 
-/// Opens a transport, sends `hello`, and waits for the Welcome.
+/// Opens a transport, sends `hello`, and waits for the Welcome, all within the handshake
+/// timeout (a TCP connect alone can otherwise retry SYNs for minutes).
 async fn handshake(
+    opts: &ConnectOptions,
+    hello: Frame,
+    decoder: &FrameDecoder,
+) -> Result<(Conn, Welcome, BytesMut), ClientError> {
+    tokio::time::timeout(opts.handshake_timeout, handshake_inner(opts, hello, decoder))
+        .await
+        .map_err(|_| ClientError::HandshakeTimeout)?
+}
+
+async fn handshake_inner(
     opts: &ConnectOptions,
     hello: Frame,
     decoder: &FrameDecoder,
@@ -132,9 +143,7 @@ async fn handshake(
             }
         }
     };
-    let welcome = tokio::time::timeout(opts.handshake_timeout, read_welcome)
-        .await
-        .map_err(|_| ClientError::HandshakeTimeout)??;
+    let welcome = read_welcome.await?;
     Ok((conn, welcome, buf))
 }
 
