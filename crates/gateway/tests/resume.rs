@@ -201,3 +201,27 @@ async fn a_silent_client_is_dropped_after_the_read_timeout() {
     assert_eq!(gw.session_count(), 1);
     assert_eq!(gw.stats().snapshot().connections_open, 0);
 }
+
+#[tokio::test]
+async fn a_websocket_session_resumes_too() {
+    let gw = common::start(&[]).await;
+    let target = Target::parse(&format!("ws://{}/", gw.ws_addrs()[0])).await.unwrap();
+    let mut conn = Connection::connect(ConnectOptions::new(target)).await.unwrap();
+    assert_eq!(common::round_trip(&mut conn, 1, 32).await.id, 1);
+    // Queue a request, then move to a new WebSocket connection before it is flushed.
+    conn.send_request(2, "echo", common::echo_body(16, 0)).unwrap();
+    conn.resume().await.unwrap();
+    assert!(conn.welcome().resumed);
+    let mut ids = Vec::new();
+    while ids.len() < 2 {
+        conn.flush().await;
+        if let Some(Event::Response(r)) = conn.next_event().await.unwrap() {
+            ids.push(r.id);
+            if r.id == 2 {
+                conn.send_request(3, "echo", common::echo_body(16, 0)).unwrap();
+            }
+        }
+    }
+    assert_eq!(ids, vec![2, 3]);
+    assert_eq!(gw.stats().snapshot().sessions_resumed, 1);
+}
