@@ -120,9 +120,8 @@ impl SessionTask {
             Err(end) => end,
         };
         tracing::debug!(session = %self.handle.id, reason = ?end.reason, message = %end.message, "session ended");
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(mut conn) = self.take_conn() {
             send_close(&mut conn, end.reason, &end.message).await;
-            Stats::sub(&self.shared.stats.connections_open, 1);
         }
         self.shared.registry.remove(&self.handle.id);
         Stats::sub(&self.shared.stats.sessions_open, 1);
@@ -146,9 +145,24 @@ impl SessionTask {
         })
     }
 
-    async fn attach_new(&mut self, conn: Conn) -> Result<(), End> {
+    /// Attaches a connection. Every attach goes through here, and every detach through
+    /// [`SessionTask::take_conn`], so the `connections_open` gauge stays right.
+    fn put_conn(&mut self, conn: Conn) {
         self.conn = Some(conn);
         Stats::add(&self.shared.stats.connections_open, 1);
+    }
+
+    /// Detaches the connection, if any, and drops its buffers.
+    fn take_conn(&mut self) -> Option<Conn> {
+        let conn = self.conn.take()?;
+        Stats::sub(&self.shared.stats.connections_open, 1);
+        self.rbuf = BytesMut::new();
+        self.wbuf.clear();
+        Some(conn)
+    }
+
+    async fn attach_new(&mut self, conn: Conn) -> Result<(), End> {
+        self.put_conn(conn);
         self.welcome(false).encode(&mut self.wbuf);
         self.flush().await;
         self.on_input(Instant::now()).await
@@ -213,18 +227,14 @@ impl SessionTask {
     }
 
     fn drop_link(&mut self) {
-        if self.conn.take().is_some() {
-            Stats::sub(&self.shared.stats.connections_open, 1);
+        if self.take_conn().is_some() {
             self.session.detach(Instant::now());
-            self.rbuf = BytesMut::new();
-            self.wbuf.clear();
         }
     }
 
     async fn on_takeover(&mut self, takeover: Takeover) -> Result<(), End> {
         let now = Instant::now();
-        if let Some(mut old) = self.conn.take() {
-            Stats::sub(&self.shared.stats.connections_open, 1);
+        if let Some(mut old) = self.take_conn() {
             self.session.detach(now);
             send_close(&mut old, CloseReason::Replaced, "session resumed on another connection").await;
         }
@@ -238,9 +248,8 @@ impl SessionTask {
                 return Err(end);
             }
         };
-        Stats::add(&self.shared.stats.connections_open, 1);
         Stats::add(&self.shared.stats.sessions_resumed, 1);
-        self.conn = Some(conn);
+        self.put_conn(conn);
         self.rbuf = takeover.buf;
         self.wbuf.clear();
         self.welcome(true).encode(&mut self.wbuf);
@@ -258,8 +267,7 @@ impl SessionTask {
             match frame {
                 Frame::Control(body) => match decode_control(body)? {
                     control::Kind::Close(close) => {
-                        self.conn = None;
-                        Stats::sub(&self.shared.stats.connections_open, 1);
+                        self.take_conn();
                         return Err(End::new(
                             CloseReason::Normal,
                             format!("client closed: {}", close.message),
