@@ -110,7 +110,8 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-fn list(values: &[String]) -> String {
+/// Formats values as a TOML array of strings, for `--set key=[...]` overrides.
+pub(crate) fn toml_list<T: std::fmt::Display>(values: &[T]) -> String {
     let quoted: Vec<String> = values.iter().map(|v| format!("\"{v}\"")).collect();
     format!("[{}]", quoted.join(","))
 }
@@ -118,10 +119,10 @@ fn list(values: &[String]) -> String {
 async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let mut overrides = Vec::new();
     if !args.tcp.is_empty() {
-        overrides.push(format!("listen.tcp={}", list(&args.tcp)));
+        overrides.push(format!("listen.tcp={}", toml_list(&args.tcp)));
     }
     if !args.ws.is_empty() {
-        overrides.push(format!("listen.ws={}", list(&args.ws)));
+        overrides.push(format!("listen.ws={}", toml_list(&args.ws)));
     }
     if let Some(hb) = &args.heartbeat {
         overrides.push(format!("session.heartbeat=\"{hb}\""));

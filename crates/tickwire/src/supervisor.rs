@@ -32,11 +32,6 @@ fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, Socket)> {
     Ok((local, socket))
 }
 
-fn list(addrs: &[SocketAddr]) -> String {
-    let quoted: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
-    format!("[{}]", quoted.join(","))
-}
-
 /// Runs the workers until a signal arrives or one of them dies.
 pub async fn run(
     config: &GatewayConfig,
@@ -66,9 +61,9 @@ pub async fn run(
             .args(passthrough)
             .args([
                 "--set",
-                &format!("listen.tcp={}", list(&tcp)),
+                &format!("listen.tcp={}", crate::toml_list(&tcp)),
                 "--set",
-                &format!("listen.ws={}", list(&ws)),
+                &format!("listen.ws={}", crate::toml_list(&ws)),
             ])
             .args(["--worker", &index.to_string(), "--workers", &processes.to_string()])
             .arg("--handoff-dir")
