@@ -47,10 +47,8 @@ impl ProcSample {
     pub fn read(pid: u32) -> Option<ProcSample> {
         let at = Instant::now();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name may contain spaces; fields resume after the last ')'.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the full line, 12 and 13 after the name.
+        let fields = stat_fields(&stat)?;
+        // utime and stime are fields 14 and 15 of the full line.
         let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
         let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
         let rss_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
@@ -70,6 +68,13 @@ impl ProcSample {
     }
 }
 
+/// The fields of a `/proc/<pid>/stat` line after the command name (which may hold spaces and
+/// parentheses, so it ends at the last `)`): index 0 is field 3 of the line, the state.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    Some(rest.split_whitespace().collect())
+}
+
 /// `pid` and all its descendants, found through the parent pid in `/proc/*/stat`.
 pub fn process_tree(pid: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
@@ -79,7 +84,7 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
         .filter_map(|entry| {
             let child: u32 = entry.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()?;
+            let ppid = stat_fields(&stat)?.get(1)?.parse().ok()?;
             Some((child, ppid))
         })
         .collect();
@@ -118,6 +123,15 @@ pub fn raise_fd_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_skip_a_command_name_with_spaces_and_parentheses() {
+        let line = "42 (my (odd) name) S 7 42 42 0 -1 4194560 0 0 0 0 11 22 0 0";
+        let fields = stat_fields(line).unwrap();
+        assert_eq!((fields[0], fields[1], fields[11], fields[12]), ("S", "7", "11", "22"));
+        assert_eq!(stat_fields("42 (x)"), Some(vec![]));
+        assert_eq!(stat_fields("no parenthesis"), None);
+    }
 
     #[test]
     fn reads_its_own_process() {
