@@ -142,7 +142,7 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     anyhow::ensure!(!args.clients.is_empty(), "--clients needs at least one value");
     anyhow::ensure!(args.clients.len() <= MAX_STEPS, "at most {MAX_STEPS} steps");
     anyhow::ensure!(args.clients.windows(2).all(|w| w[0] < w[1]), "--clients must be ascending");
-    let fd_limit = raise_fd_limit();
+    let plan = Plan::new(&args);
     let machine = Machine::detect();
     println!("machine: {}", machine.line());
     let rows = match args.grid {
@@ -156,15 +156,17 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
         }],
         Some(Grid::Report) => report_grid(),
     };
-    let needed = args.clients.last().copied().unwrap_or(0) + 100;
-    if (fd_limit as usize) < needed {
-        println!("warning: open-file limit is {fd_limit}, below the {needed} this run needs");
+    if plan.loadgen_procs > 1 || plan.gateway_processes > 1 {
+        println!(
+            "open-file limit {}: {} load-generator and {} gateway processes",
+            plan.fd_limit, plan.loadgen_procs, plan.gateway_processes
+        );
     }
     let threads = args.threads.unwrap_or(machine.cores);
     let runtimes = tickwire_transport::io_threads(threads, "bench-io")?;
     let mut steps = Vec::new();
     for row in rows {
-        steps.extend(run_row(&args, &row, &runtimes).await?);
+        steps.extend(run_row(&args, &plan, &row, &runtimes).await?);
     }
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
     let report = Report { bench: "pingpong", machine, max_held_clients, steps };
@@ -210,13 +212,44 @@ fn report_grid() -> Vec<Row> {
     rows
 }
 
-async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow::Result<Vec<Step>> {
+/// How many processes the run needs, decided once from the open-file limit.
+struct Plan {
+    fd_limit: usize,
+    loadgen_procs: usize,
+    gateway_processes: u8,
+}
+
+impl Plan {
+    fn new(args: &PingPongArgs) -> Plan {
+        let fd_limit = raise_fd_limit() as usize;
+        // Each process keeps a margin of descriptors for everything that is not a client socket.
+        let per_process = fd_limit.saturating_sub(FD_MARGIN).max(1);
+        let largest = args.clients.last().copied().unwrap_or(0);
+        let needed = largest.div_ceil(per_process).max(1);
+        let plan = Plan {
+            fd_limit,
+            loadgen_procs: args.procs.unwrap_or(needed),
+            gateway_processes: args.gateway_processes.unwrap_or(needed.min(64) as u8),
+        };
+        if plan.loadgen_procs < needed
+            || (args.target.is_none() && usize::from(plan.gateway_processes) < needed)
+        {
+            println!(
+                "warning: {largest} clients need {needed} processes on each side at an open-file limit of \
+                 {fd_limit}; --procs/--gateway-processes ask for fewer"
+            );
+        }
+        plan
+    }
+}
+
+async fn run_row(
+    args: &PingPongArgs,
+    plan: &Plan,
+    row: &Row,
+    runtimes: &[Handle],
+) -> anyhow::Result<Vec<Step>> {
     println!("\n== {} ==", row.name);
-    let largest = args.clients.last().copied().unwrap_or(0);
-    let fd_limit = raise_fd_limit() as usize;
-    // Each process keeps a margin of descriptors for everything that is not a client socket.
-    let per_process = fd_limit.saturating_sub(FD_MARGIN).max(1);
-    let needed = largest.div_ceil(per_process).max(1);
     let overrides = vec![
         format!("session.heartbeat=\"{}ms\"", row.heartbeat.as_millis()),
         // The bench's own load is the subject; the per-connection limit must not shape it.
@@ -231,13 +264,11 @@ async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow:
             (None, addr, args.server_pid)
         }
         None => {
-            let processes = args.gateway_processes.unwrap_or(needed.min(64) as u8);
-            let child = ChildGateway::start(&overrides, processes)?;
+            let child = ChildGateway::start(&overrides, plan.gateway_processes)?;
             let (addr, pid) = (child.tcp, child.pid());
             (Some(child), addr, Some(pid))
         }
     };
-    let procs = args.procs.unwrap_or(needed);
     let spec = WorkerSpec {
         addr,
         interval_us: row.interval.as_micros() as u64,
@@ -250,10 +281,7 @@ async fn run_row(args: &PingPongArgs, row: &Row, runtimes: &[Handle]) -> anyhow:
         index: 0,
         workers: 1,
     };
-    if procs > 1 {
-        println!("{procs} load-generator processes (open-file limit {fd_limit})");
-    }
-    let mut loadgen = LoadGen::start(spec, procs, runtimes).await?;
+    let mut loadgen = LoadGen::start(spec, plan.loadgen_procs, runtimes).await?;
     let mut steps = Vec::new();
     print_header();
     for (k, &clients) in args.clients.iter().enumerate() {
