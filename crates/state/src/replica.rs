@@ -1,0 +1,337 @@
+//! The client side: a replica that applies binary updates and holds what its player may see.
+//!
+//! Decoding follows the schema, so recursion is bounded by the schema's depth, and every length
+//! is checked against the bytes that remain before anything is allocated. Bad input is a typed
+//! [`DecodeError`]; after one, the replica refuses deltas until it gets a snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+use crate::encode::binary::{
+    ENTRY_INSERT, ENTRY_PATCH, ENTRY_REMOVE, ENTRY_SET, FIELD_CLEAR, FIELD_PATCH, FIELD_SET, ITEM_PATCH, ITEM_SET,
+    KIND_DELTA, KIND_SNAPSHOT, unzigzag,
+};
+use crate::error::DecodeError;
+use crate::schema::{Kind, KeyKind, ROOT, Schema, TypeId};
+use crate::tree::Version;
+use crate::value::{Key, Quant, Value};
+
+#[derive(Debug, Clone)]
+enum RNode {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Bytes(Bytes),
+    Vec3([f64; 3]),
+    Struct(Vec<RNode>),
+    List(Vec<RNode>),
+    Map(RMap),
+}
+
+#[derive(Debug, Clone, Default)]
+struct RMap {
+    entries: BTreeMap<Key, RNode>,
+    ids: HashMap<u32, Key>,
+}
+
+/// A client's copy of the state, built from a snapshot and the deltas after it.
+#[derive(Debug)]
+pub struct Replica {
+    schema: Arc<Schema>,
+    root: RNode,
+    version: Version,
+    poisoned: bool,
+}
+
+impl Replica {
+    pub fn new(schema: Arc<Schema>) -> Replica {
+        let root = default_node(&schema, ROOT);
+        Replica { schema, root, version: 0, poisoned: false }
+    }
+
+    /// The version of the last update applied.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The replica's state as a plain value.
+    pub fn value(&self) -> Value {
+        to_value(&self.root)
+    }
+
+    /// Applies one binary update (header and patches). On error the replica may be partly
+    /// updated; it then accepts only a snapshot.
+    pub fn apply(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
+        let mut r = Reader { buf: update };
+        let kind = r.u8("update header")?;
+        let from = r.varint("update header")?;
+        let to = r.varint("update header")?;
+        match kind {
+            KIND_SNAPSHOT => {}
+            KIND_DELTA if self.poisoned => return Err(DecodeError::NeedsSnapshot),
+            KIND_DELTA if from != self.version => {
+                return Err(DecodeError::VersionMismatch { from, have: self.version });
+            }
+            KIND_DELTA => {}
+            other => return Err(DecodeError::UnknownKind(other)),
+        }
+        if kind == KIND_SNAPSHOT {
+            self.root = default_node(&self.schema, ROOT);
+        }
+        let d = Decoder { schema: &self.schema };
+        let root = &mut self.root;
+        let result = (|| {
+            while !r.buf.is_empty() {
+                d.patch(ROOT, root, &mut r)?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                self.version = to;
+                self.poisoned = false;
+                Ok(to)
+            }
+            Err(e) => {
+                self.poisoned = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        let (&b, rest) = self.buf.split_first().ok_or(DecodeError::Truncated(what))?;
+        self.buf = rest;
+        Ok(b)
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        prost::encoding::decode_varint(&mut self.buf).map_err(|_| DecodeError::BadVarint(what))
+    }
+
+    fn take(&mut self, n: u64, what: &'static str) -> Result<&[u8], DecodeError> {
+        if n > self.buf.len() as u64 {
+            return Err(DecodeError::Truncated(what));
+        }
+        let (head, rest) = self.buf.split_at(n as usize);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    /// A count of items that each take at least one byte.
+    fn count(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+        let n = self.varint(what)?;
+        if n > self.buf.len() as u64 {
+            return Err(DecodeError::BadLength(n));
+        }
+        Ok(n as usize)
+    }
+}
+
+struct Decoder<'s> {
+    schema: &'s Schema,
+}
+
+impl Decoder<'_> {
+    fn patch(&self, ty: TypeId, node: &mut RNode, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        match (&self.schema.node(ty).kind, node) {
+            (Kind::Struct(_), RNode::Struct(fields)) => self.struct_patch(ty, fields, r),
+            (Kind::List(item), RNode::List(items)) => self.list_patch(*item, items, r),
+            (Kind::Map { key, value }, RNode::Map(map)) => self.map_patch(*key, *value, map, r),
+            _ => Err(DecodeError::BadOp { op: u64::from(FIELD_PATCH as u8), what: "a scalar" }),
+        }
+    }
+
+    fn struct_patch(&self, ty: TypeId, fields: &mut [RNode], r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        let decl = self.schema.fields(ty);
+        loop {
+            let tag = r.varint("struct patch")?;
+            if tag == 0 {
+                return Ok(());
+            }
+            let (index, op) = ((tag - 1) >> 2, (tag - 1) & 3);
+            let field = decl.get(index as usize).ok_or(DecodeError::NoField(index))?;
+            let slot = &mut fields[index as usize];
+            match op {
+                FIELD_SET => *slot = self.value(field.ty, r)?,
+                FIELD_PATCH => self.patch(field.ty, slot, r)?,
+                FIELD_CLEAR => *slot = default_node(self.schema, field.ty),
+                _ => return Err(DecodeError::BadOp { op, what: "a struct field" }),
+            }
+        }
+    }
+
+    fn list_patch(&self, item: TypeId, items: &mut Vec<RNode>, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        let header = r.varint("list patch")?;
+        if header > 0 {
+            let new_len = header - 1;
+            // A list only grows in a patch, and each new item is set below (>= 1 byte each).
+            if new_len < items.len() as u64 || new_len - items.len() as u64 > r.buf.len() as u64 {
+                return Err(DecodeError::BadLength(new_len));
+            }
+            items.resize(new_len as usize, default_node(self.schema, item));
+        }
+        loop {
+            let tag = r.varint("list patch")?;
+            if tag == 0 {
+                return Ok(());
+            }
+            let (index, op) = ((tag - 1) >> 1, (tag - 1) & 1);
+            let len = items.len();
+            let slot = items.get_mut(index as usize).ok_or(DecodeError::BadIndex { index, len })?;
+            match op {
+                ITEM_SET => *slot = self.value(item, r)?,
+                ITEM_PATCH => self.patch(item, slot, r)?,
+                _ => unreachable!("op is one bit"),
+            }
+        }
+    }
+
+    fn map_patch(&self, kind: KeyKind, value: TypeId, map: &mut RMap, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+        loop {
+            let tag = r.varint("map patch")?;
+            if tag == 0 {
+                return Ok(());
+            }
+            let (id, op) = ((tag - 1) >> 2, (tag - 1) & 3);
+            let id = u32::try_from(id).map_err(|_| DecodeError::UnknownId(id))?;
+            match op {
+                ENTRY_INSERT => {
+                    let key = self.key(kind, r)?;
+                    let node = self.value(value, r)?;
+                    if map.ids.contains_key(&id) || map.entries.contains_key(&key) {
+                        return Err(DecodeError::DuplicateEntry(u64::from(id)));
+                    }
+                    map.ids.insert(id, key.clone());
+                    map.entries.insert(key, node);
+                }
+                ENTRY_PATCH => {
+                    let key = map.ids.get(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?;
+                    let node = map.entries.get_mut(key).expect("ids and entries agree");
+                    self.patch(value, node, r)?;
+                }
+                ENTRY_REMOVE => {
+                    let key = map.ids.remove(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?;
+                    map.entries.remove(&key);
+                }
+                ENTRY_SET => {
+                    let key = map.ids.get(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?.clone();
+                    let node = self.value(value, r)?;
+                    map.entries.insert(key, node);
+                }
+                _ => unreachable!("op is two bits"),
+            }
+        }
+    }
+
+    fn key(&self, kind: KeyKind, r: &mut Reader<'_>) -> Result<Key, DecodeError> {
+        Ok(match kind {
+            KeyKind::Int => Key::Int(unzigzag(r.varint("map key")?)),
+            KeyKind::String => {
+                let len = r.varint("map key")?;
+                let bytes = r.take(len, "map key")?;
+                Key::str(std::str::from_utf8(bytes).map_err(|_| DecodeError::BadUtf8)?)
+            }
+        })
+    }
+
+    fn value(&self, ty: TypeId, r: &mut Reader<'_>) -> Result<RNode, DecodeError> {
+        Ok(match &self.schema.node(ty).kind {
+            Kind::Int => RNode::Int(unzigzag(r.varint("int")?)),
+            Kind::Float(q) => RNode::Float(float(*q, r)?),
+            Kind::Bool => match r.u8("bool")? {
+                0 => RNode::Bool(false),
+                1 => RNode::Bool(true),
+                b => return Err(DecodeError::BadBool(b)),
+            },
+            Kind::Str => {
+                let len = r.varint("string")?;
+                let bytes = r.take(len, "string")?;
+                RNode::Str(std::str::from_utf8(bytes).map_err(|_| DecodeError::BadUtf8)?.to_owned())
+            }
+            Kind::Bytes => {
+                let len = r.varint("bytes")?;
+                RNode::Bytes(Bytes::copy_from_slice(r.take(len, "bytes")?))
+            }
+            Kind::Vec3(q) => RNode::Vec3([float(*q, r)?, float(*q, r)?, float(*q, r)?]),
+            Kind::Struct(_) => {
+                let mut node = default_node(self.schema, ty);
+                let RNode::Struct(fields) = &mut node else { unreachable!("default of a struct") };
+                self.struct_patch(ty, fields, r)?;
+                node
+            }
+            Kind::List(item) => {
+                let n = r.count("list")?;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.value(*item, r)?);
+                }
+                RNode::List(items)
+            }
+            Kind::Map { key, value } => {
+                let mut map = RMap::default();
+                self.map_patch(*key, *value, &mut map, r)?;
+                RNode::Map(map)
+            }
+        })
+    }
+}
+
+fn float(q: Option<Quant>, r: &mut Reader<'_>) -> Result<f64, DecodeError> {
+    match q {
+        Some(q) => {
+            let steps = r.varint("quantized float")?;
+            if steps > q.max_steps() {
+                return Err(DecodeError::BadQuant(steps));
+            }
+            Ok(q.dequantize(steps))
+        }
+        None => {
+            let bytes = r.take(8, "float")?;
+            Ok(f64::from_le_bytes(bytes.try_into().expect("took 8 bytes")))
+        }
+    }
+}
+
+fn default_node(schema: &Schema, ty: TypeId) -> RNode {
+    from_value(schema.default_value(ty))
+}
+
+fn from_value(v: Value) -> RNode {
+    match v {
+        Value::Int(i) => RNode::Int(i),
+        Value::Float(f) => RNode::Float(f),
+        Value::Bool(b) => RNode::Bool(b),
+        Value::Str(s) => RNode::Str(s),
+        Value::Bytes(b) => RNode::Bytes(b),
+        Value::Vec3(v) => RNode::Vec3(v),
+        Value::Struct(f) => RNode::Struct(f.into_iter().map(from_value).collect()),
+        Value::List(l) => RNode::List(l.into_iter().map(from_value).collect()),
+        // Defaults hold empty maps only.
+        Value::Map(_) => RNode::Map(RMap::default()),
+    }
+}
+
+fn to_value(node: &RNode) -> Value {
+    match node {
+        RNode::Int(i) => Value::Int(*i),
+        RNode::Float(f) => Value::Float(*f),
+        RNode::Bool(b) => Value::Bool(*b),
+        RNode::Str(s) => Value::Str(s.clone()),
+        RNode::Bytes(b) => Value::Bytes(b.clone()),
+        RNode::Vec3(v) => Value::Vec3(*v),
+        RNode::Struct(f) => Value::Struct(f.iter().map(to_value).collect()),
+        RNode::List(l) => Value::List(l.iter().map(to_value).collect()),
+        RNode::Map(m) => Value::Map(m.entries.iter().map(|(k, v)| (k.clone(), to_value(v))).collect()),
+    }
+}

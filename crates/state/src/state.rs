@@ -1,0 +1,294 @@
+//! `State`: one room's or channel's state tree and its write API.
+//!
+//! Writes are recorded as they happen: each one stamps the slots along its path with the pending
+//! version, so several writes in one tick coalesce, and `seal()` ends the tick by bumping the
+//! version if anything changed. Every write is checked against the schema and the current tree
+//! before anything is touched, so a rejected write changes nothing, not even the version.
+
+use std::sync::Arc;
+
+use crate::error::StateError;
+use crate::schema::{Kind, ROOT, Schema, TypeId};
+use crate::tree::{ListNode, Node, Slot, Version, key_fits};
+use crate::value::{Key, Value};
+
+/// One step of a path into the tree: a struct field index, a map key, or a list index.
+#[derive(Clone, Copy, Debug)]
+pub enum Step<'a> {
+    Field(u16),
+    Key(&'a Key),
+    Index(u32),
+}
+
+/// How much removal history a state keeps for lagging subscribers.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Tombstones kept per map; older removals force lagging subscribers onto a snapshot.
+    pub max_tombstones: usize,
+    /// Versions of removal history kept.
+    pub history: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { max_tombstones: 1024, history: 1200 }
+    }
+}
+
+/// A versioned state tree.
+pub struct State {
+    pub(crate) schema: Arc<Schema>,
+    pub(crate) root: Slot,
+    pub(crate) version: Version,
+    dirty: bool,
+    /// Deltas can be produced from this version on.
+    pub(crate) floor: Version,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").field("version", &self.version).field("dirty", &self.dirty).finish()
+    }
+}
+
+/// What the last step of a path addresses.
+enum Target {
+    /// A slot (struct field, list item, or existing map entry); its type.
+    Slot(TypeId),
+    /// A key in a map, present or not; the map's value type.
+    MapKey { value: TypeId, present: bool },
+}
+
+impl State {
+    pub fn new(schema: Arc<Schema>) -> State {
+        State::with_limits(schema, Limits::default())
+    }
+
+    pub fn with_limits(schema: Arc<Schema>, limits: Limits) -> State {
+        let root = Node::from_value(&schema, ROOT, schema.default_value(ROOT), 0)
+            .expect("a schema's default value fits the schema");
+        State { schema, root: Slot::new(root, 0), version: 0, dirty: false, floor: 0, limits }
+    }
+
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    /// The last sealed version.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The oldest version a delta can still be produced from; older subscribers get a snapshot.
+    pub fn floor(&self) -> Version {
+        self.floor
+    }
+
+    /// True when writes were made since the last `seal`.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Ends the tick: if anything changed, the version goes up by one. Returns the version.
+    pub fn seal(&mut self) -> Version {
+        if self.dirty {
+            self.version += 1;
+            self.dirty = false;
+        }
+        self.version
+    }
+
+    fn pending(&mut self) -> Version {
+        self.dirty = true;
+        self.version + 1
+    }
+
+    /// Sets the value at `path`: a struct field, a list item, or a map entry (inserted if absent).
+    pub fn set(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
+        let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
+        let ty = match self.check(path)? {
+            Target::Slot(ty) => ty,
+            Target::MapKey { value, .. } => value,
+        };
+        let v = self.version + 1;
+        let node = Node::from_value(&self.schema, ty, value, v)?;
+        let v = self.pending();
+        if let Step::Key(key) = last {
+            let slot = descend(&mut self.root, parent, v)?;
+            let Node::Map(map) = &mut slot.node else { return Err(StateError::WrongTarget("map")) };
+            map.put((*key).clone(), node, v);
+        } else {
+            *descend(&mut self.root, path, v)? = Slot::new(node, v);
+        }
+        Ok(())
+    }
+
+    /// Removes a map entry. Returns false, and changes nothing, if it was not there.
+    pub fn remove(&mut self, path: &[Step<'_>]) -> Result<bool, StateError> {
+        let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
+        let Step::Key(key) = last else { return Err(StateError::WrongTarget("map key")) };
+        match self.check(path)? {
+            Target::MapKey { present: false, .. } => return Ok(false),
+            Target::MapKey { present: true, .. } => {}
+            Target::Slot(_) => return Err(StateError::WrongTarget("map key")),
+        }
+        let v = self.pending();
+        let limits = self.limits;
+        let slot = descend(&mut self.root, parent, v)?;
+        let Node::Map(map) = &mut slot.node else { return Err(StateError::WrongTarget("map")) };
+        map.remove(key, v);
+        let dropped = map.prune(limits.max_tombstones, v.saturating_sub(limits.history));
+        self.floor = self.floor.max(dropped);
+        Ok(true)
+    }
+
+    /// Appends to the list at `path`.
+    pub fn push(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
+        let item = self.list_item_type(path)?;
+        let node = Node::from_value(&self.schema, item, value, self.version + 1)?;
+        let v = self.pending();
+        let slot = descend(&mut self.root, path, v)?;
+        let Node::List(list) = &mut slot.node else { return Err(StateError::WrongTarget("list")) };
+        list.items.push(Slot::new(node, v));
+        list.grown = v;
+        Ok(())
+    }
+
+    /// Shortens the list at `path` to `len` items; a no-op if it is not longer. Subscribers
+    /// receive the list whole.
+    pub fn truncate(&mut self, path: &[Step<'_>], len: usize) -> Result<(), StateError> {
+        self.list_item_type(path)?;
+        if self.len(path)? <= len {
+            return Ok(());
+        }
+        let v = self.pending();
+        let slot = descend(&mut self.root, path, v)?;
+        slot.set = v;
+        if let Node::List(list) = &mut slot.node {
+            list.items.truncate(len);
+        }
+        Ok(())
+    }
+
+    /// Replaces the list at `path` with its newest `cap` items (a capped log).
+    pub fn cap_list(&mut self, path: &[Step<'_>], cap: usize) -> Result<(), StateError> {
+        self.list_item_type(path)?;
+        let len = self.len(path)?;
+        if len <= cap {
+            return Ok(());
+        }
+        let v = self.pending();
+        let slot = descend(&mut self.root, path, v)?;
+        slot.set = v;
+        if let Node::List(list) = &mut slot.node {
+            list.items.drain(..len - cap);
+            list.grown = v;
+        }
+        Ok(())
+    }
+
+    /// The value at `path`, as the server sees it (server-only fields included).
+    pub fn get(&self, path: &[Step<'_>]) -> Result<Value, StateError> {
+        let mut slot = &self.root;
+        for (i, step) in path.iter().enumerate() {
+            slot = step_into(slot, step, i)?;
+        }
+        Ok(slot.node.to_value())
+    }
+
+    /// The number of items in the list or entries in the map at `path`.
+    pub fn len(&self, path: &[Step<'_>]) -> Result<usize, StateError> {
+        let mut slot = &self.root;
+        for (i, step) in path.iter().enumerate() {
+            slot = step_into(slot, step, i)?;
+        }
+        match &slot.node {
+            Node::List(list) => Ok(list.items.len()),
+            Node::Map(map) => Ok(map.len()),
+            _ => Err(StateError::WrongTarget("list or map")),
+        }
+    }
+
+    fn list_item_type(&self, path: &[Step<'_>]) -> Result<TypeId, StateError> {
+        match self.check(path)? {
+            Target::Slot(ty) => match self.schema.node(ty).kind {
+                Kind::List(item) => Ok(item),
+                _ => Err(StateError::WrongTarget("list")),
+            },
+            Target::MapKey { .. } => Err(StateError::WrongTarget("list")),
+        }
+    }
+
+    /// Walks `path` without touching anything: every step must exist, except that the last step
+    /// may name an absent map key.
+    fn check(&self, path: &[Step<'_>]) -> Result<Target, StateError> {
+        let mut slot = &self.root;
+        let mut ty = ROOT;
+        for (i, step) in path.iter().enumerate() {
+            let kind = &self.schema.node(ty).kind;
+            match (kind, step) {
+                (Kind::Struct(fields), Step::Field(f)) => {
+                    ty = fields.get(*f as usize).ok_or(StateError::NoField { step: i, field: *f })?.ty;
+                }
+                (Kind::List(item), Step::Index(_)) => ty = *item,
+                (Kind::Map { key: kk, value }, Step::Key(key)) => {
+                    if !key_fits(*kk, key) {
+                        return Err(StateError::WrongStep { step: i, expected: "a key of the map's key type" });
+                    }
+                    let Node::Map(map) = &slot.node else { unreachable!("tree follows schema") };
+                    if i + 1 == path.len() {
+                        return Ok(Target::MapKey { value: *value, present: map.get(key).is_some() });
+                    }
+                    ty = *value;
+                }
+                (Kind::Struct(_), _) => return Err(StateError::WrongStep { step: i, expected: "a field" }),
+                (Kind::List(_), _) => return Err(StateError::WrongStep { step: i, expected: "an index" }),
+                (Kind::Map { .. }, _) => return Err(StateError::WrongStep { step: i, expected: "a key" }),
+                _ => return Err(StateError::WrongStep { step: i, expected: "the end of the path" }),
+            }
+            slot = step_into(slot, step, i)?;
+        }
+        Ok(Target::Slot(ty))
+    }
+}
+
+fn step_into<'s>(slot: &'s Slot, step: &Step<'_>, i: usize) -> Result<&'s Slot, StateError> {
+    match (&slot.node, step) {
+        (Node::Struct(fields), Step::Field(f)) => {
+            fields.get(*f as usize).ok_or(StateError::NoField { step: i, field: *f })
+        }
+        (Node::List(ListNode { items, .. }), Step::Index(ix)) => {
+            items.get(*ix as usize).ok_or(StateError::NoIndex { step: i, index: *ix, len: items.len() })
+        }
+        (Node::Map(map), Step::Key(k)) => {
+            map.get(k).map(|e| &e.slot).ok_or_else(|| StateError::NoKey { step: i, key: k.to_string() })
+        }
+        _ => Err(StateError::WrongStep { step: i, expected: "a step that fits the tree" }),
+    }
+}
+
+/// Follows `path`, stamping every slot on it (and moving map entries to their map's most-recent
+/// end). Callers check the path first, so this does not fail on a checked path.
+fn descend<'s>(root: &'s mut Slot, path: &[Step<'_>], v: Version) -> Result<&'s mut Slot, StateError> {
+    let mut slot = root;
+    slot.changed = v;
+    for (i, step) in path.iter().enumerate() {
+        let next = match (&mut slot.node, step) {
+            (Node::Struct(fields), Step::Field(f)) => {
+                fields.get_mut(*f as usize).ok_or(StateError::NoField { step: i, field: *f })?
+            }
+            (Node::List(list), Step::Index(ix)) => {
+                let len = list.items.len();
+                list.items.get_mut(*ix as usize).ok_or(StateError::NoIndex { step: i, index: *ix, len })?
+            }
+            (Node::Map(map), Step::Key(k)) => {
+                map.touch(k, v).ok_or_else(|| StateError::NoKey { step: i, key: k.to_string() })?
+            }
+            _ => return Err(StateError::WrongStep { step: i, expected: "a step that fits the tree" }),
+        };
+        next.changed = v;
+        slot = next;
+    }
+    Ok(slot)
+}
