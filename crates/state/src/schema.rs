@@ -354,6 +354,9 @@ impl Compiler {
             if field.player_keyed && !is_map {
                 return Err(SchemaError::NotAMap { path, what: "player_keyed" });
             }
+            if field.player_keyed && ctx == Context::Private {
+                return Err(SchemaError::NestedPrivate(path));
+            }
             let (vis, inner_ctx) = match (&field.sync, ctx) {
                 (Policy::ServerOnly, _) => (Vis::ServerOnly, ctx),
                 (Policy::Broadcast, _) => (Vis::Broadcast, ctx),

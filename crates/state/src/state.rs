@@ -56,8 +56,8 @@ impl std::fmt::Debug for State {
 enum Target {
     /// A slot (struct field, list item, or existing map entry); its type.
     Slot(TypeId),
-    /// A key in a map, present or not; the map's value type.
-    MapKey { value: TypeId, present: bool },
+    /// A key absent from its map; the map's value type.
+    Absent(TypeId),
 }
 
 impl State {
@@ -107,10 +107,7 @@ impl State {
     /// Sets the value at `path`: a struct field, a list item, or a map entry (inserted if absent).
     pub fn set(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
-        let ty = match self.check(path)? {
-            Target::Slot(ty) => ty,
-            Target::MapKey { value, .. } => value,
-        };
+        let (Target::Slot(ty) | Target::Absent(ty)) = self.check(path)?;
         let v = self.version + 1;
         let node = Node::from_value(&self.schema, ty, value, v)?;
         let v = self.pending();
@@ -128,10 +125,8 @@ impl State {
     pub fn remove(&mut self, path: &[Step<'_>]) -> Result<bool, StateError> {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
         let Step::Key(key) = last else { return Err(StateError::WrongTarget("map key")) };
-        match self.check(path)? {
-            Target::MapKey { present: false, .. } => return Ok(false),
-            Target::MapKey { present: true, .. } => {}
-            Target::Slot(_) => return Err(StateError::WrongTarget("map key")),
+        if let Target::Absent(_) = self.check(path)? {
+            return Ok(false);
         }
         let v = self.pending();
         let limits = self.limits;
@@ -216,7 +211,7 @@ impl State {
                 Kind::List(item) => Ok(item),
                 _ => Err(StateError::WrongTarget("list")),
             },
-            Target::MapKey { .. } => Err(StateError::WrongTarget("list")),
+            Target::Absent(_) => Err(StateError::NoKey { step: path.len() - 1, key: "(absent)".into() }),
         }
     }
 
@@ -237,8 +232,8 @@ impl State {
                         return Err(StateError::WrongStep { step: i, expected: "a key of the map's key type" });
                     }
                     let Node::Map(map) = &slot.node else { unreachable!("tree follows schema") };
-                    if i + 1 == path.len() {
-                        return Ok(Target::MapKey { value: *value, present: map.get(key).is_some() });
+                    if i + 1 == path.len() && map.get(key).is_none() {
+                        return Ok(Target::Absent(*value));
                     }
                     ty = *value;
                 }

@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use crate::encode::binary::Binary;
 use crate::encode::json::Json;
 use crate::encode::walk::{self, EntryChange, PrivateItem};
-use crate::encode::{Emit, Mode, PathStep};
+use crate::encode::{Emit, Mode, PathStep, through_own};
 use crate::error::StateError;
 use crate::schema::{FieldNode, Kind, ROOT, Schema, TypeId, Vis};
 use crate::state::State;
@@ -50,7 +50,9 @@ pub struct Prepared {
     broadcast_empty: bool,
     skip: Vec<(Key, Range<usize>)>,
     skip_index: OnceLock<HashMap<Key, SmallVec<[Range<usize>; 1]>>>,
-    private: HashMap<Key, SmallVec<[Bytes; 1]>>,
+    /// Each owner's segments, with whether the segment's path goes through the owner's own
+    /// entry of a player-keyed map (left out when the owner skips its own entries).
+    private: HashMap<Key, SmallVec<[(Bytes, bool); 1]>>,
     custom: Vec<Vec<PathStep>>,
 }
 
@@ -151,9 +153,9 @@ fn prepare_with<E: Output>(state: &State, from: Version, snapshot: bool, codec: 
     let to = state.version;
 
     let mut e = E::new();
-    let mut skip = Vec::new();
-    walk::broadcast(schema, &mut e, &state.root, ROOT, from, &mut skip);
+    walk::broadcast(schema, &mut e, &state.root, ROOT, from);
     let broadcast_empty = e.position() <= E::EMPTY_PATCH;
+    let skip = std::mem::take(e.skips());
     let broadcast = Bytes::from(e.into_bytes());
 
     let mut items = Vec::new();
@@ -168,15 +170,16 @@ fn prepare_with<E: Output>(state: &State, from: Version, snapshot: bool, codec: 
                 let start = e.position();
                 write_owned(schema, &mut e, &path, map_value, &change, from);
                 if e.position() - start > E::EMPTY_PATCH {
-                    ranges.push((change.owner().clone(), start..e.position()));
+                    let owner = change.owner();
+                    ranges.push((owner.clone(), start..e.position(), through_own(&path, owner)));
                 }
             }
         }
     }
     let buf = Bytes::from(e.into_bytes());
-    let mut private: HashMap<Key, SmallVec<[Bytes; 1]>> = HashMap::with_capacity(ranges.len());
-    for (key, range) in ranges {
-        private.entry(key).or_default().push(buf.slice(range));
+    let mut private: HashMap<Key, SmallVec<[(Bytes, bool); 1]>> = HashMap::with_capacity(ranges.len());
+    for (key, range, through) in ranges {
+        private.entry(key).or_default().push((buf.slice(range), through));
     }
 
     Prepared {
@@ -264,19 +267,25 @@ impl Prepared {
             None => segments.push(self.broadcast.clone()),
         }
         if let Some(private) = self.private.get(player) {
-            has_changes = true;
-            segments.extend(private.iter().cloned());
+            for (segment, through) in private {
+                if !(skip_self && *through) {
+                    has_changes = true;
+                    segments.push(segment.clone());
+                }
+            }
         }
         if !self.custom.is_empty() {
             if state.version() != self.to || state.is_dirty() {
                 return Err(StateError::Stale { prepared: self.to, current: state.version() });
             }
             let custom = match self.codec {
-                Codec::Binary => self.custom_for::<Binary>(state, player),
-                Codec::Json => self.custom_for::<Json>(state, player),
+                Codec::Binary => self.custom_for::<Binary>(state, player, skip_self),
+                Codec::Json => self.custom_for::<Json>(state, player, skip_self),
             };
-            has_changes = true;
-            segments.push(Bytes::from(custom));
+            if !custom.is_empty() {
+                has_changes = true;
+                segments.push(Bytes::from(custom));
+            }
         }
         Ok(Update { segments, has_changes })
     }
@@ -299,17 +308,20 @@ impl Prepared {
     }
 
     /// Every changed custom field, filtered for `player`.
-    fn custom_for<E: Output>(&self, state: &State, player: &Key) -> Vec<u8> {
+    fn custom_for<E: Output>(&self, state: &State, player: &Key, skip_self: bool) -> Vec<u8> {
         let schema = &*state.schema;
         let mut e = E::new();
         for path in &self.custom {
+            if skip_self && through_own(path, player) {
+                continue;
+            }
             let Some((PathStep::Field(index), parent_path)) = path.split_last() else { continue };
             let Some((slot, field)) = resolve_field(schema, &state.root, parent_path, *index) else { continue };
             let Vis::Custom(filter) = field.vis else { continue };
             let shown = (schema.filters[filter as usize])(player, &slot.node.to_value())
                 .and_then(|v| Node::from_value(schema, field.ty, v, self.to).ok());
             walk::write_rooted(schema, &mut e, ROOT, parent_path, |e, _| match &shown {
-                Some(node) => e.set_field(schema, *index, &field.name, field.ty, node, Mode::Owned),
+                Some(node) => e.set_field(schema, *index, &field.name, field.ty, node, Mode::Owned, false),
                 None => e.clear_field(*index, &field.name),
             });
         }

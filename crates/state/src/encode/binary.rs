@@ -4,6 +4,8 @@
 //! quantized floats are step counts. Every patch is self-delimiting (ends in a 0 byte), so segments
 //! encoded once can be concatenated, and an entry can be left out by slicing.
 
+use std::ops::Range;
+
 use prost::encoding::encode_varint;
 
 use super::{Emit, Mark, Mode};
@@ -37,11 +39,12 @@ pub(crate) fn header(snapshot: bool, from: Version, to: Version) -> Vec<u8> {
 
 pub(crate) struct Binary {
     pub buf: Vec<u8>,
+    skips: Vec<(Key, Range<usize>)>,
 }
 
 impl Binary {
     pub fn new() -> Binary {
-        Binary { buf: Vec::with_capacity(256) }
+        Binary { buf: Vec::with_capacity(256), skips: Vec::new() }
     }
 
     fn tag(&mut self, index: u64, shift: u32, op: u64) {
@@ -72,7 +75,8 @@ impl Binary {
 
     /// A full value: scalars as themselves; a struct as a patch of SETs onto its default (default
     /// scalars left out); a list as count then items; a map as a patch of INSERTs onto empty.
-    fn value(&mut self, schema: &Schema, ty: TypeId, node: &Node, mode: Mode) {
+    /// `keyed`: a player-keyed map, whose entries are recorded for skipping.
+    fn value(&mut self, schema: &Schema, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
         match (&schema.node(ty).kind, node) {
             (Kind::Int, Node::Int(i)) => encode_varint(zigzag(*i), &mut self.buf),
             (Kind::Float(q), Node::Float(f)) => self.float(*q, *f),
@@ -89,7 +93,7 @@ impl Binary {
                     };
                     if visible && !is_default(&schema.node(field.ty).kind, &slot.node) {
                         self.tag(i as u64, 2, FIELD_SET);
-                        self.value(schema, field.ty, &slot.node, mode);
+                        self.value(schema, field.ty, &slot.node, mode, field.player_keyed);
                     }
                 }
                 self.buf.push(0);
@@ -97,14 +101,18 @@ impl Binary {
             (Kind::List(item), Node::List(list)) => {
                 encode_varint(list.items.len() as u64, &mut self.buf);
                 for slot in &list.items {
-                    self.value(schema, *item, &slot.node, mode);
+                    self.value(schema, *item, &slot.node, mode, false);
                 }
             }
             (Kind::Map { value, .. }, Node::Map(map)) => {
                 for entry in map.iter() {
+                    let start = self.buf.len();
                     self.tag(u64::from(entry.id), 2, ENTRY_INSERT);
                     self.key(&entry.key);
-                    self.value(schema, *value, &entry.slot.node, mode);
+                    self.value(schema, *value, &entry.slot.node, mode, false);
+                    if keyed {
+                        self.skips.push((entry.key.clone(), start..self.buf.len()));
+                    }
                 }
                 self.buf.push(0);
             }
@@ -157,6 +165,10 @@ impl Emit for Binary {
         self.buf.len()
     }
 
+    fn skips(&mut self) -> &mut Vec<(Key, Range<usize>)> {
+        &mut self.skips
+    }
+
     fn end_patch(&mut self) {
         self.buf.push(0);
     }
@@ -171,9 +183,9 @@ impl Emit for Binary {
         self.leave(mark);
     }
 
-    fn set_field(&mut self, schema: &Schema, index: u16, _name: &str, ty: TypeId, node: &Node, mode: Mode) {
+    fn set_field(&mut self, schema: &Schema, index: u16, _: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
         self.tag(u64::from(index), 2, FIELD_SET);
-        self.value(schema, ty, node, mode);
+        self.value(schema, ty, node, mode, keyed);
     }
 
     fn clear_field(&mut self, index: u16, _name: &str) {
@@ -196,7 +208,7 @@ impl Emit for Binary {
 
     fn set_item(&mut self, schema: &Schema, index: u32, ty: TypeId, node: &Node, mode: Mode) {
         self.tag(u64::from(index), 1, ITEM_SET);
-        self.value(schema, ty, node, mode);
+        self.value(schema, ty, node, mode, false);
     }
 
     fn enter_entry(&mut self, id: u32, _key: &Key) -> Mark {
@@ -212,12 +224,12 @@ impl Emit for Binary {
     fn insert_entry(&mut self, schema: &Schema, id: u32, key: &Key, ty: TypeId, node: &Node, mode: Mode) {
         self.tag(u64::from(id), 2, ENTRY_INSERT);
         self.key(key);
-        self.value(schema, ty, node, mode);
+        self.value(schema, ty, node, mode, false);
     }
 
     fn set_entry(&mut self, schema: &Schema, id: u32, _key: &Key, ty: TypeId, node: &Node, mode: Mode) {
         self.tag(u64::from(id), 2, ENTRY_SET);
-        self.value(schema, ty, node, mode);
+        self.value(schema, ty, node, mode, false);
     }
 
     fn remove_entry(&mut self, id: u32, _key: &Key) {

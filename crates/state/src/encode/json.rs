@@ -6,6 +6,7 @@
 //! as in the binary format.
 
 use std::io::Write;
+use std::ops::Range;
 
 use super::{Emit, Mark, Mode};
 use crate::schema::{Kind, Schema, TypeId, Vis};
@@ -22,23 +23,26 @@ pub(crate) struct Json {
     pub buf: Vec<u8>,
     path: String,
     marks: Vec<usize>,
+    skips: Vec<(Key, Range<usize>)>,
+}
+
+/// An entry of a player-keyed map met inside a full value. It is written as its own line after
+/// the value's line (where the map appears as `{}`), so that it can be sliced out.
+struct Deferred<'n> {
+    path: String,
+    key: Key,
+    ty: TypeId,
+    node: &'n Node,
 }
 
 impl Json {
     pub fn new() -> Json {
-        Json { buf: Vec::with_capacity(512), path: String::new(), marks: Vec::new() }
+        Json { buf: Vec::with_capacity(512), path: String::new(), marks: Vec::new(), skips: Vec::new() }
     }
 
     fn push_segment(&mut self, segment: &str) {
         self.marks.push(self.path.len());
-        self.path.push('/');
-        for c in segment.chars() {
-            match c {
-                '~' => self.path.push_str("~0"),
-                '/' => self.path.push_str("~1"),
-                c => self.path.push(c),
-            }
-        }
+        push_escaped(&mut self.path, segment);
     }
 
     fn pop_segment(&mut self) {
@@ -67,7 +71,41 @@ impl Json {
         }
     }
 
-    fn value(&mut self, schema: &Schema, ty: TypeId, node: &Node, mode: Mode) {
+    /// A `set` line for the current path extended by `last`, then one line per entry of every
+    /// player-keyed map inside the value, each recorded for skipping.
+    fn set(&mut self, schema: &Schema, last: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
+        let mut deferred = Vec::new();
+        self.push_segment(last);
+        let base = self.path.clone();
+        self.op("set", None, |j| j.value(schema, ty, node, mode, keyed, &base, &mut deferred));
+        self.pop_segment();
+        for d in deferred {
+            let start = self.buf.len();
+            let saved = std::mem::replace(&mut self.path, d.path);
+            let saved_marks = std::mem::take(&mut self.marks);
+            let (parent, last) = split_last_segment(&self.path);
+            self.path = parent;
+            self.set(schema, &last, d.ty, d.node, mode, false);
+            self.path = saved;
+            self.marks = saved_marks;
+            let end = self.buf.len();
+            self.skips.push((d.key, start..end));
+        }
+    }
+
+    /// A full value. `at` is its path, for the entries of player-keyed maps, which are left out
+    /// here (the map is written `{}`) and returned in `deferred`.
+    #[allow(clippy::too_many_arguments)]
+    fn value<'n>(
+        &mut self,
+        schema: &Schema,
+        ty: TypeId,
+        node: &'n Node,
+        mode: Mode,
+        keyed: bool,
+        at: &str,
+        deferred: &mut Vec<Deferred<'n>>,
+    ) {
         match (&schema.node(ty).kind, node) {
             (Kind::Int, Node::Int(i)) => {
                 let _ = write!(self.buf, "{i}");
@@ -108,7 +146,9 @@ impl Json {
                     first = false;
                     let _ = serde_json::to_writer(&mut self.buf, &*field.name);
                     self.buf.push(b':');
-                    self.value(schema, field.ty, &slot.node, mode);
+                    let mut inner = at.to_owned();
+                    push_escaped(&mut inner, &field.name);
+                    self.value(schema, field.ty, &slot.node, mode, field.player_keyed, &inner, deferred);
                 }
                 self.buf.push(b'}');
             }
@@ -118,19 +158,29 @@ impl Json {
                     if i > 0 {
                         self.buf.push(b',');
                     }
-                    self.value(schema, *item, &slot.node, mode);
+                    let mut inner = at.to_owned();
+                    push_escaped(&mut inner, &i.to_string());
+                    self.value(schema, *item, &slot.node, mode, false, &inner, deferred);
                 }
                 self.buf.push(b']');
             }
             (Kind::Map { value, .. }, Node::Map(map)) => {
                 self.buf.push(b'{');
-                for (i, entry) in map.iter().enumerate() {
-                    if i > 0 {
+                let mut first = true;
+                for entry in map.iter() {
+                    let mut inner = at.to_owned();
+                    push_escaped(&mut inner, &entry.key.to_string());
+                    if keyed {
+                        deferred.push(Deferred { path: inner, key: entry.key.clone(), ty: *value, node: &entry.slot.node });
+                        continue;
+                    }
+                    if !first {
                         self.buf.push(b',');
                     }
+                    first = false;
                     let _ = serde_json::to_writer(&mut self.buf, &entry.key.to_string());
                     self.buf.push(b':');
-                    self.value(schema, *value, &entry.slot.node, mode);
+                    self.value(schema, *value, &entry.slot.node, mode, false, &inner, deferred);
                 }
                 self.buf.push(b'}');
             }
@@ -144,9 +194,32 @@ impl Json {
     }
 }
 
+/// Appends `/segment` to a JSON Pointer, escaped as RFC 6901 says.
+fn push_escaped(path: &mut String, segment: &str) {
+    path.push('/');
+    for c in segment.chars() {
+        match c {
+            '~' => path.push_str("~0"),
+            '/' => path.push_str("~1"),
+            c => path.push(c),
+        }
+    }
+}
+
+/// Splits an escaped pointer into its parent and its unescaped last segment.
+fn split_last_segment(path: &str) -> (String, String) {
+    let at = path.rfind('/').unwrap_or(0);
+    let last = path[at + 1..].replace("~1", "/").replace("~0", "~");
+    (path[..at].to_owned(), last)
+}
+
 impl Emit for Json {
     fn position(&self) -> usize {
         self.buf.len()
+    }
+
+    fn skips(&mut self) -> &mut Vec<(Key, Range<usize>)> {
+        &mut self.skips
     }
 
     fn end_patch(&mut self) {}
@@ -160,8 +233,8 @@ impl Emit for Json {
         self.pop_segment();
     }
 
-    fn set_field(&mut self, schema: &Schema, _index: u16, name: &str, ty: TypeId, node: &Node, mode: Mode) {
-        self.op("set", Some(name), |j| j.value(schema, ty, node, mode));
+    fn set_field(&mut self, schema: &Schema, _: u16, name: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
+        self.set(schema, name, ty, node, mode, keyed);
     }
 
     fn clear_field(&mut self, _index: u16, name: &str) {
@@ -186,7 +259,7 @@ impl Emit for Json {
     }
 
     fn set_item(&mut self, schema: &Schema, index: u32, ty: TypeId, node: &Node, mode: Mode) {
-        self.op("set", Some(&index.to_string()), |j| j.value(schema, ty, node, mode));
+        self.set(schema, &index.to_string(), ty, node, mode, false);
     }
 
     fn enter_entry(&mut self, _id: u32, key: &Key) -> Mark {
@@ -199,7 +272,7 @@ impl Emit for Json {
     }
 
     fn insert_entry(&mut self, schema: &Schema, _id: u32, key: &Key, ty: TypeId, node: &Node, mode: Mode) {
-        self.op("set", Some(&key.to_string()), |j| j.value(schema, ty, node, mode));
+        self.set(schema, &key.to_string(), ty, node, mode, false);
     }
 
     fn set_entry(&mut self, schema: &Schema, id: u32, key: &Key, ty: TypeId, node: &Node, mode: Mode) {

@@ -8,6 +8,8 @@ pub(crate) mod binary;
 pub(crate) mod json;
 pub(crate) mod walk;
 
+use std::ops::Range;
+
 use crate::schema::{Schema, TypeId};
 use crate::tree::Node;
 use crate::value::Key;
@@ -25,7 +27,8 @@ pub(crate) enum Mode {
 #[derive(Clone, Debug)]
 pub(crate) enum PathStep {
     Field(u16),
-    Entry { id: u32, key: Key },
+    /// `keyed`: the map is player-keyed, so a subscriber skipping its own entry never has it.
+    Entry { id: u32, key: Key, keyed: bool },
     Item(u32),
 }
 
@@ -36,12 +39,17 @@ pub(crate) type Mark = usize;
 pub(crate) trait Emit {
     /// Bytes written so far.
     fn position(&self) -> usize;
+    /// Byte ranges of the entries of player-keyed maps written so far, by key: what a
+    /// subscriber that skips its own entries leaves out.
+    fn skips(&mut self) -> &mut Vec<(Key, Range<usize>)>;
     /// Ends one patch applied at the root.
     fn end_patch(&mut self);
 
     fn enter_field(&mut self, index: u16, name: &str) -> Mark;
     fn leave_field(&mut self, mark: Mark);
-    fn set_field(&mut self, schema: &Schema, index: u16, name: &str, ty: TypeId, node: &Node, mode: Mode);
+    /// Sets a field to a full value. `keyed`: the field is a player-keyed map.
+    #[allow(clippy::too_many_arguments)]
+    fn set_field(&mut self, schema: &Schema, index: u16, name: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool);
     fn clear_field(&mut self, index: u16, name: &str);
 
     /// Written right after entering a list: its new length, if it grew.
@@ -55,4 +63,10 @@ pub(crate) trait Emit {
     fn insert_entry(&mut self, schema: &Schema, id: u32, key: &Key, ty: TypeId, node: &Node, mode: Mode);
     fn set_entry(&mut self, schema: &Schema, id: u32, key: &Key, ty: TypeId, node: &Node, mode: Mode);
     fn remove_entry(&mut self, id: u32, key: &Key);
+}
+
+/// True when `path` goes through `player`'s own entry of a player-keyed map: a subscriber that
+/// skips its own entries does not have that subtree, so it must not get items inside it.
+pub(crate) fn through_own(path: &[PathStep], player: &Key) -> bool {
+    path.iter().any(|s| matches!(s, PathStep::Entry { key, keyed: true, .. } if key == player))
 }

@@ -5,25 +5,16 @@
 //! the private walk finds owner-only entries (and custom fields) that changed and hands each to
 //! the player it belongs to.
 
-use std::ops::Range;
-
 use super::{Emit, Mode, PathStep};
 use crate::schema::{Kind, Schema, TypeId, Vis};
 use crate::tree::{ListNode, MapNode, Node, Slot, Version};
 use crate::value::Key;
 
 /// Walks `root` for the broadcast audience: everything public that changed after `from`.
-/// Entries of player-keyed maps are recorded in `skip` with their byte range, so that "all but
-/// this player's entry" is a slice.
-pub(crate) fn broadcast<E: Emit>(
-    schema: &Schema,
-    e: &mut E,
-    root: &Slot,
-    root_ty: TypeId,
-    from: Version,
-    skip: &mut Vec<(Key, Range<usize>)>,
-) {
-    let mut w = Walker { schema, e, from, skip };
+/// Entries of player-keyed maps are recorded in the emitter's `skips` with their byte range, so
+/// that "all but this player's entry" is a slice.
+pub(crate) fn broadcast<E: Emit>(schema: &Schema, e: &mut E, root: &Slot, root_ty: TypeId, from: Version) {
+    let mut w = Walker { schema, e, from };
     if root.changed > from {
         w.node(root_ty, &root.node, Mode::Public, false);
     }
@@ -34,7 +25,6 @@ struct Walker<'a, E> {
     schema: &'a Schema,
     e: &'a mut E,
     from: Version,
-    skip: &'a mut Vec<(Key, Range<usize>)>,
 }
 
 impl<E: Emit> Walker<'_, E> {
@@ -68,7 +58,7 @@ impl<E: Emit> Walker<'_, E> {
                 Vis::ServerOnly | Vis::OwnerOnly | Vis::Custom(_) => continue,
             }
             if slot.set > self.from {
-                self.e.set_field(schema, i, &field.name, field.ty, &slot.node, mode);
+                self.e.set_field(schema, i, &field.name, field.ty, &slot.node, mode, field.player_keyed);
             } else {
                 let mark = self.e.enter_field(i, &field.name);
                 self.node(field.ty, &slot.node, mode, field.player_keyed);
@@ -103,7 +93,8 @@ impl<E: Emit> Walker<'_, E> {
                 let start = self.e.position();
                 self.e.remove_entry(t.id, &t.key);
                 if player_keyed {
-                    self.skip.push((t.key.clone(), start..self.e.position()));
+                    let end = self.e.position();
+                    self.e.skips().push((t.key.clone(), start..end));
                 }
             }
         }
@@ -120,7 +111,7 @@ impl<E: Emit> Walker<'_, E> {
             }
             let end = self.e.position();
             if player_keyed && end > start {
-                self.skip.push((entry.key.clone(), start..end));
+                self.e.skips().push((entry.key.clone(), start..end));
             }
         }
     }
@@ -152,7 +143,7 @@ impl EntryChange<'_> {
     }
 }
 
-/// Finds every private change after `from` (with `snapshot`, every custom field too, since a
+/// Finds every private change after `from`. With `snapshot`, everything private is found (a
 /// filter may show something even for a default value).
 pub(crate) fn private<'a>(
     schema: &Schema,
@@ -166,36 +157,38 @@ pub(crate) fn private<'a>(
         return;
     }
     let mut path = Vec::new();
-    let mut f = PrivateFinder { schema, from, snapshot, out };
-    f.node(root_ty, &root.node, &mut path);
+    let mut f = PrivateFinder { schema, from, out };
+    f.node(root_ty, &root.node, &mut path, snapshot, false);
 }
 
+/// The private walk. `all` is set below a slot the broadcast segment replaced whole (or for a
+/// snapshot): the receiver's copy of that subtree was reset to its public view, so every private
+/// item in it is sent again, whatever its own stamps say.
 struct PrivateFinder<'s, 'a, 'o> {
     schema: &'s Schema,
     from: Version,
-    snapshot: bool,
     out: &'o mut Vec<PrivateItem<'a>>,
 }
 
 impl<'a> PrivateFinder<'_, 'a, '_> {
-    fn due(&self, slot: &Slot) -> bool {
-        self.snapshot || slot.changed > self.from
-    }
-
-    fn node(&mut self, ty: TypeId, node: &'a Node, path: &mut Vec<PathStep>) {
+    fn node(&mut self, ty: TypeId, node: &'a Node, path: &mut Vec<PathStep>, all: bool, keyed: bool) {
         let schema = self.schema;
+        let from = self.from;
         match (node, &schema.node(ty).kind) {
             (Node::Struct(slots), Kind::Struct(fields)) => {
                 for (i, (field, slot)) in fields.iter().zip(slots.iter()).enumerate() {
-                    if !self.due(slot) {
+                    if !(all || slot.changed > from) {
                         continue;
                     }
+                    let all = all || slot.set > from;
                     path.push(PathStep::Field(i as u16));
                     match field.vis {
-                        Vis::Broadcast if schema.node(field.ty).has_private => self.node(field.ty, &slot.node, path),
+                        Vis::Broadcast if schema.node(field.ty).has_private => {
+                            self.node(field.ty, &slot.node, path, all, field.player_keyed);
+                        }
                         Vis::OwnerOnly => {
                             if let (Node::Map(map), Kind::Map { value, .. }) = (&slot.node, &schema.node(field.ty).kind) {
-                                self.owned_map(*value, map, path);
+                                self.owned_map(*value, map, path, all);
                             }
                         }
                         Vis::Custom(_) => self.out.push(PrivateItem::Custom { path: path.clone() }),
@@ -206,18 +199,20 @@ impl<'a> PrivateFinder<'_, 'a, '_> {
             }
             (Node::List(list), Kind::List(item)) if schema.node(*item).has_private => {
                 for (i, slot) in list.items.iter().enumerate() {
-                    if self.due(slot) {
+                    if all || slot.changed > from {
                         path.push(PathStep::Item(i as u32));
-                        self.node(*item, &slot.node, path);
+                        self.node(*item, &slot.node, path, all || slot.set > from, false);
                         path.pop();
                     }
                 }
             }
             (Node::Map(map), Kind::Map { value, .. }) if schema.node(*value).has_private => {
-                // Every entry has a version above 0, so a snapshot (from 0) sees them all too.
-                for entry in map.changed_since(self.from) {
-                    path.push(PathStep::Entry { id: entry.id, key: entry.key.clone() });
-                    self.node(*value, &entry.slot.node, path);
+                let entries: Box<dyn Iterator<Item = _>> =
+                    if all { Box::new(map.iter()) } else { Box::new(map.changed_since(from)) };
+                for entry in entries {
+                    path.push(PathStep::Entry { id: entry.id, key: entry.key.clone(), keyed });
+                    let all = all || entry.created > from || entry.slot.set > from;
+                    self.node(*value, &entry.slot.node, path, all, false);
                     path.pop();
                 }
             }
@@ -225,7 +220,15 @@ impl<'a> PrivateFinder<'_, 'a, '_> {
         }
     }
 
-    fn owned_map(&mut self, value: TypeId, map: &'a MapNode, path: &[PathStep]) {
+    fn owned_map(&mut self, value: TypeId, map: &'a MapNode, path: &[PathStep], all: bool) {
+        if all {
+            // The receiver's map was cleared: every entry is new to it.
+            for entry in map.iter() {
+                let change = EntryChange::Insert { id: entry.id, key: &entry.key, node: &entry.slot.node };
+                self.out.push(PrivateItem::Owned { path: path.to_vec(), map_value: value, change });
+            }
+            return;
+        }
         for t in map.tombstones.iter().rev() {
             if t.removed <= self.from {
                 break;
@@ -272,7 +275,7 @@ pub(crate) fn write_rooted<E: Emit>(
                 marks.push(e.enter_item(*i));
                 ty = *item;
             }
-            (PathStep::Entry { id, key }, Kind::Map { value, .. }) => {
+            (PathStep::Entry { id, key, .. }, Kind::Map { value, .. }) => {
                 marks.push(e.enter_entry(*id, key));
                 ty = *value;
             }
@@ -292,7 +295,6 @@ pub(crate) fn write_rooted<E: Emit>(
 
 /// Writes the patch of an owned entry (`Patch` changes) in owned mode.
 pub(crate) fn owned_patch<E: Emit>(schema: &Schema, e: &mut E, ty: TypeId, node: &Node, from: Version) {
-    let mut skip = Vec::new();
-    let mut w = Walker { schema, e, from, skip: &mut skip };
+    let mut w = Walker { schema, e, from };
     w.node(ty, node, Mode::Owned, false);
 }

@@ -1,110 +1,39 @@
-//! The client side: a replica that applies binary updates and holds what its player may see.
-//!
-//! Decoding follows the schema, so recursion is bounded by the schema's depth, and every length
-//! is checked against the bytes that remain before anything is allocated. Bad input is a typed
-//! [`DecodeError`]; after one, the replica refuses deltas until it gets a snapshot.
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
+//! The binary update decoder: the format of `docs/protocol.md`, "State deltas".
 
 use bytes::Bytes;
-use hashbrown::HashMap;
 
+use super::{Header, RMap, RNode, default_node};
 use crate::encode::binary::{
     ENTRY_INSERT, ENTRY_PATCH, ENTRY_REMOVE, ENTRY_SET, FIELD_CLEAR, FIELD_PATCH, FIELD_SET, ITEM_PATCH, ITEM_SET,
     KIND_DELTA, KIND_SNAPSHOT, unzigzag,
 };
 use crate::error::DecodeError;
-use crate::schema::{Kind, KeyKind, ROOT, Schema, TypeId};
-use crate::tree::Version;
-use crate::value::{Key, Quant, Value};
+use crate::schema::{KeyKind, Kind, ROOT, Schema, TypeId};
+use crate::value::{Key, Quant};
 
-#[derive(Debug, Clone)]
-enum RNode {
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    Str(String),
-    Bytes(Bytes),
-    Vec3([f64; 3]),
-    Struct(Vec<RNode>),
-    List(Vec<RNode>),
-    Map(RMap),
+pub(super) fn header(update: &[u8]) -> Result<(Header, Reader<'_>), DecodeError> {
+    let mut r = Reader { buf: update };
+    let kind = r.u8("update header")?;
+    let from = r.varint("update header")?;
+    let to = r.varint("update header")?;
+    let snapshot = match kind {
+        KIND_SNAPSHOT => true,
+        KIND_DELTA => false,
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    Ok((Header { snapshot, from, to }, r))
 }
 
-#[derive(Debug, Clone, Default)]
-struct RMap {
-    entries: BTreeMap<Key, RNode>,
-    ids: HashMap<u32, Key>,
+/// Applies the patches that follow the header, up to the end of the update.
+pub(super) fn apply(schema: &Schema, root: &mut RNode, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    let d = Decoder { schema };
+    while !r.buf.is_empty() {
+        d.patch(ROOT, root, r)?;
+    }
+    Ok(())
 }
 
-/// A client's copy of the state, built from a snapshot and the deltas after it.
-#[derive(Debug)]
-pub struct Replica {
-    schema: Arc<Schema>,
-    root: RNode,
-    version: Version,
-    poisoned: bool,
-}
-
-impl Replica {
-    pub fn new(schema: Arc<Schema>) -> Replica {
-        let root = default_node(&schema, ROOT);
-        Replica { schema, root, version: 0, poisoned: false }
-    }
-
-    /// The version of the last update applied.
-    pub fn version(&self) -> Version {
-        self.version
-    }
-
-    /// The replica's state as a plain value.
-    pub fn value(&self) -> Value {
-        to_value(&self.root)
-    }
-
-    /// Applies one binary update (header and patches). On error the replica may be partly
-    /// updated; it then accepts only a snapshot.
-    pub fn apply(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
-        let mut r = Reader { buf: update };
-        let kind = r.u8("update header")?;
-        let from = r.varint("update header")?;
-        let to = r.varint("update header")?;
-        match kind {
-            KIND_SNAPSHOT => {}
-            KIND_DELTA if self.poisoned => return Err(DecodeError::NeedsSnapshot),
-            KIND_DELTA if from != self.version => {
-                return Err(DecodeError::VersionMismatch { from, have: self.version });
-            }
-            KIND_DELTA => {}
-            other => return Err(DecodeError::UnknownKind(other)),
-        }
-        if kind == KIND_SNAPSHOT {
-            self.root = default_node(&self.schema, ROOT);
-        }
-        let d = Decoder { schema: &self.schema };
-        let root = &mut self.root;
-        let result = (|| {
-            while !r.buf.is_empty() {
-                d.patch(ROOT, root, &mut r)?;
-            }
-            Ok(())
-        })();
-        match result {
-            Ok(()) => {
-                self.version = to;
-                self.poisoned = false;
-                Ok(to)
-            }
-            Err(e) => {
-                self.poisoned = true;
-                Err(e)
-            }
-        }
-    }
-}
-
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     buf: &'a [u8],
 }
 
@@ -303,35 +232,3 @@ fn float(q: Option<Quant>, r: &mut Reader<'_>) -> Result<f64, DecodeError> {
     }
 }
 
-fn default_node(schema: &Schema, ty: TypeId) -> RNode {
-    from_value(schema.default_value(ty))
-}
-
-fn from_value(v: Value) -> RNode {
-    match v {
-        Value::Int(i) => RNode::Int(i),
-        Value::Float(f) => RNode::Float(f),
-        Value::Bool(b) => RNode::Bool(b),
-        Value::Str(s) => RNode::Str(s),
-        Value::Bytes(b) => RNode::Bytes(b),
-        Value::Vec3(v) => RNode::Vec3(v),
-        Value::Struct(f) => RNode::Struct(f.into_iter().map(from_value).collect()),
-        Value::List(l) => RNode::List(l.into_iter().map(from_value).collect()),
-        // Defaults hold empty maps only.
-        Value::Map(_) => RNode::Map(RMap::default()),
-    }
-}
-
-fn to_value(node: &RNode) -> Value {
-    match node {
-        RNode::Int(i) => Value::Int(*i),
-        RNode::Float(f) => Value::Float(*f),
-        RNode::Bool(b) => Value::Bool(*b),
-        RNode::Str(s) => Value::Str(s.clone()),
-        RNode::Bytes(b) => Value::Bytes(b.clone()),
-        RNode::Vec3(v) => Value::Vec3(*v),
-        RNode::Struct(f) => Value::Struct(f.iter().map(to_value).collect()),
-        RNode::List(l) => Value::List(l.iter().map(to_value).collect()),
-        RNode::Map(m) => Value::Map(m.entries.iter().map(|(k, v)| (k.clone(), to_value(v))).collect()),
-    }
-}

@@ -1,0 +1,143 @@
+//! The client side: a replica that applies updates (binary or JSON) and holds what its player
+//! may see.
+//!
+//! Decoding follows the schema, so recursion is bounded by the schema's depth, and every length
+//! is checked against the bytes that remain before anything is allocated. Bad input is a typed
+//! [`DecodeError`]; after one, the replica refuses deltas until it gets a snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+mod binary;
+mod json;
+
+use crate::error::DecodeError;
+use crate::schema::{ROOT, Schema, TypeId};
+use crate::tree::Version;
+use crate::value::{Key, Value};
+
+#[derive(Debug, Clone)]
+pub(crate) enum RNode {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Bytes(Bytes),
+    Vec3([f64; 3]),
+    Struct(Vec<RNode>),
+    List(Vec<RNode>),
+    Map(RMap),
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RMap {
+    pub entries: BTreeMap<Key, RNode>,
+    pub ids: HashMap<u32, Key>,
+}
+
+/// A client's copy of the state, built from a snapshot and the deltas after it.
+#[derive(Debug)]
+pub struct Replica {
+    schema: Arc<Schema>,
+    root: RNode,
+    version: Version,
+    poisoned: bool,
+}
+
+impl Replica {
+    pub fn new(schema: Arc<Schema>) -> Replica {
+        let root = default_node(&schema, ROOT);
+        Replica { schema, root, version: 0, poisoned: false }
+    }
+
+    /// The version of the last update applied.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The replica's state as a plain value.
+    pub fn value(&self) -> Value {
+        to_value(&self.root)
+    }
+
+    /// Applies one binary update (header and patches). On error the replica may be partly
+    /// updated; it then accepts only a snapshot.
+    pub fn apply(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
+        let (header, mut body) = binary::header(update)?;
+        self.apply_with(header, |schema, root| binary::apply(schema, root, &mut body))
+    }
+
+    /// Applies one JSON update (a header line, then one op per line).
+    pub fn apply_json(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
+        let (header, body) = json::header(update)?;
+        self.apply_with(header, |schema, root| json::apply(schema, root, body))
+    }
+
+    fn apply_with(
+        &mut self,
+        header: Header,
+        body: impl FnOnce(&Schema, &mut RNode) -> Result<(), DecodeError>,
+    ) -> Result<Version, DecodeError> {
+        if header.snapshot {
+            self.root = default_node(&self.schema, ROOT);
+        } else if self.poisoned {
+            return Err(DecodeError::NeedsSnapshot);
+        } else if header.from != self.version {
+            return Err(DecodeError::VersionMismatch { from: header.from, have: self.version });
+        }
+        match body(&self.schema, &mut self.root) {
+            Ok(()) => {
+                self.version = header.to;
+                self.poisoned = false;
+                Ok(header.to)
+            }
+            Err(e) => {
+                self.poisoned = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// An update's header, in either format.
+struct Header {
+    snapshot: bool,
+    from: Version,
+    to: Version,
+}
+
+pub(crate) fn default_node(schema: &Schema, ty: TypeId) -> RNode {
+    from_value(schema.default_value(ty))
+}
+
+fn from_value(v: Value) -> RNode {
+    match v {
+        Value::Int(i) => RNode::Int(i),
+        Value::Float(f) => RNode::Float(f),
+        Value::Bool(b) => RNode::Bool(b),
+        Value::Str(s) => RNode::Str(s),
+        Value::Bytes(b) => RNode::Bytes(b),
+        Value::Vec3(v) => RNode::Vec3(v),
+        Value::Struct(f) => RNode::Struct(f.into_iter().map(from_value).collect()),
+        Value::List(l) => RNode::List(l.into_iter().map(from_value).collect()),
+        // Defaults hold empty maps only.
+        Value::Map(_) => RNode::Map(RMap::default()),
+    }
+}
+
+fn to_value(node: &RNode) -> Value {
+    match node {
+        RNode::Int(i) => Value::Int(*i),
+        RNode::Float(f) => Value::Float(*f),
+        RNode::Bool(b) => Value::Bool(*b),
+        RNode::Str(s) => Value::Str(s.clone()),
+        RNode::Bytes(b) => Value::Bytes(b.clone()),
+        RNode::Vec3(v) => Value::Vec3(*v),
+        RNode::Struct(f) => Value::Struct(f.iter().map(to_value).collect()),
+        RNode::List(l) => Value::List(l.iter().map(to_value).collect()),
+        RNode::Map(m) => Value::Map(m.entries.iter().map(|(k, v)| (k.clone(), to_value(v))).collect()),
+    }
+}
