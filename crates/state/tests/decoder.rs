@@ -1,0 +1,67 @@
+//! The replica's decoders on hostile input: random bytes and corrupted real updates are typed
+//! errors, never panics, and a replica that failed accepts no delta until a snapshot.
+
+mod common;
+
+use common::{Rng, compile, player, random_schema, random_write};
+use proptest::prelude::*;
+use tickwire_state::{Codec, DecodeError, Replica, State};
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(seed in any::<u64>(), bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let schema = compile(&random_schema(&mut Rng::new(seed)));
+        let mut replica = Replica::new(schema.clone());
+        let _ = replica.apply(&bytes);
+        let mut replica = Replica::new(schema);
+        let _ = replica.apply_json(&bytes);
+    }
+
+    #[test]
+    fn corrupted_updates_never_panic(seed in any::<u64>(), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
+        let mut rng = Rng::new(seed);
+        let def = random_schema(&mut rng);
+        let schema = compile(&def);
+        let mut state = State::new(schema.clone());
+        for _ in 0..20 {
+            random_write(&mut rng, &def, &mut state);
+        }
+        state.seal();
+        for codec in [Codec::Binary, Codec::Json] {
+            let mut bytes = state.snapshot(codec).unwrap().update_for(&state, &player(0), false).unwrap().to_vec();
+            for (at, x) in &flips {
+                let n = bytes.len();
+                bytes[at % n] ^= x | 1;
+            }
+            bytes.truncate(cut % (bytes.len() + 1));
+            let mut replica = Replica::new(schema.clone());
+            let _ = match codec {
+                Codec::Binary => replica.apply(&bytes),
+                Codec::Json => replica.apply_json(&bytes),
+            };
+        }
+    }
+}
+
+#[test]
+fn a_failed_replica_needs_a_snapshot() {
+    let mut rng = Rng::new(7);
+    let def = random_schema(&mut rng);
+    let schema = compile(&def);
+    let mut state = State::new(schema.clone());
+    random_write(&mut rng, &def, &mut state);
+    let v1 = state.seal();
+    let snapshot = state.snapshot(Codec::Binary).unwrap().update_for(&state, &player(0), false).unwrap().to_vec();
+
+    let mut replica = Replica::new(schema);
+    // A delta header (kind 1, from 0, to 1) followed by a field tag past the end of any schema.
+    assert!(matches!(replica.apply(&[1, 0, 1, 0xff, 0x7f]), Err(DecodeError::NoField(_))));
+    assert_eq!(replica.apply(&[1, 0, 1, 0]), Err(DecodeError::NeedsSnapshot));
+    assert_eq!(replica.apply(&snapshot), Ok(v1));
+    assert_eq!(replica.value(), state.view_for(&player(0)));
+    assert_eq!(replica.apply(&[1, 9, 10, 0]), Err(DecodeError::VersionMismatch { from: 9, have: v1 }));
+    assert_eq!(replica.apply(&[7, 0, 0]), Err(DecodeError::UnknownKind(7)));
+    assert_eq!(replica.apply(&[]), Err(DecodeError::Truncated("update header")));
+}

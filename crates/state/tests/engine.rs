@@ -1,0 +1,205 @@
+//! Specific promises of the engine, one scenario each: key-level tracking, coalescing, encode-once
+//! sharing, catch-up and its snapshot fallback, privacy, and writes that do not fit the schema.
+
+use tickwire_state::{
+    Codec, Field, Key, KeyKind, Limits, Replica, Schema, SchemaDef, State, StateError, Step, Type, Value,
+};
+
+const ROUND: u16 = 0;
+const PLAYERS: u16 = 1;
+const HANDS: u16 = 2;
+const HP: u16 = 1;
+
+fn room() -> std::sync::Arc<Schema> {
+    let player = Type::structure([Field::new("name", Type::String), Field::new("hp", Type::Int)]);
+    Schema::new(SchemaDef::new([
+        Field::new("round", Type::Int),
+        Field::new("players", Type::map(KeyKind::String, player)).player_keyed(),
+        Field::new("hands", Type::map(KeyKind::String, Type::list(Type::Int))).owner_only(),
+        Field::new("seed", Type::Int).server_only(),
+    ]))
+    .unwrap()
+}
+
+fn player_value(name: &str, hp: i64) -> Value {
+    Value::Struct(vec![Value::Str(name.into()), Value::Int(hp)])
+}
+
+fn with_players(n: usize) -> (State, Vec<Key>) {
+    let mut state = State::new(room());
+    let keys: Vec<Key> = (0..n).map(|i| Key::str(&format!("player-{i}"))).collect();
+    for (i, k) in keys.iter().enumerate() {
+        state.set(&[Step::Field(PLAYERS), Step::Key(k)], player_value(&format!("n{i}"), 100)).unwrap();
+        state.set(&[Step::Field(HANDS), Step::Key(k)], Value::List(vec![Value::Int(i as i64); 10])).unwrap();
+    }
+    state.seal();
+    (state, keys)
+}
+
+fn delta_len(state: &State, from: u64, player: &Key) -> usize {
+    state.prepare(from, Codec::Binary).unwrap().update_for(state, player, false).unwrap().len()
+}
+
+#[test]
+fn one_changed_entry_costs_the_same_at_any_size() {
+    let mut sizes = Vec::new();
+    for n in [10, 100, 1000] {
+        let (mut state, keys) = with_players(n);
+        let from = state.version();
+        state.set(&[Step::Field(PLAYERS), Step::Key(&keys[3]), Step::Field(HP)], Value::Int(7)).unwrap();
+        state.seal();
+        sizes.push(delta_len(&state, from, &keys[0]));
+    }
+    // Ids grow with n, so allow one varint byte of difference.
+    assert!(sizes[2] <= sizes[0] + 1, "{sizes:?}");
+    assert!(sizes[0] <= 12, "one hp change should be a dozen bytes, got {sizes:?}");
+}
+
+#[test]
+fn writes_in_one_tick_coalesce_and_catch_up_merges_ticks() {
+    let (mut state, keys) = with_players(5);
+    let start = state.version();
+    let hp = [Step::Field(PLAYERS), Step::Key(&keys[1]), Step::Field(HP)];
+    for v in 0..10 {
+        state.set(&hp, Value::Int(v)).unwrap();
+    }
+    state.seal();
+    assert_eq!(state.version(), start + 1, "ten writes in one tick are one version");
+    let one_tick = delta_len(&state, start, &keys[0]);
+    for v in 10..20 {
+        state.set(&hp, Value::Int(v)).unwrap();
+        state.seal();
+    }
+    // A subscriber eleven ticks behind gets one delta of the same size, holding the latest value.
+    let merged = state.prepare(start, Codec::Binary).unwrap();
+    assert!(!merged.is_snapshot());
+    let update = merged.update_for(&state, &keys[0], false).unwrap();
+    assert_eq!(update.len(), one_tick, "one merged change, not eleven");
+    let mut replica = Replica::new(state.schema().clone());
+    replica.apply(&state.snapshot(Codec::Binary).unwrap().update_for(&state, &keys[0], false).unwrap().to_vec()).unwrap();
+    assert_eq!(replica.value(), state.view_for(&keys[0]));
+}
+
+#[test]
+fn broadcast_bytes_are_shared_not_copied() {
+    let (mut state, keys) = with_players(30);
+    let from = state.version();
+    state.set(&[Step::Field(ROUND)], Value::Int(2)).unwrap();
+    state.set(&[Step::Field(HANDS), Step::Key(&keys[4]), Step::Index(0)], Value::Int(99)).unwrap();
+    state.seal();
+    let prepared = state.prepare(from, Codec::Binary).unwrap();
+    let a = prepared.update_for(&state, &keys[0], false).unwrap();
+    let b = prepared.update_for(&state, &keys[1], false).unwrap();
+    assert_eq!(a.segments[1].as_ptr(), b.segments[1].as_ptr(), "one broadcast buffer for everyone");
+    assert_eq!(a.segments.len(), 2, "player 0's hand did not change: header and broadcast only");
+    let owner = prepared.update_for(&state, &keys[4], false).unwrap();
+    assert_eq!(owner.segments.len(), 3, "player 4 also gets its own hand");
+    assert_eq!(prepared.private_players().collect::<Vec<_>>(), [&keys[4]]);
+}
+
+#[test]
+fn skip_self_slices_out_the_own_entry() {
+    let (mut state, keys) = with_players(3);
+    let from = state.version();
+    for k in &keys {
+        state.set(&[Step::Field(PLAYERS), Step::Key(k), Step::Field(HP)], Value::Int(1)).unwrap();
+    }
+    state.seal();
+    let prepared = state.prepare(from, Codec::Binary).unwrap();
+    let full = prepared.update_for(&state, &keys[1], false).unwrap();
+    let skipped = prepared.update_for(&state, &keys[1], true).unwrap();
+    assert!(skipped.len() < full.len());
+    // The slices point into the same broadcast buffer.
+    let base = prepared.broadcast().as_ptr() as usize;
+    let range = base..base + prepared.broadcast().len();
+    assert!(skipped.segments[1..].iter().all(|s| range.contains(&(s.as_ptr() as usize))));
+}
+
+#[test]
+fn owner_only_and_server_only_never_reach_others() {
+    let (mut state, keys) = with_players(3);
+    let from = state.version();
+    let secret = 0x5EC2E7_i64;
+    state.set(&[Step::Field(HANDS), Step::Key(&keys[2]), Step::Index(5)], Value::Int(secret)).unwrap();
+    state.set(&[Step::Field(3)], Value::Int(secret)).unwrap();
+    state.seal();
+    let needle = {
+        let mut v = Vec::new();
+        prost::encoding::encode_varint(((secret << 1) ^ (secret >> 63)) as u64, &mut v);
+        v
+    };
+    for codec in [Codec::Binary, Codec::Json] {
+        for from in [0, from] {
+            let prepared = state.prepare(from, codec).unwrap();
+            for k in &keys[..2] {
+                let bytes = prepared.update_for(&state, k, false).unwrap().to_vec();
+                assert!(!bytes.windows(needle.len()).any(|w| w == needle), "binary secret leaked to {k}");
+                assert!(!String::from_utf8_lossy(&bytes).contains(&secret.to_string()), "JSON secret leaked to {k}");
+            }
+            let own = prepared.update_for(&state, &keys[2], false).unwrap().to_vec();
+            let found = own.windows(needle.len()).any(|w| w == needle)
+                || String::from_utf8_lossy(&own).contains(&secret.to_string());
+            assert!(found, "the owner gets its own hand ({codec:?}, from {from})");
+        }
+    }
+}
+
+#[test]
+fn lost_removal_history_means_a_snapshot() {
+    let schema = room();
+    let mut state = State::with_limits(schema, Limits { max_tombstones: 2, history: 1000 });
+    let keys: Vec<Key> = (0..5).map(|i| Key::Int(i).to_string()).map(|s| Key::str(&s)).collect();
+    for k in &keys {
+        state.set(&[Step::Field(PLAYERS), Step::Key(k)], player_value("x", 1)).unwrap();
+    }
+    let old = state.seal();
+    for k in &keys[..2] {
+        state.remove(&[Step::Field(PLAYERS), Step::Key(k)]).unwrap();
+        state.seal();
+    }
+    assert!(!state.prepare(old, Codec::Binary).unwrap().is_snapshot(), "two tombstones are kept");
+    state.remove(&[Step::Field(PLAYERS), Step::Key(&keys[2])]).unwrap();
+    state.seal();
+    assert!(state.floor() > old);
+    let p = state.prepare(old, Codec::Binary).unwrap();
+    assert!(p.is_snapshot(), "the first removal was forgotten, so {old} gets a snapshot");
+    assert!(!state.prepare(old + 1, Codec::Binary).unwrap().is_snapshot());
+}
+
+#[test]
+fn rejected_writes_change_nothing() {
+    let (mut state, keys) = with_players(2);
+    let before = state.view_for(&keys[0]);
+    let v = state.version();
+    let ghost = Key::str("ghost");
+    let cases: Vec<(Vec<Step<'_>>, Value)> = vec![
+        (vec![Step::Field(ROUND)], Value::Str("not an int".into())),
+        (vec![Step::Field(9)], Value::Int(1)),
+        (vec![Step::Field(PLAYERS), Step::Key(&ghost), Step::Field(HP)], Value::Int(1)),
+        (vec![Step::Field(PLAYERS), Step::Key(&Key::Int(1))], player_value("int key", 1)),
+        (vec![Step::Field(PLAYERS), Step::Key(&keys[0])], Value::Struct(vec![Value::Int(1)])),
+        (vec![Step::Field(HANDS), Step::Key(&keys[0]), Step::Index(10)], Value::Int(1)),
+        (vec![Step::Field(ROUND), Step::Index(0)], Value::Int(1)),
+        (vec![], Value::Int(1)),
+    ];
+    for (path, value) in cases {
+        assert!(state.set(&path, value).is_err(), "{path:?}");
+    }
+    assert_eq!(state.push(&[Step::Field(ROUND)], Value::Int(1)), Err(StateError::WrongTarget("list")));
+    assert!(state.remove(&[Step::Field(ROUND)]).is_err());
+    assert_eq!(state.remove(&[Step::Field(PLAYERS), Step::Key(&ghost)]), Ok(false));
+    assert!(!state.is_dirty());
+    assert_eq!(state.seal(), v);
+    assert_eq!(state.view_for(&keys[0]), before);
+}
+
+#[test]
+fn views_cut_owner_only_maps_to_the_own_entry() {
+    let (state, keys) = with_players(3);
+    let Value::Struct(fields) = state.view_for(&keys[1]) else { panic!("root is a struct") };
+    let Value::Map(hands) = &fields[HANDS as usize] else { panic!("hands is a map") };
+    assert_eq!(hands.keys().collect::<Vec<_>>(), [&keys[1]]);
+    assert_eq!(fields[3], Value::Int(0), "server-only fields stay at their default");
+    let Value::Map(players) = &fields[PLAYERS as usize] else { panic!("players is a map") };
+    assert_eq!(players.len(), 3);
+}
