@@ -8,3 +8,4 @@ pub mod machine;
 pub mod pingpong;
 mod plot;
 pub mod server;
+pub mod sync;

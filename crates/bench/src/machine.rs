@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Cores and CPU model, as `BENCHMARKS.md` asks every figure to carry.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine {
     pub cores: usize,
     pub cpu_model: String,

@@ -74,6 +74,8 @@ struct GatewayArgs {
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
     Pingpong(Box<tickwire_bench::pingpong::PingPongArgs>),
+    /// B2: state-sync cost per room tick and rooms per machine (the SwiftStateTree report).
+    Sync(tickwire_bench::sync::SyncArgs),
     /// Internal: one load-generator process of a large pingpong run.
     #[command(hide = true)]
     PingpongWorker {
@@ -94,6 +96,10 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Command::Bench { bench: Bench::Sync(args) } = cli.command {
+        // Pure CPU work on plain threads: no runtime.
+        return tickwire_bench::sync::run(args).map(|_| ());
+    }
     raise_fd_limit();
     // The main runtime only coordinates; the heavy lifting runs on per-core I/O threads.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -106,6 +112,7 @@ fn main() -> anyhow::Result<()> {
             Command::Bench { bench: Bench::PingpongWorker { spec } } => {
                 tickwire_bench::pingpong::worker_main(&spec).await
             }
+            Command::Bench { bench: Bench::Sync(_) } => unreachable!("handled before the runtime starts"),
         }
     })
 }

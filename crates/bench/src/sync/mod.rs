@@ -1,0 +1,289 @@
+//! `tickwire bench sync`: workload B2, SwiftStateTree's state-sync capacity report, re-run on
+//! tickwire's state engine.
+//!
+//! One suite is one combination of players, state size, dirty ratio, scenario, codec and threads.
+//! Each thread owns its rooms and times every `syncNow`; the capacity estimate uses the report's
+//! formula. `--suite report` runs the report's whole grid, each suite in a fresh process as the
+//! report insists, and prints one table.
+
+mod report;
+pub mod room;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use tickwire_state::Codec;
+
+use crate::machine::Machine;
+pub use report::{SuiteResult, SyncReport};
+use room::{Dirty, Room, Scenario, Sink, StateSize};
+
+/// Flags of `tickwire bench sync`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SyncArgs {
+    /// Players per room.
+    #[arg(long, default_value_t = 30)]
+    pub players: usize,
+    /// Cards per hand: small 3, medium 10, large 30.
+    #[arg(long, value_enum, default_value_t = StateSize::Medium)]
+    pub state: StateSize,
+    /// Share of hands changed per tick: low 5%, medium 20%, high 80%.
+    #[arg(long, value_enum, default_value_t = Dirty::Medium)]
+    pub dirty: Dirty,
+    /// `sync`: round and hands change; `sync-players`: public player states change too.
+    #[arg(long, value_enum, default_value_t = Scenario::SyncPlayers)]
+    pub scenario: Scenario,
+    #[arg(long, value_enum, default_value_t = CodecArg::Binary)]
+    pub codec: CodecArg,
+    /// Threads syncing rooms at once (each owns its rooms).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Timed syncs per room.
+    #[arg(long, default_value_t = 100)]
+    pub iterations: usize,
+    /// Rooms in total, spread over the threads (default: one per thread).
+    #[arg(long)]
+    pub rooms: Option<usize>,
+    /// Untimed syncs per room before timing.
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    /// Capacity estimate: other server work as a share of sync time.
+    #[arg(long, default_value_t = 0.5)]
+    pub overhead: f64,
+    /// Capacity estimate: syncs per second.
+    #[arg(long, default_value_t = 20.0)]
+    pub tick_hz: f64,
+    /// Capacity estimate: safety factor.
+    #[arg(long, default_value_t = 1.0)]
+    pub safety: f64,
+    /// Run the report's whole grid instead, one process per suite.
+    #[arg(long, value_enum)]
+    pub suite: Option<SuiteKind>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Print nothing (used for the per-suite child processes).
+    #[arg(long, hide = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SuiteKind {
+    /// Every combination of the report: 10/30/50/100 players, medium state, three dirty ratios,
+    /// both scenarios, both codecs, 1 and all cores.
+    Report,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum CodecArg {
+    Binary,
+    Json,
+}
+
+impl From<CodecArg> for Codec {
+    fn from(c: CodecArg) -> Codec {
+        match c {
+            CodecArg::Binary => Codec::Binary,
+            CodecArg::Json => Codec::Json,
+        }
+    }
+}
+
+/// Capacity from the report: `cores * 1000 * 0.8 / (syncMs * (1 + overhead) * tickHz) * safety`.
+pub fn rooms_estimate(cores: usize, sync_ms: f64, overhead: f64, tick_hz: f64, safety: f64) -> f64 {
+    cores as f64 * 1000.0 * 0.8 / (sync_ms * (1.0 + overhead) * tick_hz) * safety
+}
+
+/// Runs `tickwire bench sync`.
+pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
+    let machine = Machine::detect();
+    let suites = match args.suite {
+        Some(SuiteKind::Report) => run_grid(&args, &machine)?,
+        None => vec![run_suite(&args, &machine)?],
+    };
+    let report = SyncReport {
+        machine,
+        overhead: args.overhead,
+        tick_hz: args.tick_hz,
+        safety: args.safety,
+        suites,
+    };
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !args.quiet {
+        report::print(&report);
+    }
+    Ok(report)
+}
+
+/// One suite, in this process.
+fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> {
+    anyhow::ensure!(args.players > 0 && args.threads > 0 && args.iterations > 0, "players, threads and iterations must be positive");
+    let rooms = args.rooms.unwrap_or(args.threads).max(args.threads);
+    let codec = Codec::from(args.codec);
+    let barrier = Arc::new(Barrier::new(args.threads));
+    let handles: Vec<_> = (0..args.threads)
+        .map(|t| {
+            let args = args.clone();
+            let barrier = barrier.clone();
+            // Rooms are dealt round-robin to threads.
+            let mine = (t..rooms).step_by(args.threads).count();
+            std::thread::spawn(move || -> anyhow::Result<ThreadResult> {
+                let mut rooms: Vec<Room> =
+                    (0..mine).map(|r| Room::new(args.players, args.state, (t * 7919 + r) as u64)).collect();
+                let mut sink = Sink::default();
+                for _ in 0..args.warmup {
+                    for room in &mut rooms {
+                        room.mutate(args.scenario, args.dirty);
+                        room.sync_now(codec, &mut sink)?;
+                    }
+                }
+                let mut sink = Sink::default();
+                let mut hist = Histogram::<u64>::new(3)?;
+                let mut total_ns = 0u128;
+                let mut encode_ns = 0u128;
+                let mut leaves = 0u64;
+                barrier.wait();
+                for _ in 0..args.iterations {
+                    for room in &mut rooms {
+                        leaves += room.mutate(args.scenario, args.dirty);
+                        let t0 = Instant::now();
+                        let encode = room.sync_now(codec, &mut sink)?;
+                        let ns = t0.elapsed().as_nanos();
+                        total_ns += ns;
+                        encode_ns += encode.as_nanos();
+                        hist.record(ns.max(1) as u64)?;
+                    }
+                }
+                Ok(ThreadResult { hist, total_ns, encode_ns, sink, leaves })
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new(3)?;
+    let (mut total_ns, mut encode_ns, mut bytes, mut syncs, mut leaves) = (0u128, 0u128, 0u64, 0u64, 0u64);
+    for h in handles {
+        let r = h.join().map_err(|_| anyhow::anyhow!("a sync thread panicked"))??;
+        hist.add(&r.hist)?;
+        total_ns += r.total_ns;
+        encode_ns += r.encode_ns;
+        bytes += r.sink.bytes;
+        syncs += r.hist.len();
+        leaves += r.leaves;
+    }
+    let mean_ms = total_ns as f64 / syncs as f64 / 1e6;
+    let bytes_per_sync = bytes as f64 / syncs as f64;
+    Ok(SuiteResult {
+        players: args.players,
+        state: args.state,
+        dirty: args.dirty,
+        scenario: args.scenario,
+        codec: args.codec,
+        threads: args.threads,
+        rooms,
+        iterations: args.iterations,
+        sync_ms: report::SyncMs { mean: mean_ms, p99: hist.value_at_quantile(0.99) as f64 / 1e6 },
+        encode_ms: encode_ns as f64 / syncs as f64 / 1e6,
+        assemble_ns_per_player: (total_ns - encode_ns) as f64 / syncs as f64 / args.players as f64,
+        bytes_per_sync,
+        bytes_per_player: bytes_per_sync / args.players as f64,
+        // SwiftStateTree's MessagePack patches: about 12 bytes per changed leaf (its HP patch).
+        msgpack_estimate_bytes_per_player: 12.0 * leaves as f64 / syncs as f64 / args.players as f64,
+        rooms_estimate: rooms_estimate(machine.cores, mean_ms, 0.5, 20.0, 1.0),
+        rooms_estimate_with_flags: rooms_estimate(machine.cores, mean_ms, args.overhead, args.tick_hz, args.safety),
+    })
+}
+
+struct ThreadResult {
+    hist: Histogram<u64>,
+    total_ns: u128,
+    encode_ns: u128,
+    sink: Sink,
+    leaves: u64,
+}
+
+/// The report's grid, one child process per suite.
+fn run_grid(args: &SyncArgs, machine: &Machine) -> anyhow::Result<Vec<SuiteResult>> {
+    let exe = std::env::current_exe().context("finding the tickwire binary")?;
+    let dir = std::env::temp_dir().join(format!("tickwire-bench-sync-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let grid = report_grid(machine.cores);
+    let bar = ProgressBar::new(grid.len() as u64)
+        .with_style(ProgressStyle::with_template("{bar:30} {pos}/{len} suites {msg}").expect("valid template"));
+    let mut out = Vec::with_capacity(grid.len());
+    for (i, (players, dirty, scenario, codec, threads)) in grid.into_iter().enumerate() {
+        bar.set_message(format!("{players} players, {dirty:?}, {scenario:?}, {codec:?}, {threads} thread(s)"));
+        let json = dir.join(format!("suite-{i}.json"));
+        let status = std::process::Command::new(&exe)
+            .args(["bench", "sync", "--quiet"])
+            .args(["--players", &players.to_string(), "--threads", &threads.to_string()])
+            .args(["--state", "medium", "--dirty", &enum_arg(&dirty), "--scenario", &enum_arg(&scenario)])
+            .args(["--codec", &enum_arg(&codec), "--iterations", &args.iterations.to_string()])
+            .args(["--warmup", &args.warmup.to_string()])
+            .args(["--overhead", &args.overhead.to_string(), "--tick-hz", &args.tick_hz.to_string()])
+            .args(["--safety", &args.safety.to_string()])
+            .arg("--json")
+            .arg(&json)
+            .status()
+            .context("starting a suite process")?;
+        anyhow::ensure!(status.success(), "suite {i} failed: {status}");
+        let child: SyncReport = serde_json::from_slice(&std::fs::read(&json)?)?;
+        out.extend(child.suites);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// The value clap accepts for an enum variant (its kebab-case name).
+fn enum_arg<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value().expect("no skipped variants").get_name().to_owned()
+}
+
+type GridRow = (usize, Dirty, Scenario, CodecArg, usize);
+
+fn report_grid(cores: usize) -> Vec<GridRow> {
+    let mut threads = vec![1];
+    if cores > 1 {
+        threads.push(cores);
+    }
+    let mut grid = Vec::new();
+    for scenario in [Scenario::Sync, Scenario::SyncPlayers] {
+        for codec in [CodecArg::Binary, CodecArg::Json] {
+            for dirty in [Dirty::Low, Dirty::Medium, Dirty::High] {
+                for players in [10, 30, 50, 100] {
+                    for &t in &threads {
+                        grid.push((players, dirty, scenario, codec, t));
+                    }
+                }
+            }
+        }
+    }
+    grid
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_matches_the_report() {
+        // The report: 12 cores, 1.3832 ms, overhead 0.5, 20 Hz -> about 231 rooms.
+        assert_eq!(rooms_estimate(12, 1.3832, 0.5, 20.0, 1.0).round(), 231.0);
+        assert_eq!(rooms_estimate(12, 1.6986, 0.5, 20.0, 1.0).round(), 188.0);
+    }
+
+    #[test]
+    fn the_grid_covers_the_report() {
+        assert_eq!(report_grid(2).len(), 2 * 2 * 3 * 4 * 2);
+        assert_eq!(report_grid(1).len(), 2 * 2 * 3 * 4);
+        assert_eq!(enum_arg(&Scenario::SyncPlayers), "sync-players");
+    }
+}
