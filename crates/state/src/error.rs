@@ -12,7 +12,9 @@ pub enum SchemaError {
     BadFieldName(String),
     #[error("{path}: `{what}` applies only to maps")]
     NotAMap { path: String, what: &'static str },
-    #[error("{0}: owner_only, custom and player_keyed fields cannot sit inside an owner_only or custom field")]
+    #[error(
+        "{0}: owner_only, custom and player_keyed fields cannot sit inside an owner_only or custom field"
+    )]
     NestedPrivate(String),
     #[error("{path}: no custom filter named `{name}` was registered")]
     UnknownFilter { path: String, name: String },

@@ -45,7 +45,10 @@ pub enum Type {
     QuantizedVec3(Quant),
     Struct(Vec<Field>),
     List(Box<Type>),
-    Map { key: KeyKind, value: Box<Type> },
+    Map {
+        key: KeyKind,
+        value: Box<Type>,
+    },
 }
 
 impl Type {
@@ -373,9 +376,10 @@ impl Compiler {
                     let id = match self.filter_names.iter().position(|n| n == name) {
                         Some(id) => id,
                         None => {
-                            let f = filters
-                                .get(name)
-                                .ok_or_else(|| SchemaError::UnknownFilter { path: path.clone(), name: name.clone() })?;
+                            let f = filters.get(name).ok_or_else(|| SchemaError::UnknownFilter {
+                                path: path.clone(),
+                                name: name.clone(),
+                            })?;
                             self.filter_names.push(name.clone());
                             self.filters.push(f.clone());
                             self.filters.len() - 1
@@ -387,7 +391,12 @@ impl Compiler {
             let ty = self.compile_type(&field.ty, inner_ctx, depth, &path, filters)?;
             has_private |= matches!(vis, Vis::OwnerOnly | Vis::Custom(_))
                 || (vis == Vis::Broadcast && self.types[ty as usize].has_private);
-            out.push(FieldNode { name: field.name.as_str().into(), ty, vis, player_keyed: field.player_keyed });
+            out.push(FieldNode {
+                name: field.name.as_str().into(),
+                ty,
+                vis,
+                player_keyed: field.player_keyed,
+            });
         }
         Ok(TypeNode { kind: Kind::Struct(out.into_boxed_slice()), has_private })
     }
@@ -436,7 +445,10 @@ mod tests {
 
         let nested = SchemaDef::new([Field::new(
             "a",
-            Type::map(KeyKind::String, Type::structure([Field::new("b", Type::map(KeyKind::Int, Type::Int)).owner_only()])),
+            Type::map(
+                KeyKind::String,
+                Type::structure([Field::new("b", Type::map(KeyKind::Int, Type::Int)).owner_only()]),
+            ),
         )
         .owner_only()]);
         assert!(matches!(Schema::new(nested), Err(SchemaError::NestedPrivate(_))));
@@ -460,7 +472,10 @@ mod tests {
     #[test]
     fn marks_private_content() {
         let def = SchemaDef::new([
-            Field::new("pub", Type::structure([Field::new("h", Type::map(KeyKind::String, hand())).owner_only()])),
+            Field::new(
+                "pub",
+                Type::structure([Field::new("h", Type::map(KeyKind::String, hand())).owner_only()]),
+            ),
             Field::new("plain", Type::Int),
         ]);
         let schema = Schema::new(def).unwrap();

@@ -229,7 +229,10 @@ impl State {
                 (Kind::List(item), Step::Index(_)) => ty = *item,
                 (Kind::Map { key: kk, value }, Step::Key(key)) => {
                     if !key_fits(*kk, key) {
-                        return Err(StateError::WrongStep { step: i, expected: "a key of the map's key type" });
+                        return Err(StateError::WrongStep {
+                            step: i,
+                            expected: "a key of the map's key type",
+                        });
                     }
                     let Node::Map(map) = &slot.node else { unreachable!("tree follows schema") };
                     if i + 1 == path.len() && map.get(key).is_none() {

@@ -316,7 +316,9 @@ impl Prepared {
                 continue;
             }
             let Some((PathStep::Field(index), parent_path)) = path.split_last() else { continue };
-            let Some((slot, field)) = resolve_field(schema, &state.root, parent_path, *index) else { continue };
+            let Some((slot, field)) = resolve_field(schema, &state.root, parent_path, *index) else {
+                continue;
+            };
             let Vis::Custom(filter) = field.vis else { continue };
             let shown = (schema.filters[filter as usize])(player, &slot.node.to_value())
                 .and_then(|v| Node::from_value(schema, field.ty, v, self.to).ok());
@@ -344,12 +346,16 @@ fn resolve_field<'a>(
                 (slots.get(*i as usize)?, fields.get(*i as usize)?.ty)
             }
             (PathStep::Item(i), Node::List(list), Kind::List(item)) => (list.items.get(*i as usize)?, *item),
-            (PathStep::Entry { key, .. }, Node::Map(map), Kind::Map { value, .. }) => (&map.get(key)?.slot, *value),
+            (PathStep::Entry { key, .. }, Node::Map(map), Kind::Map { value, .. }) => {
+                (&map.get(key)?.slot, *value)
+            }
             _ => return None,
         };
     }
     match (&slot.node, &schema.node(ty).kind) {
-        (Node::Struct(slots), Kind::Struct(fields)) => Some((slots.get(index as usize)?, fields.get(index as usize)?)),
+        (Node::Struct(slots), Kind::Struct(fields)) => {
+            Some((slots.get(index as usize)?, fields.get(index as usize)?))
+        }
         _ => None,
     }
 }

@@ -121,7 +121,14 @@ impl MapNode {
             *slot = Slot::new(node, v);
             return;
         }
-        let entry = Entry { key: key.clone(), id: self.next_id, created: v, slot: Slot::new(node, v), prev: NIL, next: NIL };
+        let entry = Entry {
+            key: key.clone(),
+            id: self.next_id,
+            created: v,
+            slot: Slot::new(node, v),
+            prev: NIL,
+            next: NIL,
+        };
         self.next_id = self.next_id.wrapping_add(1);
         let i = match self.free.pop() {
             Some(i) => {
@@ -282,7 +289,9 @@ impl Node {
             Node::Vec3(x) => Value::Vec3(*x),
             Node::Struct(slots) => Value::Struct(slots.iter().map(|s| s.node.to_value()).collect()),
             Node::List(list) => Value::List(list.items.iter().map(|s| s.node.to_value()).collect()),
-            Node::Map(map) => Value::Map(map.iter().map(|e| (e.key.clone(), e.slot.node.to_value())).collect()),
+            Node::Map(map) => {
+                Value::Map(map.iter().map(|e| (e.key.clone(), e.slot.node.to_value())).collect())
+            }
         }
     }
 }

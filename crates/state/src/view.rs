@@ -3,7 +3,6 @@
 //! This is the specification the encoders must meet: a replica fed a snapshot and then every
 //! update for `player` equals `state.view_for(player)`. The property tests check exactly that.
 
-use crate::encode::Mode;
 use crate::schema::{Kind, ROOT, Schema, TypeId, Vis};
 use crate::state::State;
 use crate::tree::Node;
@@ -13,11 +12,11 @@ impl State {
     /// The state as `player` may see it: server-only fields at their defaults, owner-only maps cut
     /// to `player`'s own entry, custom fields filtered for `player`.
     pub fn view_for(&self, player: &Key) -> Value {
-        view(&self.schema, ROOT, &self.root.node, player, Mode::Public)
+        view(&self.schema, ROOT, &self.root.node, player)
     }
 }
 
-fn view(schema: &Schema, ty: TypeId, node: &Node, player: &Key, mode: Mode) -> Value {
+fn view(schema: &Schema, ty: TypeId, node: &Node, player: &Key) -> Value {
     match (&schema.node(ty).kind, node) {
         (Kind::Struct(fields), Node::Struct(slots)) => Value::Struct(
             fields
@@ -25,11 +24,11 @@ fn view(schema: &Schema, ty: TypeId, node: &Node, player: &Key, mode: Mode) -> V
                 .zip(slots.iter())
                 .map(|(field, slot)| match field.vis {
                     Vis::ServerOnly => schema.default_value(field.ty),
-                    Vis::Broadcast => view(schema, field.ty, &slot.node, player, mode),
+                    Vis::Broadcast => view(schema, field.ty, &slot.node, player),
                     Vis::OwnerOnly => match (&schema.node(field.ty).kind, &slot.node) {
                         (Kind::Map { value, .. }, Node::Map(map)) => Value::Map(
                             map.get(player)
-                                .map(|e| (player.clone(), view(schema, *value, &e.slot.node, player, Mode::Owned)))
+                                .map(|e| (player.clone(), view(schema, *value, &e.slot.node, player)))
                                 .into_iter()
                                 .collect(),
                         ),
@@ -39,16 +38,16 @@ fn view(schema: &Schema, ty: TypeId, node: &Node, player: &Key, mode: Mode) -> V
                         .and_then(|v| Node::from_value(schema, field.ty, v, 0).ok())
                         .map_or_else(
                             || schema.default_value(field.ty),
-                            |n| view(schema, field.ty, &n, player, Mode::Owned),
+                            |n| view(schema, field.ty, &n, player),
                         ),
                 })
                 .collect(),
         ),
         (Kind::List(item), Node::List(list)) => {
-            Value::List(list.items.iter().map(|s| view(schema, *item, &s.node, player, mode)).collect())
+            Value::List(list.items.iter().map(|s| view(schema, *item, &s.node, player)).collect())
         }
         (Kind::Map { value, .. }, Node::Map(map)) => Value::Map(
-            map.iter().map(|e| (e.key.clone(), view(schema, *value, &e.slot.node, player, mode))).collect(),
+            map.iter().map(|e| (e.key.clone(), view(schema, *value, &e.slot.node, player))).collect(),
         ),
         _ => node.to_value(),
     }

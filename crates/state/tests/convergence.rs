@@ -64,7 +64,12 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
             match codec {
                 Codec::Binary => {
                     let applied = sub.replica.apply(&bytes);
-                    prop_assert!(applied.is_ok(), "tick {tick} {:?}: {applied:?}\n{}", sub.player, hex::encode(&bytes));
+                    prop_assert!(
+                        applied.is_ok(),
+                        "tick {tick} {:?}: {applied:?}\n{}",
+                        sub.player,
+                        hex::encode(&bytes)
+                    );
                 }
                 Codec::Json => {
                     let applied = sub.replica.apply_json(&bytes);

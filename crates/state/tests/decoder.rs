@@ -53,7 +53,8 @@ fn a_failed_replica_needs_a_snapshot() {
     let mut state = State::new(schema.clone());
     random_write(&mut rng, &def, &mut state);
     let v1 = state.seal();
-    let snapshot = state.snapshot(Codec::Binary).unwrap().update_for(&state, &player(0), false).unwrap().to_vec();
+    let snapshot =
+        state.snapshot(Codec::Binary).unwrap().update_for(&state, &player(0), false).unwrap().to_vec();
 
     let mut replica = Replica::new(schema);
     // A delta header (kind 1, from 0, to 1) followed by a field tag past the end of any schema.

@@ -76,7 +76,9 @@ fn writes_in_one_tick_coalesce_and_catch_up_merges_ticks() {
     let update = merged.update_for(&state, &keys[0], false).unwrap();
     assert_eq!(update.len(), one_tick, "one merged change, not eleven");
     let mut replica = Replica::new(state.schema().clone());
-    replica.apply(&state.snapshot(Codec::Binary).unwrap().update_for(&state, &keys[0], false).unwrap().to_vec()).unwrap();
+    replica
+        .apply(&state.snapshot(Codec::Binary).unwrap().update_for(&state, &keys[0], false).unwrap().to_vec())
+        .unwrap();
     assert_eq!(replica.value(), state.view_for(&keys[0]));
 }
 
@@ -134,7 +136,10 @@ fn owner_only_and_server_only_never_reach_others() {
             for k in &keys[..2] {
                 let bytes = prepared.update_for(&state, k, false).unwrap().to_vec();
                 assert!(!bytes.windows(needle.len()).any(|w| w == needle), "binary secret leaked to {k}");
-                assert!(!String::from_utf8_lossy(&bytes).contains(&secret.to_string()), "JSON secret leaked to {k}");
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(&secret.to_string()),
+                    "JSON secret leaked to {k}"
+                );
             }
             let own = prepared.update_for(&state, &keys[2], false).unwrap().to_vec();
             let found = own.windows(needle.len()).any(|w| w == needle)

@@ -107,15 +107,11 @@ pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
         Some(SuiteKind::Report) => run_grid(&args, &machine)?,
         None => vec![run_suite(&args, &machine)?],
     };
-    let report = SyncReport {
-        machine,
-        overhead: args.overhead,
-        tick_hz: args.tick_hz,
-        safety: args.safety,
-        suites,
-    };
+    let report =
+        SyncReport { machine, overhead: args.overhead, tick_hz: args.tick_hz, safety: args.safety, suites };
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if !args.quiet {
         report::print(&report);
@@ -125,7 +121,10 @@ pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
 
 /// One suite, in this process.
 fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> {
-    anyhow::ensure!(args.players > 0 && args.threads > 0 && args.iterations > 0, "players, threads and iterations must be positive");
+    anyhow::ensure!(
+        args.players > 0 && args.threads > 0 && args.iterations > 0,
+        "players, threads and iterations must be positive"
+    );
     let rooms = args.rooms.unwrap_or(args.threads).max(args.threads);
     let codec = Codec::from(args.codec);
     let barrier = Arc::new(Barrier::new(args.threads));
@@ -196,7 +195,13 @@ fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> 
         // SwiftStateTree's MessagePack patches: about 12 bytes per changed leaf (its HP patch).
         msgpack_estimate_bytes_per_player: 12.0 * leaves as f64 / syncs as f64 / args.players as f64,
         rooms_estimate: rooms_estimate(machine.cores, mean_ms, 0.5, 20.0, 1.0),
-        rooms_estimate_with_flags: rooms_estimate(machine.cores, mean_ms, args.overhead, args.tick_hz, args.safety),
+        rooms_estimate_with_flags: rooms_estimate(
+            machine.cores,
+            mean_ms,
+            args.overhead,
+            args.tick_hz,
+            args.safety,
+        ),
     })
 }
 
@@ -214,11 +219,14 @@ fn run_grid(args: &SyncArgs, machine: &Machine) -> anyhow::Result<Vec<SuiteResul
     let dir = std::env::temp_dir().join(format!("tickwire-bench-sync-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let grid = report_grid(machine.cores);
-    let bar = ProgressBar::new(grid.len() as u64)
-        .with_style(ProgressStyle::with_template("{bar:30} {pos}/{len} suites {msg}").expect("valid template"));
+    let bar = ProgressBar::new(grid.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} suites {msg}").expect("valid template"),
+    );
     let mut out = Vec::with_capacity(grid.len());
     for (i, (players, dirty, scenario, codec, threads)) in grid.into_iter().enumerate() {
-        bar.set_message(format!("{players} players, {dirty:?}, {scenario:?}, {codec:?}, {threads} thread(s)"));
+        bar.set_message(format!(
+            "{players} players, {dirty:?}, {scenario:?}, {codec:?}, {threads} thread(s)"
+        ));
         let json = dir.join(format!("suite-{i}.json"));
         let status = std::process::Command::new(&exe)
             .args(["bench", "sync", "--quiet"])

@@ -100,7 +100,8 @@ pub(super) fn print(report: &SyncReport) {
                 for p in &players {
                     for t in &threads {
                         match rows.iter().find(|s| s.dirty == dirty && s.players == *p && s.threads == *t) {
-                            Some(s) => line.push_str(&format!(" {:.4} ({:.0} B) |", s.sync_ms.mean, s.bytes_per_player)),
+                            Some(s) => line
+                                .push_str(&format!(" {:.4} ({:.0} B) |", s.sync_ms.mean, s.bytes_per_player)),
                             None => line.push_str(" - |"),
                         }
                     }
@@ -110,7 +111,11 @@ pub(super) fn print(report: &SyncReport) {
         }
     }
     let anchor = report.suites.iter().find(|s| {
-        s.players == 30 && s.dirty == Dirty::Medium && s.scenario == Scenario::SyncPlayers && s.codec == CodecArg::Binary && s.threads == 1
+        s.players == 30
+            && s.dirty == Dirty::Medium
+            && s.scenario == Scenario::SyncPlayers
+            && s.codec == CodecArg::Binary
+            && s.threads == 1
     });
     if let Some(s) = anchor {
         println!(
@@ -120,14 +125,20 @@ pub(super) fn print(report: &SyncReport) {
         );
     }
     println!("\nScaling, sync scenario, low dirty, binary, 1 thread: encoding vs per-player assembly");
-    println!("| Players | syncNow ms | encoding ms | assembly ns/player | bytes/player | MessagePack est. B/player |");
+    println!(
+        "| Players | syncNow ms | encoding ms | assembly ns/player | bytes/player | MessagePack est. B/player |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|");
     for s in report.suites.iter().filter(|s| {
         s.scenario == Scenario::Sync && s.dirty == Dirty::Low && s.codec == CodecArg::Binary && s.threads == 1
     }) {
         println!(
             "| {} | {:.4} | {:.4} | {:.0} | {:.1} | {:.1} |",
-            s.players, s.sync_ms.mean, s.encode_ms, s.assemble_ns_per_player, s.bytes_per_player,
+            s.players,
+            s.sync_ms.mean,
+            s.encode_ms,
+            s.assemble_ns_per_player,
+            s.bytes_per_player,
             s.msgpack_estimate_bytes_per_player
         );
     }

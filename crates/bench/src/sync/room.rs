@@ -148,7 +148,9 @@ impl Room {
             ]);
             room.state.set(&[Step::Field(PLAYERS), Step::Key(&key)], public).expect("fits the schema");
             let hand = (0..room.cards).map(|_| room.card()).collect();
-            room.state.set(&[Step::Field(HANDS), Step::Key(&key)], Value::List(hand)).expect("fits the schema");
+            room.state
+                .set(&[Step::Field(HANDS), Step::Key(&key)], Value::List(hand))
+                .expect("fits the schema");
         }
         room.last = room.state.seal();
         room
@@ -178,7 +180,9 @@ impl Room {
             let key = self.players[(start + j) % n].clone();
             let slot = self.rng.random_range(0..self.cards) as u32;
             let card = self.card();
-            self.state.set(&[Step::Field(HANDS), Step::Key(&key), Step::Index(slot)], card).expect("fits the schema");
+            self.state
+                .set(&[Step::Field(HANDS), Step::Key(&key), Step::Index(slot)], card)
+                .expect("fits the schema");
             leaves += 3;
         }
 

@@ -183,7 +183,16 @@ impl Emit for Binary {
         self.leave(mark);
     }
 
-    fn set_field(&mut self, schema: &Schema, index: u16, _: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
+    fn set_field(
+        &mut self,
+        schema: &Schema,
+        index: u16,
+        _: &str,
+        ty: TypeId,
+        node: &Node,
+        mode: Mode,
+        keyed: bool,
+    ) {
         self.tag(u64::from(index), 2, FIELD_SET);
         self.value(schema, ty, node, mode, keyed);
     }

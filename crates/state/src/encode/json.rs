@@ -171,7 +171,12 @@ impl Json {
                     let mut inner = at.to_owned();
                     push_escaped(&mut inner, &entry.key.to_string());
                     if keyed {
-                        deferred.push(Deferred { path: inner, key: entry.key.clone(), ty: *value, node: &entry.slot.node });
+                        deferred.push(Deferred {
+                            path: inner,
+                            key: entry.key.clone(),
+                            ty: *value,
+                            node: &entry.slot.node,
+                        });
                         continue;
                     }
                     if !first {
@@ -233,7 +238,16 @@ impl Emit for Json {
         self.pop_segment();
     }
 
-    fn set_field(&mut self, schema: &Schema, _: u16, name: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool) {
+    fn set_field(
+        &mut self,
+        schema: &Schema,
+        _: u16,
+        name: &str,
+        ty: TypeId,
+        node: &Node,
+        mode: Mode,
+        keyed: bool,
+    ) {
         self.set(schema, name, ty, node, mode, keyed);
     }
 

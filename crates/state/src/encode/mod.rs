@@ -28,7 +28,11 @@ pub(crate) enum Mode {
 pub(crate) enum PathStep {
     Field(u16),
     /// `keyed`: the map is player-keyed, so a subscriber skipping its own entry never has it.
-    Entry { id: u32, key: Key, keyed: bool },
+    Entry {
+        id: u32,
+        key: Key,
+        keyed: bool,
+    },
     Item(u32),
 }
 
@@ -49,7 +53,16 @@ pub(crate) trait Emit {
     fn leave_field(&mut self, mark: Mark);
     /// Sets a field to a full value. `keyed`: the field is a player-keyed map.
     #[allow(clippy::too_many_arguments)]
-    fn set_field(&mut self, schema: &Schema, index: u16, name: &str, ty: TypeId, node: &Node, mode: Mode, keyed: bool);
+    fn set_field(
+        &mut self,
+        schema: &Schema,
+        index: u16,
+        name: &str,
+        ty: TypeId,
+        node: &Node,
+        mode: Mode,
+        keyed: bool,
+    );
     fn clear_field(&mut self, index: u16, name: &str);
 
     /// Written right after entering a list: its new length, if it grew.

@@ -187,7 +187,9 @@ impl<'a> PrivateFinder<'_, 'a, '_> {
                             self.node(field.ty, &slot.node, path, all, field.player_keyed);
                         }
                         Vis::OwnerOnly => {
-                            if let (Node::Map(map), Kind::Map { value, .. }) = (&slot.node, &schema.node(field.ty).kind) {
+                            if let (Node::Map(map), Kind::Map { value, .. }) =
+                                (&slot.node, &schema.node(field.ty).kind)
+                            {
                                 self.owned_map(*value, map, path, all);
                             }
                         }

@@ -4,8 +4,8 @@ use bytes::Bytes;
 
 use super::{Header, RMap, RNode, default_node};
 use crate::encode::binary::{
-    ENTRY_INSERT, ENTRY_PATCH, ENTRY_REMOVE, ENTRY_SET, FIELD_CLEAR, FIELD_PATCH, FIELD_SET, ITEM_PATCH, ITEM_SET,
-    KIND_DELTA, KIND_SNAPSHOT, unzigzag,
+    ENTRY_INSERT, ENTRY_PATCH, ENTRY_REMOVE, ENTRY_SET, FIELD_CLEAR, FIELD_PATCH, FIELD_SET, ITEM_PATCH,
+    ITEM_SET, KIND_DELTA, KIND_SNAPSHOT, unzigzag,
 };
 use crate::error::DecodeError;
 use crate::schema::{KeyKind, Kind, ROOT, Schema, TypeId};
@@ -100,7 +100,12 @@ impl Decoder<'_> {
         }
     }
 
-    fn list_patch(&self, item: TypeId, items: &mut Vec<RNode>, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    fn list_patch(
+        &self,
+        item: TypeId,
+        items: &mut Vec<RNode>,
+        r: &mut Reader<'_>,
+    ) -> Result<(), DecodeError> {
         let header = r.varint("list patch")?;
         if header > 0 {
             let new_len = header - 1;
@@ -126,7 +131,13 @@ impl Decoder<'_> {
         }
     }
 
-    fn map_patch(&self, kind: KeyKind, value: TypeId, map: &mut RMap, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    fn map_patch(
+        &self,
+        kind: KeyKind,
+        value: TypeId,
+        map: &mut RMap,
+        r: &mut Reader<'_>,
+    ) -> Result<(), DecodeError> {
         loop {
             let tag = r.varint("map patch")?;
             if tag == 0 {
@@ -231,4 +242,3 @@ fn float(q: Option<Quant>, r: &mut Reader<'_>) -> Result<f64, DecodeError> {
         }
     }
 }
-

@@ -73,7 +73,8 @@ fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), Decode
     let (node, ty) = walk(schema, root, ROOT, parent)?;
     match (node, &schema.node(ty).kind, op.op.as_str()) {
         (RNode::Struct(fields), Kind::Struct(decl), "set" | "clear") => {
-            let i = decl.iter().position(|f| &*f.name == last).ok_or_else(|| bad(format!("no field {last}")))?;
+            let i =
+                decl.iter().position(|f| &*f.name == last).ok_or_else(|| bad(format!("no field {last}")))?;
             fields[i] = match op.op.as_str() {
                 "set" => node_from_json(schema, decl[i].ty, value()?)?,
                 _ => default_node(schema, decl[i].ty),
@@ -107,7 +108,10 @@ fn walk<'n>(
     for seg in segs {
         (node, ty) = match (node, &schema.node(ty).kind) {
             (RNode::Struct(fields), Kind::Struct(decl)) => {
-                let i = decl.iter().position(|f| &*f.name == seg).ok_or_else(|| bad(format!("no field {seg}")))?;
+                let i = decl
+                    .iter()
+                    .position(|f| &*f.name == seg)
+                    .ok_or_else(|| bad(format!("no field {seg}")))?;
                 (&mut fields[i], decl[i].ty)
             }
             (RNode::List(items), Kind::List(item)) => {
@@ -150,7 +154,10 @@ fn node_from_json(schema: &Schema, ty: TypeId, v: &serde_json::Value) -> Result<
             let mut node = default_node(schema, ty);
             let RNode::Struct(fields) = &mut node else { unreachable!("default of a struct") };
             for (name, fv) in obj {
-                let i = decl.iter().position(|f| &*f.name == name).ok_or_else(|| bad(format!("no field {name}")))?;
+                let i = decl
+                    .iter()
+                    .position(|f| &*f.name == name)
+                    .ok_or_else(|| bad(format!("no field {name}")))?;
                 fields[i] = node_from_json(schema, decl[i].ty, fv)?;
             }
             node

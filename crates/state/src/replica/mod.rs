@@ -39,7 +39,7 @@ pub(crate) struct RMap {
 }
 
 /// A client's copy of the state, built from a snapshot and the deltas after it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Replica {
     schema: Arc<Schema>,
     root: RNode,

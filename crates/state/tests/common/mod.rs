@@ -68,7 +68,8 @@ fn random_fields(rng: &mut Rng, n: usize, depth: u32, private: bool) -> Vec<Fiel
                 Field::new(&name, random_type(rng, depth + 1, private)).server_only()
             } else {
                 let ty = random_type(rng, depth + 1, private);
-                let keyed = !private && matches!(ty, Type::Map { key: KeyKind::String, .. }) && rng.chance(50);
+                let keyed =
+                    !private && matches!(ty, Type::Map { key: KeyKind::String, .. }) && rng.chance(50);
                 let f = Field::new(&name, ty);
                 if keyed { f.player_keyed() } else { f }
             }
@@ -162,7 +163,8 @@ pub fn random_write(rng: &mut Rng, def: &SchemaDef, state: &mut State) {
                 }
                 Type::Map { key, value } if rng.chance(75) => {
                     let key = random_key(rng, *key);
-                    let present = matches!(state.get(&borrowed(&path)), Ok(Value::Map(m)) if m.contains_key(&key));
+                    let present =
+                        matches!(state.get(&borrowed(&path)), Ok(Value::Map(m)) if m.contains_key(&key));
                     path.push(OwnedStep::Key(key));
                     if !present || rng.chance(40) {
                         let v = random_value(rng, value);
@@ -217,7 +219,6 @@ pub fn random_write(rng: &mut Rng, def: &SchemaDef, state: &mut State) {
 pub fn compile(def: &SchemaDef) -> Arc<Schema> {
     Schema::compile(def.clone(), filters()).expect("random schemas are valid")
 }
-
 
 /// `view` with `player`'s own entries removed from every player-keyed map: what a subscriber
 /// that skips its own entries sees.
