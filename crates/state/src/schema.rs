@@ -439,6 +439,24 @@ mod tests {
     }
 
     #[test]
+    fn parses_toml_too() {
+        let text = r#"
+            [[fields]]
+            name = "round"
+            type = "int"
+
+            [[fields]]
+            name = "hands"
+            sync = "owner_only"
+            type = { map = { key = "string", value = { list = "int" } } }
+        "#;
+        let def = SchemaDef::parse(text, "room.toml").unwrap();
+        assert_eq!(def.fields[1].sync, Policy::OwnerOnly);
+        assert!(Schema::new(def).is_ok());
+        assert!(matches!(SchemaDef::parse("fields = 3", "x.toml"), Err(SchemaError::Parse(_))));
+    }
+
+    #[test]
     fn rejects_bad_declarations() {
         let owner_not_map = SchemaDef::new([Field::new("a", Type::Int).owner_only()]);
         assert!(matches!(Schema::new(owner_not_map), Err(SchemaError::NotAMap { .. })));
