@@ -8,4 +8,5 @@ pub mod machine;
 pub mod pingpong;
 mod plot;
 pub mod server;
+pub mod sim;
 pub mod sync;
