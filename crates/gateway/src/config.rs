@@ -31,6 +31,16 @@ pub struct GatewayConfig {
     pub session: SessionSettings,
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `GET /metrics` here (off when unset). Worker process i of `--processes` adds i to
+    /// the port.
+    pub listen: Option<SocketAddr>,
 }
 
 /// Where the gateway listens.

@@ -137,7 +137,25 @@ impl Gateway {
                 out.push(local);
             }
         }
-        Ok(RunningGateway { shared, tcp_addrs, ws_addrs })
+        let metrics_addr = match (shared.config.metrics.listen, runtimes.first()) {
+            (Some(addr), Some(runtime)) => {
+                // Worker processes share the listeners but not their figures: one port each.
+                let offset = shared.workers.as_ref().map_or(0, |w| u16::from(w.index));
+                let addr =
+                    SocketAddr::new(addr.ip(), if addr.port() == 0 { 0 } else { addr.port() + offset });
+                let _guard = runtime.enter();
+                let listener = std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .and_then(TcpListener::from_std)
+                    .map_err(|source| GatewayError::Bind { addr, source })?;
+                let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
+                runtime.spawn(shared.tracker.track_future(crate::metrics::serve(listener, shared.clone())));
+                tracing::info!(%local, "metrics at http://{local}/metrics");
+                Some(local)
+            }
+            _ => None,
+        };
+        Ok(RunningGateway { shared, tcp_addrs, ws_addrs, metrics_addr })
     }
 }
 
@@ -146,9 +164,15 @@ pub struct RunningGateway {
     shared: Arc<Shared>,
     tcp_addrs: Vec<SocketAddr>,
     ws_addrs: Vec<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl RunningGateway {
+    /// Where `GET /metrics` is served, if `metrics.listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
     /// Bound TCP addresses (with real ports when the config asked for port 0).
     pub fn tcp_addrs(&self) -> &[SocketAddr] {
         &self.tcp_addrs

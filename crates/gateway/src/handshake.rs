@@ -64,6 +64,7 @@ async fn read_hello(
 async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: String) {
     tracing::debug!(?reason, %message, "connection rejected");
     Stats::add(&shared.stats.connections_rejected, 1);
+    shared.stats.closed(reason);
     send_close(&mut conn, reason, &message).await;
 }
 

@@ -10,6 +10,7 @@ mod auth;
 mod config;
 mod gateway;
 mod handshake;
+mod metrics;
 mod rate_limit;
 mod registry;
 mod router;
@@ -18,7 +19,7 @@ mod stats;
 mod workers;
 
 pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
-pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm};
+pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, PushError, Router, SessionHandle};
 pub use stats::{Stats, StatsSnapshot};

@@ -120,6 +120,7 @@ impl SessionTask {
             Err(end) => end,
         };
         tracing::debug!(session = %self.handle.id, reason = ?end.reason, message = %end.message, "session ended");
+        self.shared.stats.closed(end.reason);
         if let Some(mut conn) = self.take_conn() {
             send_close(&mut conn, end.reason, &end.message).await;
         }
@@ -228,6 +229,7 @@ impl SessionTask {
 
     fn drop_link(&mut self) {
         if self.take_conn().is_some() {
+            Stats::add(&self.shared.stats.drops, 1);
             self.session.detach(Instant::now());
         }
     }
@@ -236,6 +238,7 @@ impl SessionTask {
         let now = Instant::now();
         if let Some(mut old) = self.take_conn() {
             self.session.detach(now);
+            self.shared.stats.closed(CloseReason::Replaced);
             send_close(&mut old, CloseReason::Replaced, "session resumed on another connection").await;
         }
         let mut conn = takeover.conn;

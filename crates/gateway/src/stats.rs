@@ -1,7 +1,12 @@
-//! Process-wide counters the gateway keeps with relaxed atomics; the bench and tests read them.
-//! (Prometheus export comes with the metrics endpoint.)
+//! Process-wide counters the gateway keeps with relaxed atomics: the hot path only increments
+//! them; the bench, the tests and the Prometheus endpoint (`metrics.rs`) read them.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tickwire_wire::proto::CloseReason;
+
+/// Close reasons are counted by their protobuf number, 0 to this bound.
+pub(crate) const CLOSE_REASONS: usize = 13;
 
 /// Live counters of one gateway.
 #[derive(Debug, Default)]
@@ -15,6 +20,10 @@ pub struct Stats {
     pub(crate) bytes_out: AtomicU64,
     pub(crate) connections_rejected: AtomicU64,
     pub(crate) handoffs_received: AtomicU64,
+    /// Closes sent (session ends and rejected handshakes), by reason.
+    pub(crate) closes: [AtomicU64; CLOSE_REASONS],
+    /// Connections lost without a Close (the session waits for a resume).
+    pub(crate) drops: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one instant.
@@ -30,6 +39,17 @@ pub struct StatsSnapshot {
     pub connections_rejected: u64,
     /// Resumes passed to this worker process by another one.
     pub handoffs_received: u64,
+    /// Closes sent, indexed by `CloseReason as usize`.
+    pub closes: [u64; CLOSE_REASONS],
+    /// Connections lost without a Close.
+    pub drops: u64,
+}
+
+impl StatsSnapshot {
+    /// Closes sent with `reason`.
+    pub fn closes(&self, reason: CloseReason) -> u64 {
+        self.closes.get(reason as usize).copied().unwrap_or(0)
+    }
 }
 
 impl Stats {
@@ -44,6 +64,14 @@ impl Stats {
             bytes_out: self.bytes_out.load(Relaxed),
             connections_rejected: self.connections_rejected.load(Relaxed),
             handoffs_received: self.handoffs_received.load(Relaxed),
+            closes: std::array::from_fn(|i| self.closes[i].load(Relaxed)),
+            drops: self.drops.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn closed(&self, reason: CloseReason) {
+        if let Some(c) = self.closes.get(reason as usize) {
+            c.fetch_add(1, Relaxed);
         }
     }
 

@@ -54,6 +54,9 @@ struct GatewayArgs {
     /// Session heartbeat; replaces session.heartbeat.
     #[arg(long)]
     heartbeat: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics; replaces metrics.listen.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// I/O threads per process, one single-threaded runtime each (default: cores / processes).
     #[arg(long)]
     threads: Option<usize>,
@@ -133,6 +136,9 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
     if let Some(hb) = &args.heartbeat {
         overrides.push(format!("session.heartbeat=\"{hb}\""));
+    }
+    if let Some(addr) = &args.metrics {
+        overrides.push(format!("metrics.listen=\"{addr}\""));
     }
     overrides.extend(args.overrides);
     let config = GatewayConfig::load(args.config.as_deref(), &overrides).context("loading configuration")?;
