@@ -44,6 +44,8 @@
 
 mod encode;
 mod error;
+mod json_value;
+mod patch;
 mod replica;
 mod schema;
 mod state;
@@ -53,6 +55,8 @@ mod value;
 mod view;
 
 pub use error::{DecodeError, SchemaError, StateError};
+pub use json_value::PathBuf;
+pub use patch::{MAX_PATCH_OPS, Patch, PatchError, PatchOp};
 pub use replica::Replica;
 pub use schema::{Field, Filter, KeyKind, Policy, Schema, SchemaDef, Type};
 pub use state::{Limits, State, Step};

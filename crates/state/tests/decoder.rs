@@ -5,7 +5,7 @@ mod common;
 
 use common::{Rng, compile, player, random_schema, random_write};
 use proptest::prelude::*;
-use tickwire_state::{Codec, DecodeError, Replica, State};
+use tickwire_state::{Codec, DecodeError, Patch, Replica, State};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
@@ -17,6 +17,39 @@ proptest! {
         let _ = replica.apply(&bytes);
         let mut replica = Replica::new(schema);
         let _ = replica.apply_json(&bytes);
+    }
+
+    #[test]
+    fn random_patches_never_panic_and_refused_ones_change_nothing(
+        seed in any::<u64>(),
+        lines in proptest::collection::vec(
+            (prop_oneof!["set", "remove", "push", "cap", "truncate", "nope"], "(/f[0-3]|/p[0-3]|/[0-9]|/x){0,4}", prop_oneof![
+                Just("1".to_owned()), Just("\"p1\"".to_owned()), Just("[1,2]".to_owned()), Just("{}".to_owned()),
+                Just("{\"f0\":1}".to_owned()), Just("null".to_owned()), Just("-3.5".to_owned()), Just("true".to_owned()),
+            ]),
+            0..6,
+        ),
+        junk in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut rng = Rng::new(seed);
+        let def = random_schema(&mut rng);
+        let schema = compile(&def);
+        let mut state = State::new(schema.clone());
+        for _ in 0..10 {
+            random_write(&mut rng, &def, &mut state);
+        }
+        state.seal();
+        let text: String = lines
+            .iter()
+            .map(|(op, path, value)| format!("{{\"op\":\"{op}\",\"path\":\"{path}\",\"value\":{value}}}\n"))
+            .collect();
+        let before = state.get(&[]).unwrap();
+        if let Ok(patch) = Patch::parse_json(&schema, text.as_bytes()) {
+            if state.apply_patch(&patch).is_err() {
+                prop_assert_eq!(state.get(&[]).unwrap(), before);
+            }
+        }
+        let _ = Patch::parse_json(&schema, &junk);
     }
 
     #[test]

@@ -128,6 +128,20 @@ fn from_value(v: Value) -> RNode {
     }
 }
 
+/// A replica node for a plain value, map entries included (with no ids: for the JSON format,
+/// which names entries by key).
+pub(crate) fn from_plain(v: Value) -> RNode {
+    match v {
+        Value::Map(m) => RNode::Map(RMap {
+            entries: m.into_iter().map(|(k, v)| (k, from_plain(v))).collect(),
+            ids: Default::default(),
+        }),
+        Value::Struct(f) => RNode::Struct(f.into_iter().map(from_plain).collect()),
+        Value::List(l) => RNode::List(l.into_iter().map(from_plain).collect()),
+        other => from_value(other),
+    }
+}
+
 fn to_value(node: &RNode) -> Value {
     match node {
         RNode::Int(i) => Value::Int(*i),
