@@ -44,10 +44,10 @@ proptest! {
             .map(|(op, path, value)| format!("{{\"op\":\"{op}\",\"path\":\"{path}\",\"value\":{value}}}\n"))
             .collect();
         let before = state.get(&[]).unwrap();
-        if let Ok(patch) = Patch::parse_json(&schema, text.as_bytes()) {
-            if state.apply_patch(&patch).is_err() {
-                prop_assert_eq!(state.get(&[]).unwrap(), before);
-            }
+        if let Ok(patch) = Patch::parse_json(&schema, text.as_bytes())
+            && state.apply_patch(&patch).is_err()
+        {
+            prop_assert_eq!(state.get(&[]).unwrap(), before);
         }
         let _ = Patch::parse_json(&schema, &junk);
     }
