@@ -32,6 +32,7 @@ pub struct GatewayConfig {
     pub limits: LimitsConfig,
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
+    pub channels: crate::channel::ChannelsConfig,
 }
 
 /// The Prometheus endpoint.

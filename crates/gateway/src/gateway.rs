@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{AuthProvider, provider_from_config};
+use crate::channel::{ChannelConfigError, ChannelRouter};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::handshake::handshake;
 use crate::registry::Registry;
@@ -36,6 +37,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 pub enum GatewayError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Channels(#[from] ChannelConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
     #[error("cannot listen for handoffs in {path}: {source}")]
@@ -54,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) workers: Option<WorkerSet>,
+    /// The next SessionHandle::conn_id (starts at 1; 0 means "none" on the wire).
+    pub(crate) next_conn_id: std::sync::atomic::AtomicU64,
 }
 
 /// A configured gateway, not yet listening.
@@ -65,10 +70,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway with the auth provider the config names and the echo router.
+    /// A gateway with the auth provider the config names, serving channels (`channel.*`) and
+    /// echo.
     pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let auth = provider_from_config(&config.auth)?;
-        let router = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
+        let echo = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
+        let router = Arc::new(ChannelRouter::new(config.channels.clone(), echo)?);
         Ok(Gateway { config, auth, router, workers: None })
     }
 
@@ -111,6 +118,7 @@ impl Gateway {
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
             workers: self.workers,
+            next_conn_id: std::sync::atomic::AtomicU64::new(1),
             config: self.config,
         });
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {

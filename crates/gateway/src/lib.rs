@@ -7,6 +7,7 @@
 //! [`EchoRouter`] answers the `echo` method that the ping-pong bench uses.
 
 mod auth;
+mod channel;
 mod config;
 mod gateway;
 mod handshake;
@@ -19,8 +20,9 @@ mod stats;
 mod workers;
 
 pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
+pub use channel::{Access, ChannelConfigError, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset};
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
-pub use router::{EchoRouter, PushError, Router, SessionHandle};
+pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;

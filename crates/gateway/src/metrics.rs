@@ -13,6 +13,7 @@ use tickwire_wire::proto::CloseReason;
 use tokio::net::TcpListener;
 
 use crate::gateway::Shared;
+use crate::router::Router;
 use crate::stats::{CLOSE_REASONS, Stats};
 
 struct Exporter {
@@ -46,8 +47,9 @@ impl Exporter {
         Exporter { recorder, handle, process }
     }
 
-    fn render(&self, stats: &Stats) -> String {
+    fn render(&self, stats: &Stats, router: &dyn Router) -> String {
         let s = stats.snapshot();
+        let gauges = router.gauges();
         metrics::with_local_recorder(&self.recorder, || {
             self.process.collect();
             metrics::gauge!("connection_num").set(s.connections_open as f64);
@@ -59,6 +61,11 @@ impl Exporter {
             metrics::counter!("sessions_resumed").absolute(s.sessions_resumed);
             metrics::counter!("connections_rejected").absolute(s.connections_rejected);
             metrics::counter!("connection_drops").absolute(s.drops);
+            for g in &gauges {
+                let labels: Vec<metrics::Label> =
+                    g.labels.iter().map(|(k, v)| metrics::Label::new(*k, v.clone())).collect();
+                metrics::gauge!(g.name, labels).set(g.value);
+            }
             for (i, &n) in s.closes.iter().enumerate().take(CLOSE_REASONS).skip(1) {
                 if let Ok(reason) = CloseReason::try_from(i as i32) {
                     metrics::counter!("closes", "reason" => reason_label(reason)).absolute(n);
@@ -78,12 +85,12 @@ fn reason_label(reason: CloseReason) -> String {
 /// Serves `/metrics` on `listener` until the gateway shuts down.
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let exporter = Arc::new(Exporter::new());
-    let stats = shared.stats.clone();
+    let state = shared.clone();
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
-            let (exporter, stats) = (exporter.clone(), stats.clone());
-            async move { exporter.render(&stats) }
+            let (exporter, shared) = (exporter.clone(), state.clone());
+            async move { exporter.render(&shared.stats, &*shared.router) }
         }),
     );
     let cancel = shared.cancel.clone();
@@ -104,7 +111,8 @@ mod tests {
         Stats::add(&stats.connections_open, 3);
         stats.closed(CloseReason::SlowConsumer);
         stats.closed(CloseReason::SlowConsumer);
-        let text = Exporter::new().render(&stats);
+        let echo = crate::EchoRouter::new(0);
+        let text = Exporter::new().render(&stats, &echo);
         assert!(text.contains("messages_in 7"), "{text}");
         assert!(text.contains("connection_num 3"), "{text}");
         assert!(text.contains("closes{reason=\"slow_consumer\"} 2"), "{text}");
@@ -112,7 +120,7 @@ mod tests {
         assert!(text.contains("# HELP bytes_out"), "{text}");
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
         // Two gateways in one process do not share figures.
-        assert!(Exporter::new().render(&Stats::default()).contains("messages_in 0"));
+        assert!(Exporter::new().render(&Stats::default(), &echo).contains("messages_in 0"));
         assert_eq!(stats.messages_in.load(Relaxed), 7);
     }
 }

@@ -16,6 +16,8 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone)]
 pub struct SessionHandle {
     pub(crate) id: SessionId,
+    /// A small number naming this session inside the gateway (servers see it on messages).
+    pub(crate) conn_id: u64,
     pub(crate) player_id: Arc<str>,
     pub(crate) outbox: mpsc::Sender<Bytes>,
     /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
@@ -41,17 +43,45 @@ impl SessionHandle {
         &self.player_id
     }
 
-    /// Queues a one-way message without waiting. A full outbox is the caller's to handle:
-    /// coalesce, drop, or end the session.
-    pub fn push(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
-        let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
+    pub fn conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
+    /// Answers a request later, from another task. Like [`SessionHandle::push`], a full outbox
+    /// marks the session a slow consumer.
+    pub fn respond(&self, response: Response) -> Result<(), PushError> {
+        self.queue(Envelope { kind: Some(envelope::Kind::Response(response)) }, true)
+    }
+
+    /// Queues a one-way message if there is room, and otherwise reports `Full` without any
+    /// consequence for the session: for messages a later one supersedes, like state updates
+    /// that coalesce.
+    pub fn offer(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
+        self.queue(
+            Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) },
+            false,
+        )
+    }
+
+    fn queue(&self, envelope: Envelope, full_is_slow: bool) -> Result<(), PushError> {
         self.outbox.try_send(encode_message(&envelope)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
-                self.slow.store(true, Ordering::Relaxed);
+                if full_is_slow {
+                    self.slow.store(true, Ordering::Relaxed);
+                }
                 PushError::Full
             }
             mpsc::error::TrySendError::Closed(_) => PushError::Closed,
         })
+    }
+
+    /// Queues a one-way message without waiting. A full outbox is the caller's to handle:
+    /// coalesce, drop, or end the session.
+    pub fn push(&self, topic: &str, body: Bytes) -> Result<(), PushError> {
+        self.queue(
+            Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) },
+            true,
+        )
     }
 }
 
@@ -67,6 +97,30 @@ pub trait Router: Send + Sync + 'static {
 
     /// The session has ended for good (closed, expired or shut down).
     fn on_session_closed(&self, _session: &SessionHandle) {}
+
+    /// Figures of the router's own, read at each scrape of `/metrics`.
+    fn gauges(&self) -> Vec<Gauge> {
+        Vec::new()
+    }
+}
+
+/// One gauge for the metrics endpoint: a name, labels and a value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gauge {
+    pub name: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+    pub value: f64,
+}
+
+impl Gauge {
+    pub fn new(name: &'static str, value: f64) -> Gauge {
+        Gauge { name, labels: Vec::new(), value }
+    }
+
+    pub fn label(mut self, key: &'static str, value: impl Into<String>) -> Gauge {
+        self.labels.push((key, value.into()));
+        self
+    }
 }
 
 /// Answers `echo` requests with a body of the requested size; anything else is NOT_FOUND.
@@ -82,7 +136,8 @@ impl EchoRouter {
     }
 }
 
-pub(crate) fn error_response(id: u64, status: Status, error: String) -> Response {
+/// A response with an error status and no body.
+pub fn error_response(id: u64, status: Status, error: String) -> Response {
     Response { id, status: status as i32, body: Bytes::new(), error }
 }
 

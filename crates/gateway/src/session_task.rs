@@ -97,6 +97,7 @@ impl SessionTask {
         let task = SessionTask {
             handle: SessionHandle {
                 id,
+                conn_id: shared.next_conn_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 player_id: player_id.into(),
                 outbox: outbox_tx,
                 slow: Arc::new(AtomicBool::new(false)),

@@ -2,21 +2,9 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use tickwire_client::{Client, ConnectOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-async fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await.unwrap().unwrap();
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    out
-}
 
 fn value(text: &str, series: &str) -> f64 {
     text.lines()
@@ -31,14 +19,14 @@ fn value(text: &str, series: &str) -> f64 {
 async fn metrics_follow_the_traffic() {
     let gw = common::start(&["metrics.listen=\"127.0.0.1:0\""]).await;
     let addr = gw.metrics_addr().expect("metrics enabled");
-    let before = scrape(addr).await;
+    let before = common::scrape(addr).await;
     assert_eq!(value(&before, "connection_num"), 0.0);
 
     let client = Client::connect(ConnectOptions::new(common::tcp_target(&gw))).await.unwrap();
     for _ in 0..5 {
         client.call("echo", common::echo_body(10, 10)).await.unwrap();
     }
-    let during = scrape(addr).await;
+    let during = common::scrape(addr).await;
     assert_eq!(value(&during, "connection_num"), 1.0);
     assert!(value(&during, "messages_in") >= 5.0);
     assert!(value(&during, "bytes_out") > value(&before, "bytes_out"));
@@ -47,7 +35,7 @@ async fn metrics_follow_the_traffic() {
     common::raw_close(gw.tcp_addrs()[0], &[0, 0, 0, 1, 0x09]).await.expect("a Close");
     client.close().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let after = scrape(addr).await;
+    let after = common::scrape(addr).await;
     assert_eq!(value(&after, "closes{reason=\"protocol_error\"}"), 1.0);
     assert_eq!(value(&after, "closes{reason=\"normal\"}"), 1.0);
     assert_eq!(value(&after, "connection_num"), 0.0);

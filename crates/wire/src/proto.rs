@@ -1,4 +1,4 @@
-//! Protobuf messages generated from `proto/tickwire/v1/control.proto`.
+//! Protobuf messages generated from `proto/tickwire/v1/control.proto` and `channel.proto`.
 //!
 //! `bytes` fields are [`bytes::Bytes`], so decoding a message from a `Bytes` buffer slices
 //! payloads out of it instead of copying them.

@@ -145,3 +145,13 @@ impl ChaosProxy {
         self.cuts.send_modify(|n| *n += 1);
     }
 }
+
+/// `GET /metrics` over a plain socket; the body with its headers.
+pub async fn scrape(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await.unwrap().unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}

@@ -1,0 +1,379 @@
+//! One channel on its own task: its state tree, its owner and subscribers, and the tick that
+//! fans out updates.
+//!
+//! The actor never waits on a peer. Each subscriber has its own fan-out interval and version;
+//! an update is offered to its session's bounded outbox, and when the outbox is full the
+//! subscriber simply keeps its old version and gets one merged delta at a later fan-out (state
+//! coalesces). Messages and events use the outbox's limit: a session that lets them pile up is
+//! closed as a slow consumer by its own task. So one stuck subscriber costs the channel nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use prost::Message;
+use tickwire_state::{Codec, Key, Patch, PreparedCache, State, Version};
+use tickwire_wire::proto::{
+    Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
+    DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
+};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::router::{PushError, SessionHandle, error_response};
+
+/// Figures every channel adds to, read by the metrics endpoint.
+pub(crate) struct Figures {
+    /// Microseconds per tick, since the last scrape.
+    pub tick_times: Mutex<Histogram<u64>>,
+    /// Updates not sent because the subscriber's outbox was full (sent later, merged).
+    pub coalesced: AtomicU64,
+}
+
+/// What the router asks of a channel.
+pub(crate) enum Msg {
+    Subscribe {
+        member: SessionHandle,
+        server: bool,
+        options: SubscriptionOptions,
+        request_id: u64,
+    },
+    Unsubscribe {
+        member: SessionHandle,
+        request_id: u64,
+    },
+    Update {
+        from: SessionHandle,
+        patch: Bytes,
+        request_id: u64,
+    },
+    Send {
+        from: SessionHandle,
+        send: ChannelSend,
+        request_id: u64,
+    },
+    Remove {
+        by: SessionHandle,
+        request_id: u64,
+    },
+    /// A member's session ended.
+    Left {
+        conn_id: u64,
+    },
+}
+
+struct Subscriber {
+    handle: SessionHandle,
+    player: Key,
+    server: bool,
+    options: SubscriptionOptions,
+    interval: Duration,
+    next_due: Instant,
+    /// The version the subscriber's replica is at; meaningful once `joined`.
+    last: Version,
+    joined: bool,
+}
+
+pub(crate) struct Channel {
+    pub id: u64,
+    pub state: State,
+    pub schema_json: Arc<str>,
+    pub owner: Option<SessionHandle>,
+    pub remove_when_owner_lost: bool,
+    pub tick: Duration,
+    pub default_fanout: Duration,
+    pub max_subscribers: usize,
+    /// Tick durations and coalesced updates, shared with the metrics endpoint.
+    pub figures: Arc<Figures>,
+    subscribers: HashMap<u64, Subscriber>,
+    cache: PreparedCache,
+}
+
+/// Whether the actor goes on after a message.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Channel {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u64,
+        state: State,
+        schema_json: Arc<str>,
+        owner: SessionHandle,
+        remove_when_owner_lost: bool,
+        tick: Duration,
+        default_fanout: Duration,
+        max_subscribers: usize,
+        figures: Arc<Figures>,
+    ) -> Channel {
+        Channel {
+            id,
+            state,
+            schema_json,
+            owner: Some(owner),
+            remove_when_owner_lost,
+            tick,
+            default_fanout,
+            max_subscribers,
+            figures,
+            subscribers: HashMap::new(),
+            cache: PreparedCache::default(),
+        }
+    }
+
+    /// The actor: messages as they come, a fan-out pass every tick.
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<Msg>) {
+        let mut ticker = tokio::time::interval(self.tick);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                msg = inbox.recv() => match msg {
+                    Some(msg) => if self.on_msg(msg) == Flow::Stop { return },
+                    None => return,
+                },
+                _ = ticker.tick() => self.on_tick(Instant::now()),
+            }
+        }
+    }
+
+    fn on_msg(&mut self, msg: Msg) -> Flow {
+        match msg {
+            Msg::Subscribe { member, server, options, request_id } => {
+                self.subscribe(member, server, options, request_id)
+            }
+            Msg::Unsubscribe { member, request_id } => {
+                self.subscribers.remove(&member.conn_id());
+                let _ = member.respond(ok(request_id, Bytes::new()));
+            }
+            Msg::Update { from, patch, request_id } => {
+                let response = self.update(&from, &patch, request_id);
+                let _ = from.respond(response);
+            }
+            Msg::Send { from, send, request_id } => {
+                let response = self.send(&from, send, request_id);
+                let _ = from.respond(response);
+            }
+            Msg::Remove { by, request_id } => {
+                self.event_to_all(ChannelEventKind::Removed, "the channel was removed");
+                let _ = by.respond(ok(request_id, Bytes::new()));
+                return Flow::Stop;
+            }
+            Msg::Left { conn_id } => {
+                self.subscribers.remove(&conn_id);
+                if self.owner.as_ref().is_some_and(|o| o.conn_id() == conn_id) {
+                    self.owner = None;
+                    if self.remove_when_owner_lost {
+                        self.event_to_all(ChannelEventKind::Removed, "the owner left");
+                        return Flow::Stop;
+                    }
+                    self.event_to_all(ChannelEventKind::OwnerLost, "the owner's session ended");
+                }
+            }
+        }
+        Flow::Continue
+    }
+
+    fn subscribe(
+        &mut self,
+        member: SessionHandle,
+        server: bool,
+        options: SubscriptionOptions,
+        request_id: u64,
+    ) {
+        let interval = match options.fanout_interval_ms {
+            0 => self.default_fanout,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        let conn_id = member.conn_id();
+        if let Some(sub) = self.subscribers.get_mut(&conn_id) {
+            // New options take effect at the next fan-out; the version carries on.
+            sub.options = options;
+            sub.interval = interval;
+        } else {
+            if self.subscribers.len() >= self.max_subscribers {
+                let msg =
+                    format!("channel {} has its maximum of {} subscribers", self.id, self.max_subscribers);
+                let _ = member.respond(error_response(request_id, Status::Unavailable, msg));
+                return;
+            }
+            let next_due = Instant::now() + Duration::from_millis(u64::from(options.fanout_delay_ms));
+            let sub = Subscriber {
+                player: Key::str(member.player_id()),
+                handle: member.clone(),
+                server,
+                options,
+                interval,
+                next_due,
+                last: 0,
+                joined: false,
+            };
+            self.subscribers.insert(conn_id, sub);
+        }
+        let result = SubscribeResult {
+            channel_id: self.id,
+            connection_id: conn_id,
+            schema_json: self.schema_json.to_string(),
+        };
+        let _ = member.respond(ok(request_id, result.encode_to_vec().into()));
+    }
+
+    fn may_write(&self, from: &SessionHandle) -> bool {
+        self.owner.as_ref().is_some_and(|o| o.conn_id() == from.conn_id())
+            || self.subscribers.get(&from.conn_id()).is_some_and(|s| s.options.access() == DataAccess::Write)
+    }
+
+    fn update(&mut self, from: &SessionHandle, patch: &[u8], request_id: u64) -> Response {
+        if !self.may_write(from) {
+            let msg = format!("channel {}: only its owner and write subscribers may update it", self.id);
+            return error_response(request_id, Status::PermissionDenied, msg);
+        }
+        let applied = Patch::parse_json(self.state.schema(), patch).and_then(|p| self.state.apply_patch(&p));
+        match applied {
+            Ok(()) => ok(request_id, Bytes::new()),
+            Err(e) => {
+                error_response(request_id, Status::InvalidArgument, format!("channel {}: {e}", self.id))
+            }
+        }
+    }
+
+    fn send(&mut self, from: &SessionHandle, send: ChannelSend, request_id: u64) -> Response {
+        let from_owner = self.owner.as_ref().is_some_and(|o| o.conn_id() == from.conn_id());
+        let from_server = from_owner || self.subscribers.get(&from.conn_id()).is_some_and(|s| s.server);
+        let message =
+            ChannelMessage { channel_id: self.id, from_connection: from.conn_id(), body: send.body.clone() };
+        let body: Bytes = message.encode_to_vec().into();
+        let broadcast = send.broadcast();
+        if broadcast == Broadcast::None {
+            let target = match send.to_connection {
+                0 => self.owner.clone(),
+                id => self
+                    .subscribers
+                    .get(&id)
+                    .map(|s| s.handle.clone())
+                    .or_else(|| self.owner.clone().filter(|o| o.conn_id() == id)),
+            };
+            if !from_server && send.to_connection != 0 {
+                let msg = "clients may only send to the channel's owner (to_connection 0)".to_owned();
+                return error_response(request_id, Status::PermissionDenied, msg);
+            }
+            return match target {
+                Some(to) => deliver(&to, body, request_id),
+                None => {
+                    error_response(request_id, Status::NotFound, format!("no member {}", send.to_connection))
+                }
+            };
+        }
+        if !from_server {
+            let msg = "only servers may broadcast on a channel".to_owned();
+            return error_response(request_id, Status::PermissionDenied, msg);
+        }
+        // Members: every subscriber, and the owner (a server) even if it did not subscribe.
+        let owner_id = self.owner.as_ref().map(SessionHandle::conn_id);
+        let mut members: Vec<(&SessionHandle, bool)> =
+            self.subscribers.values().map(|s| (&s.handle, s.server)).collect();
+        if let Some(owner) = &self.owner
+            && !self.subscribers.contains_key(&owner.conn_id())
+        {
+            members.push((owner, true));
+        }
+        let targets = members.into_iter().filter(|(h, server)| match broadcast {
+            Broadcast::AllButSender => h.conn_id() != from.conn_id(),
+            Broadcast::AllButOwner => Some(h.conn_id()) != owner_id,
+            Broadcast::Clients => !server,
+            Broadcast::Servers => *server,
+            Broadcast::All | Broadcast::None => true,
+        });
+        for (to, _) in targets {
+            // A full outbox ends that session as a slow consumer; the others are unaffected.
+            let _ = to.push("channel.message", body.clone());
+        }
+        ok(request_id, Bytes::new())
+    }
+
+    fn event_to_all(&self, kind: ChannelEventKind, reason: &str) {
+        let event = ChannelEvent { channel_id: self.id, kind: kind as i32, reason: reason.to_owned() };
+        let body: Bytes = event.encode_to_vec().into();
+        for sub in self.subscribers.values() {
+            let _ = sub.handle.push("channel.event", body.clone());
+        }
+    }
+
+    /// One fan-out pass: every subscriber that is due gets one update from its own version.
+    fn on_tick(&mut self, now: Instant) {
+        let started = std::time::Instant::now();
+        let to = self.state.seal();
+        let Channel { id, state, subscribers, cache, figures, .. } = self;
+        let mut gone = Vec::new();
+        for (conn_id, sub) in subscribers.iter_mut() {
+            if sub.options.access() == DataAccess::None || now < sub.next_due {
+                continue;
+            }
+            sub.next_due += sub.interval;
+            if sub.next_due < now {
+                sub.next_due = now + sub.interval;
+            }
+            if !sub.joined && sub.options.skip_first_full_state {
+                sub.last = to;
+                sub.joined = true;
+                continue;
+            }
+            if sub.joined && sub.last == to {
+                continue;
+            }
+            let codec = match sub.options.codec() {
+                DeltaCodec::Binary => Codec::Binary,
+                DeltaCodec::Json => Codec::Json,
+            };
+            let from = if sub.joined { sub.last } else { 0 };
+            let update = cache
+                .get(state, from, codec)
+                .and_then(|p| Ok((p.update_for(state, &sub.player, sub.options.skip_self)?, p.to())));
+            let Ok((update, version)) = update else {
+                // Only a stale cache or an unsealed state could get here; both are impossible
+                // right after seal(). Resend a snapshot next time rather than guess.
+                sub.joined = false;
+                continue;
+            };
+            if sub.joined && !update.has_changes() {
+                continue;
+            }
+            let body =
+                ChannelUpdate { channel_id: *id, codec: sub.options.codec, update: update.to_vec().into() };
+            match sub.handle.offer("channel.update", body.encode_to_vec().into()) {
+                Ok(()) => {
+                    sub.last = version;
+                    sub.joined = true;
+                }
+                // Coalesce: the next fan-out sends one merged delta from `last`.
+                Err(PushError::Full) => {
+                    figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(PushError::Closed) => gone.push(*conn_id),
+            }
+        }
+        for conn_id in gone {
+            subscribers.remove(&conn_id);
+        }
+        let micros = started.elapsed().as_micros() as u64;
+        if let Ok(mut h) = self.figures.tick_times.lock() {
+            let _ = h.record(micros.max(1));
+        }
+    }
+}
+
+fn ok(id: u64, body: Bytes) -> Response {
+    Response { id, status: Status::Ok as i32, body, error: String::new() }
+}
+
+fn deliver(to: &SessionHandle, body: Bytes, request_id: u64) -> Response {
+    match to.push("channel.message", body) {
+        Ok(()) => ok(request_id, Bytes::new()),
+        Err(e) => error_response(request_id, Status::Unavailable, format!("recipient: {e}")),
+    }
+}

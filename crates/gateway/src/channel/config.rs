@@ -1,0 +1,126 @@
+//! Channel settings: a preset (tick and fan-out rates) and access rules per channel type, in
+//! the gateway's TOML under `[channels.<type>]`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Who may do something to a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    None,
+    Owner,
+    OwnerOrMaster,
+    Any,
+}
+
+/// Tick and fan-out rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// 50 Hz tick and fan-out.
+    Hifi,
+    /// 10 Hz tick, 5 Hz fan-out.
+    Lofi,
+}
+
+impl Preset {
+    pub fn tick(self) -> Duration {
+        match self {
+            Preset::Hifi => Duration::from_millis(20),
+            Preset::Lofi => Duration::from_millis(100),
+        }
+    }
+
+    pub fn fanout(self) -> Duration {
+        match self {
+            Preset::Hifi => Duration::from_millis(20),
+            Preset::Lofi => Duration::from_millis(200),
+        }
+    }
+}
+
+/// Settings of one channel type.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelTypeConfig {
+    pub preset: Preset,
+    /// Overrides the preset's tick.
+    #[serde(with = "humantime_serde")]
+    pub tick: Option<Duration>,
+    /// Overrides the preset's default fan-out interval.
+    #[serde(with = "humantime_serde")]
+    pub fanout: Option<Duration>,
+    /// Who may subscribe (themselves).
+    pub subscribe: Access,
+    /// Who may subscribe with write access (and so send patches besides the owner).
+    pub write: Access,
+    /// Who may remove the channel.
+    pub remove: Access,
+    /// Remove the channel when its owner's session ends, instead of keeping it (with an
+    /// owner-lost event) until an owner comes back.
+    pub remove_when_owner_lost: bool,
+    /// Schema for channels created without one (JSON or TOML, docs/protocol.md 12.1).
+    pub schema_file: Option<PathBuf>,
+    /// Subscribers one channel accepts.
+    pub max_subscribers: usize,
+}
+
+impl ChannelTypeConfig {
+    fn new(preset: Preset, subscribe: Access, remove: Access) -> ChannelTypeConfig {
+        ChannelTypeConfig {
+            preset,
+            tick: None,
+            fanout: None,
+            subscribe,
+            write: Access::Owner,
+            remove,
+            remove_when_owner_lost: false,
+            schema_file: None,
+            max_subscribers: 10_000,
+        }
+    }
+
+    pub fn tick(&self) -> Duration {
+        self.tick.unwrap_or(self.preset.tick())
+    }
+
+    pub fn fanout(&self) -> Duration {
+        self.fanout.unwrap_or(self.preset.fanout())
+    }
+}
+
+impl Default for ChannelTypeConfig {
+    fn default() -> Self {
+        ChannelTypeConfig::new(Preset::Hifi, Access::Any, Access::OwnerOrMaster)
+    }
+}
+
+/// `[channels]`: one table per type, and bounds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub global: ChannelTypeConfig,
+    pub subworld: ChannelTypeConfig,
+    pub private: ChannelTypeConfig,
+    pub entity: ChannelTypeConfig,
+    /// Channels one gateway holds.
+    pub max_channels: usize,
+    /// Requests queued for one channel before callers get UNAVAILABLE.
+    pub inbox_capacity: usize,
+}
+
+impl Default for ChannelsConfig {
+    fn default() -> Self {
+        ChannelsConfig {
+            global: ChannelTypeConfig::default(),
+            subworld: ChannelTypeConfig::default(),
+            private: ChannelTypeConfig::new(Preset::Lofi, Access::Owner, Access::Owner),
+            entity: ChannelTypeConfig::new(Preset::Hifi, Access::Any, Access::OwnerOrMaster),
+            max_channels: 100_000,
+            inbox_capacity: 1024,
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! Channels: state that game servers own and clients subscribe to (docs/protocol.md section 13).
+//!
+//! [`ChannelRouter`] is a [`Router`]: it answers the `channel.*` methods, checks the access
+//! rules of each channel type, and forwards to the channel's actor (`actor.rs`), which owns the
+//! state and fans out. Anything else goes to the router it wraps (by default, echo).
+
+mod actor;
+mod config;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use prost::Message;
+use tickwire_state::{Schema, SchemaDef, State};
+use tickwire_wire::proto::{
+    ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess, Request, Response,
+    Status, Subscribe, UpdateChannel,
+};
+use tokio::sync::mpsc;
+
+pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
+
+use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
+use actor::{Channel, Figures, Msg};
+
+/// Why a channel router could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelConfigError {
+    #[error("cannot read the schema file {path}: {source}")]
+    Read { path: std::path::PathBuf, source: std::io::Error },
+    #[error("schema file {path}: {source}")]
+    Schema { path: std::path::PathBuf, source: tickwire_state::SchemaError },
+}
+
+struct Entry {
+    inbox: mpsc::Sender<Msg>,
+    ty: ChannelType,
+    owner: Option<u64>,
+}
+
+#[derive(Default)]
+struct Member {
+    /// Created a channel: a game server.
+    server: bool,
+    owned: HashSet<u64>,
+    subscribed: HashSet<u64>,
+}
+
+#[derive(Default)]
+struct Registry {
+    channels: HashMap<u64, Entry>,
+    members: HashMap<u64, Member>,
+    /// The owner of the global channel.
+    master: Option<u64>,
+    global: Option<u64>,
+}
+
+/// Serves the `channel.*` methods.
+pub struct ChannelRouter {
+    config: ChannelsConfig,
+    /// Per type: the configured schema (its text, for subscribers, and compiled).
+    schemas: HashMap<i32, (Arc<str>, Arc<Schema>)>,
+    registry: Mutex<Registry>,
+    next_id: AtomicU64,
+    figures: Arc<Figures>,
+    fallback: Arc<dyn Router>,
+}
+
+impl ChannelRouter {
+    /// Loads the schema files the config names. Methods other than `channel.*` go to
+    /// `fallback`.
+    pub fn new(
+        config: ChannelsConfig,
+        fallback: Arc<dyn Router>,
+    ) -> Result<ChannelRouter, ChannelConfigError> {
+        let mut schemas = HashMap::new();
+        for (ty, cfg) in [
+            (ChannelType::Global, &config.global),
+            (ChannelType::Subworld, &config.subworld),
+            (ChannelType::Private, &config.private),
+            (ChannelType::Entity, &config.entity),
+        ] {
+            if let Some(path) = &cfg.schema_file {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ChannelConfigError::Read { path: path.clone(), source })?;
+                let schema = SchemaDef::parse(&text, &path.to_string_lossy())
+                    .and_then(Schema::new)
+                    .map_err(|source| ChannelConfigError::Schema { path: path.clone(), source })?;
+                let json = serde_json::to_string(schema.def()).expect("schemas serialize");
+                schemas.insert(ty as i32, (Arc::from(json), schema));
+            }
+        }
+        Ok(ChannelRouter {
+            config,
+            schemas,
+            registry: Mutex::new(Registry::default()),
+            next_id: AtomicU64::new(1),
+            figures: Arc::new(Figures {
+                tick_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
+                coalesced: AtomicU64::new(0),
+            }),
+            fallback,
+        })
+    }
+
+    /// Channels with default settings in front of the echo service.
+    pub fn with_defaults() -> ChannelRouter {
+        ChannelRouter::new(ChannelsConfig::default(), Arc::new(EchoRouter::new(1 << 20)))
+            .expect("no schema files")
+    }
+
+    fn type_config(&self, ty: ChannelType) -> &ChannelTypeConfig {
+        match ty {
+            ChannelType::Global => &self.config.global,
+            ChannelType::Private => &self.config.private,
+            ChannelType::Entity => &self.config.entity,
+            _ => &self.config.subworld,
+        }
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // matters more than stopping every channel call would; keep serving.
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn create(&self, session: &SessionHandle, id: u64, body: Bytes) -> Response {
+        let req = match CreateChannel::decode(body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_response(id, Status::InvalidArgument, format!("malformed CreateChannel: {e}"));
+            }
+        };
+        let ty = req.r#type();
+        if matches!(ty, ChannelType::Unspecified | ChannelType::Spatial) {
+            let msg = format!(
+                "channel type {} cannot be created (spatial channels are not served yet)",
+                ty.as_str_name()
+            );
+            return error_response(id, Status::InvalidArgument, msg);
+        }
+        let (schema_json, schema) = if req.schema_json.is_empty() {
+            match self.schemas.get(&(ty as i32)) {
+                Some(s) => s.clone(),
+                None => {
+                    let msg = format!("no schema given and none configured for {}", ty.as_str_name());
+                    return error_response(id, Status::InvalidArgument, msg);
+                }
+            }
+        } else {
+            match SchemaDef::parse(&req.schema_json, "request.json").and_then(Schema::new) {
+                Ok(schema) => (Arc::from(req.schema_json.as_str()), schema),
+                Err(e) => return error_response(id, Status::InvalidArgument, format!("schema: {e}")),
+            }
+        };
+        let cfg = self.type_config(ty);
+        let channel_id = {
+            let mut reg = self.registry();
+            if reg.channels.len() >= self.config.max_channels {
+                let msg = format!("the gateway holds its maximum of {} channels", self.config.max_channels);
+                return error_response(id, Status::Unavailable, msg);
+            }
+            if ty == ChannelType::Global && reg.global.is_some() {
+                return error_response(id, Status::AlreadyExists, "the global channel exists".into());
+            }
+            let channel_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::channel(self.config.inbox_capacity);
+            let channel = Channel::new(
+                channel_id,
+                State::new(schema),
+                schema_json,
+                session.clone(),
+                cfg.remove_when_owner_lost,
+                cfg.tick(),
+                cfg.fanout(),
+                cfg.max_subscribers,
+                self.figures.clone(),
+            );
+            // The actor runs on the creating session's thread; channels spread with sessions.
+            tokio::spawn(channel.run(rx));
+            reg.channels.insert(channel_id, Entry { inbox: tx, ty, owner: Some(session.conn_id()) });
+            let member = reg.members.entry(session.conn_id()).or_default();
+            member.server = true;
+            member.owned.insert(channel_id);
+            if ty == ChannelType::Global {
+                reg.global = Some(channel_id);
+                reg.master = Some(session.conn_id());
+            }
+            channel_id
+        };
+        let master = ty == ChannelType::Global;
+        ok(id, CreateChannelResult { channel_id, master }.encode_to_vec().into())
+    }
+
+    /// Whether `who` passes `access` on a channel owned by `owner`.
+    fn allowed(access: Access, who: u64, owner: Option<u64>, master: Option<u64>) -> bool {
+        match access {
+            Access::Any => true,
+            Access::None => false,
+            Access::Owner => owner == Some(who),
+            Access::OwnerOrMaster => owner == Some(who) || master == Some(who),
+        }
+    }
+
+    /// Looks the channel up, checks `access` (if any) and queues `msg` for its actor.
+    fn forward(
+        &self,
+        session: &SessionHandle,
+        id: u64,
+        channel_id: u64,
+        what: &str,
+        access: impl FnOnce(&ChannelTypeConfig) -> Option<Access>,
+        msg: Msg,
+    ) -> Option<Response> {
+        let mut reg = self.registry();
+        let master = reg.master;
+        let Some(entry) = reg.channels.get(&channel_id) else {
+            return Some(error_response(id, Status::NotFound, format!("no channel {channel_id}")));
+        };
+        let cfg = self.type_config(entry.ty);
+        if let Some(access) = access(cfg)
+            && !Self::allowed(access, session.conn_id(), entry.owner, master)
+        {
+            let msg = format!(
+                "{what} on channel {channel_id} ({}) needs {access:?} access",
+                entry.ty.as_str_name()
+            );
+            return Some(error_response(id, Status::PermissionDenied, msg));
+        }
+        let inbox = entry.inbox.clone();
+        if what == "remove" {
+            let entry = reg.channels.remove(&channel_id).expect("looked up above");
+            if reg.global == Some(channel_id) {
+                reg.global = None;
+                reg.master = None;
+            }
+            if let Some(owner) = entry.owner.and_then(|o| reg.members.get_mut(&o)) {
+                owner.owned.remove(&channel_id);
+            }
+        }
+        if what == "subscribe" {
+            reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
+        }
+        drop(reg);
+        match inbox.try_send(msg) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                Some(error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry")))
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Some(error_response(id, Status::NotFound, format!("channel {channel_id} is gone")))
+            }
+        }
+    }
+
+    fn on_channel_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        let id = request.id;
+        let bad = |e: prost::DecodeError| {
+            Some(error_response(id, Status::InvalidArgument, format!("malformed body: {e}")))
+        };
+        match request.method.as_str() {
+            "channel.create" => Some(self.create(session, id, request.body)),
+            "channel.subscribe" => {
+                let sub = match Subscribe::decode(request.body) {
+                    Ok(s) => s,
+                    Err(e) => return bad(e),
+                };
+                let options = sub.options.unwrap_or_default();
+                let write = options.access() == DataAccess::Write;
+                let server = self.registry().members.get(&session.conn_id()).is_some_and(|m| m.server);
+                let msg = Msg::Subscribe { member: session.clone(), server, options, request_id: id };
+                if write {
+                    let rule =
+                        self.registry().channels.get(&sub.channel_id).map(|e| self.type_config(e.ty).write);
+                    if let Some(refused) = rule.and_then(|rule| {
+                        self.check(session, id, sub.channel_id, "subscribe with write access", rule)
+                    }) {
+                        return Some(refused);
+                    }
+                }
+                self.forward(session, id, sub.channel_id, "subscribe", |c| Some(c.subscribe), msg)
+            }
+            "channel.unsubscribe" => {
+                let r = match ChannelRef::decode(request.body) {
+                    Ok(r) => r,
+                    Err(e) => return bad(e),
+                };
+                if let Some(m) = self.registry().members.get_mut(&session.conn_id()) {
+                    m.subscribed.remove(&r.channel_id);
+                }
+                let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
+                self.forward(session, id, r.channel_id, "unsubscribe", |_| None, msg)
+            }
+            "channel.update" => {
+                let u = match UpdateChannel::decode(request.body) {
+                    Ok(u) => u,
+                    Err(e) => return bad(e),
+                };
+                let msg = Msg::Update { from: session.clone(), patch: u.patch, request_id: id };
+                self.forward(session, id, u.channel_id, "update", |_| None, msg)
+            }
+            "channel.remove" => {
+                let r = match ChannelRef::decode(request.body) {
+                    Ok(r) => r,
+                    Err(e) => return bad(e),
+                };
+                let msg = Msg::Remove { by: session.clone(), request_id: id };
+                self.forward(session, id, r.channel_id, "remove", |c| Some(c.remove), msg)
+            }
+            "channel.send" => {
+                let send = match ChannelSend::decode(request.body) {
+                    Ok(s) => s,
+                    Err(e) => return bad(e),
+                };
+                let channel_id = send.channel_id;
+                let msg = Msg::Send { from: session.clone(), send, request_id: id };
+                self.forward(session, id, channel_id, "send", |_| None, msg)
+            }
+            other => Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
+        }
+    }
+
+    /// Checks one access rule of the channel's type without forwarding anything.
+    fn check(
+        &self,
+        session: &SessionHandle,
+        id: u64,
+        channel_id: u64,
+        what: &str,
+        rule: Access,
+    ) -> Option<Response> {
+        let reg = self.registry();
+        let entry = reg.channels.get(&channel_id)?;
+        if Self::allowed(rule, session.conn_id(), entry.owner, reg.master) {
+            return None;
+        }
+        let msg =
+            format!("{what} on channel {channel_id} ({}) needs {rule:?} access", entry.ty.as_str_name());
+        Some(error_response(id, Status::PermissionDenied, msg))
+    }
+}
+
+fn ok(id: u64, body: Bytes) -> Response {
+    Response { id, status: Status::Ok as i32, body, error: String::new() }
+}
+
+impl Router for ChannelRouter {
+    fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        if request.method.starts_with("channel.") {
+            self.on_channel_request(session, request)
+        } else {
+            self.fallback.on_request(session, request)
+        }
+    }
+
+    fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {
+        self.fallback.on_push(session, push);
+    }
+
+    fn on_session_closed(&self, session: &SessionHandle) {
+        let conn_id = session.conn_id();
+        let mut inboxes = Vec::new();
+        {
+            let mut reg = self.registry();
+            let Some(member) = reg.members.remove(&conn_id) else {
+                return self.fallback.on_session_closed(session);
+            };
+            if reg.master == Some(conn_id) {
+                reg.master = None;
+            }
+            for channel_id in member.subscribed.iter().chain(&member.owned) {
+                let Some(entry) = reg.channels.get_mut(channel_id) else { continue };
+                inboxes.push(entry.inbox.clone());
+                if entry.owner == Some(conn_id) {
+                    entry.owner = None;
+                    if self.type_config(entry.ty).remove_when_owner_lost {
+                        let ty = entry.ty;
+                        reg.channels.remove(channel_id);
+                        if ty == ChannelType::Global {
+                            reg.global = None;
+                        }
+                    }
+                }
+            }
+        }
+        for inbox in inboxes {
+            // Delivered even when the inbox is momentarily full; never blocks this task.
+            tokio::spawn(async move {
+                let _ = inbox.send(Msg::Left { conn_id }).await;
+            });
+        }
+        self.fallback.on_session_closed(session);
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        let channels = self.registry().channels.len();
+        let mut out = vec![Gauge::new("channel_num", channels as f64)];
+        let coalesced = self.figures.coalesced.load(Ordering::Relaxed);
+        out.push(Gauge::new("channel_updates_coalesced", coalesced as f64));
+        if let Ok(mut h) = self.figures.tick_times.lock() {
+            for (q, label) in [(0.5, "0.5"), (0.99, "0.99"), (1.0, "1")] {
+                let seconds = h.value_at_quantile(q) as f64 / 1e6;
+                out.push(Gauge::new("channel_tick_duration_seconds", seconds).label("quantile", label));
+            }
+            // Each scrape reports the ticks since the previous one.
+            h.reset();
+        }
+        out
+    }
+}
