@@ -30,6 +30,8 @@ struct Cli {
 enum Command {
     /// Run the real-time gateway.
     Gateway(GatewayArgs),
+    /// See it all work: a gateway, a simulated game server and bots, with a live summary.
+    Demo(DemoArgs),
     /// Re-run a reference benchmark against tickwire.
     Bench {
         #[command(subcommand)]
@@ -73,6 +75,25 @@ struct GatewayArgs {
     handoff_dir: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Simulated players.
+    #[arg(long, default_value_t = 50)]
+    bots: usize,
+    /// Stop after this long (default: run until Ctrl-C).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Gateway TCP address (clients can connect to it while the demo runs).
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    tcp: String,
+    /// Gateway WebSocket address.
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    ws: String,
+    /// Prometheus endpoint (`off` to disable).
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    metrics: String,
+}
+
 #[derive(Subcommand)]
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
@@ -91,6 +112,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Gateway(_) => "info",
+        Command::Demo(_) => "warn",
         Command::Bench { .. } => "warn",
     };
     tracing_subscriber::fmt()
@@ -109,6 +131,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Gateway(args) => gateway(args).await,
+            Command::Demo(args) => demo(args).await,
             Command::Bench { bench: Bench::Pingpong(args) } => {
                 tickwire_bench::pingpong::run(*args).await.map(|_| ())
             }
@@ -172,6 +195,26 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         tracing::warn!("some sessions did not close within {}", humantime::format_duration(SHUTDOWN_GRACE));
     }
     Ok(())
+}
+
+async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let mut overrides = vec![
+        format!("listen.tcp={}", toml_list(&[args.tcp])),
+        format!("listen.ws={}", toml_list(&[args.ws])),
+    ];
+    if args.metrics != "off" {
+        overrides.push(format!("metrics.listen=\"{}\"", args.metrics));
+    }
+    let config = GatewayConfig::load(None, &overrides).context("demo configuration")?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runtimes = tickwire_transport::io_threads(cores, "tickwire-io")?;
+    let opts = tickwire_bench::sim::demo::DemoOptions {
+        bots: args.bots,
+        duration: args.duration,
+        config,
+        print: true,
+    };
+    tickwire_bench::sim::demo::run(opts, &runtimes).await.map(drop)
 }
 
 pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {

@@ -2,9 +2,13 @@
 //! `tickwire bench replication` and `tickwire demo`: an authoritative character simulation at a
 //! fixed 30 frames per second, and the bots that drive the characters.
 //!
-//! Pure logic with injected randomness, so that both sides can be tested without a network.
+//! `world` and `bot` are pure logic with injected randomness, tested without a network;
+//! `server` and `bots` put them on the wire as a game server and its clients.
 
 mod bot;
+pub mod bots;
+pub mod demo;
+pub mod server;
 mod world;
 
 pub use bot::Bot;

@@ -63,6 +63,20 @@ impl Replica {
         to_value(&self.root)
     }
 
+    /// The value at `path`, if the replica has it (cheaper than `value()` for one field).
+    pub fn get(&self, path: &[crate::Step<'_>]) -> Option<Value> {
+        let mut node = &self.root;
+        for step in path {
+            node = match (node, step) {
+                (RNode::Struct(fields), crate::Step::Field(i)) => fields.get(*i as usize)?,
+                (RNode::List(items), crate::Step::Index(i)) => items.get(*i as usize)?,
+                (RNode::Map(map), crate::Step::Key(k)) => map.entries.get(*k)?,
+                _ => return None,
+            };
+        }
+        Some(to_value(node))
+    }
+
     /// Applies one binary update (header and patches). On error the replica may be partly
     /// updated; it then accepts only a snapshot.
     pub fn apply(&mut self, update: &[u8]) -> Result<Version, DecodeError> {

@@ -1,0 +1,155 @@
+//! The simulated game server: owns the global channel, simulates one character per client at
+//! a fixed 30 frames per second, and publishes every character's transform as a patch.
+//!
+//! Clients send their input as `channel.send` messages to the owner; the first input of a
+//! player spawns its character.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use bytes::Bytes;
+use prost::Message;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
+use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_wire::proto::{ChannelMessage, ChannelType, CreateChannel, CreateChannelResult, UpdateChannel};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::world::{Arena, Character, FPS, Input};
+
+/// The global channel's schema: a publish timestamp, the frame number, and the characters.
+pub const SCHEMA: &str = r#"{"fields": [
+    {"name": "ts_us", "type": "int"},
+    {"name": "frame", "type": "int"},
+    {"name": "characters", "player_keyed": true, "type": {"map": {"key": "string", "value": {"struct": [
+        {"name": "pos", "type": {"quantized_vec3": {"min": -110.0, "max": 110.0, "precision": 0.01}}},
+        {"name": "yaw", "type": {"quantized_float": {"min": 0.0, "max": 6.2832, "precision": 0.001}}},
+        {"name": "blocked", "type": "bool"}
+    ]}}}}
+]}"#;
+
+/// Field indexes of SCHEMA, for readers.
+pub const TS_FIELD: usize = 0;
+pub const CHARACTERS_FIELD: usize = 2;
+
+/// What a client sends its character's server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InputMessage {
+    pub player: String,
+    pub forward: bool,
+    pub yaw: f32,
+    pub jump: bool,
+}
+
+/// Frames simulated and published so far; the demo and the bench derive frames per second.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub frames: AtomicU64,
+    pub characters: AtomicU64,
+}
+
+/// Microseconds since the Unix epoch: the clock both the server and the bots read.
+pub fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+pub struct GameServer {
+    client: Arc<Client>,
+    pub channel_id: u64,
+    pub stats: Arc<ServerStats>,
+}
+
+impl GameServer {
+    /// Connects to the gateway and creates the global channel.
+    pub async fn connect(target: Target) -> anyhow::Result<GameServer> {
+        let mut opts = ConnectOptions::new(target);
+        opts.token = "game-server".into();
+        opts.client_name = "tickwire-sim-server".into();
+        let client = Client::connect(opts).await.context("connecting the game server")?;
+        let create = CreateChannel {
+            r#type: ChannelType::Global as i32,
+            name: "world".into(),
+            schema_json: SCHEMA.into(),
+        };
+        let body = client
+            .call("channel.create", create.encode_to_vec().into())
+            .await
+            .context("creating the channel")?;
+        let channel_id = CreateChannelResult::decode(body)?.channel_id;
+        Ok(GameServer { client: Arc::new(client), channel_id, stats: Arc::default() })
+    }
+
+    /// Runs the simulation until `stop`.
+    pub async fn run(self, seed: u64, stop: CancellationToken) -> anyhow::Result<()> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let arena = Arena::generate(&mut rng, 60);
+        let (inputs_tx, mut inputs) = mpsc::channel::<InputMessage>(4096);
+        let reader = self.client.clone();
+        let reading = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let push = tokio::select! {
+                    () = reading.cancelled() => return,
+                    push = reader.next_push() => push,
+                };
+                let Some(push) = push else { return };
+                if push.topic != "channel.message" {
+                    continue;
+                }
+                let Ok(msg) = ChannelMessage::decode(push.body) else { continue };
+                if let Ok(input) = serde_json::from_slice::<InputMessage>(&msg.body) {
+                    // Inputs are rare (a few per client per second); if the queue is full the
+                    // frame loop is far behind and dropping one is harmless.
+                    let _ = inputs_tx.try_send(input);
+                }
+            }
+        });
+
+        let dt = 1.0 / FPS as f32;
+        let mut characters: HashMap<String, Character> = HashMap::new();
+        let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
+        frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut frame: u64 = 0;
+        let mut patch = String::new();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                _ = frame_timer.tick() => {}
+            }
+            while let Ok(input) = inputs.try_recv() {
+                let c = characters
+                    .entry(input.player.clone())
+                    .or_insert_with(|| Character::new(arena.spawn(&mut rng), input.yaw));
+                c.apply(Input { forward: input.forward, yaw: input.yaw, jump: input.jump });
+            }
+            frame += 1;
+            patch.clear();
+            patch.push_str(&format!("{{\"op\":\"set\",\"path\":\"/ts_us\",\"value\":{}}}\n", now_us()));
+            patch.push_str(&format!("{{\"op\":\"set\",\"path\":\"/frame\",\"value\":{frame}}}\n"));
+            for (player, c) in characters.iter_mut() {
+                let before = (c.pos, c.yaw, c.blocked);
+                c.step(&arena, dt);
+                if (c.pos, c.yaw, c.blocked) != before || frame == 1 {
+                    let escaped = player.replace('~', "~0").replace('/', "~1");
+                    let key = serde_json::to_string(&format!("/characters/{escaped}")).expect("a string");
+                    patch.push_str(&format!(
+                        "{{\"op\":\"set\",\"path\":{key},\"value\":{{\"pos\":[{},{},{}],\"yaw\":{},\"blocked\":{}}}}}\n",
+                        c.pos[0], c.pos[1], c.pos[2], c.yaw, c.blocked
+                    ));
+                }
+            }
+            let update = UpdateChannel { channel_id: self.channel_id, patch: Bytes::from(patch.clone()) };
+            self.client
+                .call("channel.update", update.encode_to_vec().into())
+                .await
+                .context("publishing a frame")?;
+            self.stats.frames.store(frame, Ordering::Relaxed);
+            self.stats.characters.store(characters.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
