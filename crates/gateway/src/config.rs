@@ -262,6 +262,15 @@ mod tests {
     }
 
     #[test]
+    fn the_sample_config_is_the_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/tickwire.toml");
+        let sample = GatewayConfig::load(Some(Path::new(path)), &[]).unwrap();
+        let defaults = GatewayConfig::default();
+        assert_eq!(toml::to_string(&sample).unwrap(), toml::to_string(&defaults).unwrap());
+        assert_eq!(sample.channels.private.preset, crate::channel::Preset::Lofi);
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_errors() {
         assert!(GatewayConfig::load(None, &["session.hartbeat=1s".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=soon".into()]).is_err());
