@@ -7,6 +7,7 @@
 pub mod machine;
 pub mod pingpong;
 mod plot;
+pub mod replication;
 pub mod server;
 pub mod sim;
 pub mod sync;

@@ -1,4 +1,4 @@
-//! SVG plots of a bench report, drawn with plotters.
+//! SVG charts of bench reports, drawn with plotters.
 
 use std::path::Path;
 
@@ -9,18 +9,19 @@ use crate::pingpong::Report;
 
 /// Writes `pingpong-rtt.svg` and `pingpong-cpu.svg`: p99 RTT and server CPU against clients.
 pub(crate) fn pingpong(dir: &Path, report: &Report) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let series = |f: fn(&crate::pingpong::Step) -> f64| -> Vec<(f64, f64)> {
         report.steps.iter().map(|s| (s.clients as f64, f(s))).collect()
     };
     line_chart(
-        &dir.join("pingpong-rtt.svg"),
+        dir,
+        "pingpong-rtt.svg",
         "p99 RTT (ms) vs clients",
         &series(|s| s.rtt_ms.p99),
         &report.machine.line(),
     )?;
     line_chart(
-        &dir.join("pingpong-cpu.svg"),
+        dir,
+        "pingpong-cpu.svg",
         "gateway CPU (% of one core) vs clients",
         &series(|s| s.server_cpu_pct.unwrap_or(0.0)),
         &report.machine.line(),
@@ -28,8 +29,17 @@ pub(crate) fn pingpong(dir: &Path, report: &Report) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn line_chart(path: &Path, title: &str, points: &[(f64, f64)], machine: &str) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+/// One SVG line chart of `points` (x = clients) written to `dir/file`.
+pub(crate) fn line_chart(
+    dir: &Path,
+    file: &str,
+    title: &str,
+    points: &[(f64, f64)],
+    machine: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(file);
+    let root = SVGBackend::new(&path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let max_x = points.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
     let max_y = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.15;

@@ -98,6 +98,8 @@ struct DemoArgs {
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
     Pingpong(Box<tickwire_bench::pingpong::PingPongArgs>),
+    /// B3: channel replication with a simulated game server and clients (the channeld report).
+    Replication(tickwire_bench::replication::ReplicationArgs),
     /// B2: state-sync cost per room tick and rooms per machine (the SwiftStateTree report).
     Sync(tickwire_bench::sync::SyncArgs),
     /// Internal: one load-generator process of a large pingpong run.
@@ -137,6 +139,9 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Bench { bench: Bench::PingpongWorker { spec } } => {
                 tickwire_bench::pingpong::worker_main(&spec).await
+            }
+            Command::Bench { bench: Bench::Replication(args) } => {
+                tickwire_bench::replication::run(args).await.map(|_| ())
             }
             Command::Bench { bench: Bench::Sync(_) } => unreachable!("handled before the runtime starts"),
         }

@@ -12,12 +12,12 @@ use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tickwire_client::{Client, ConnectOptions, Target};
-use tickwire_state::{Key, Replica, Schema, SchemaDef, Step, Value};
-use tickwire_wire::proto::{ChannelSend, ChannelUpdate, Subscribe, SubscriptionOptions};
+use tickwire_state::{Replica, Schema, SchemaDef, Step, Value};
+use tickwire_wire::proto::{ChannelMessage, ChannelSend, ChannelUpdate, Subscribe, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::server::{CHARACTERS_FIELD, InputMessage, SCHEMA, TS_FIELD, now_us};
+use super::server::{BLOCKED, InputMessage, SCHEMA, TS_FIELD, now_us};
 use super::world::Input;
 
 /// What every bot adds to. Per-bot update counters give each client's own fan-out rate.
@@ -50,11 +50,21 @@ impl BotStats {
     }
 }
 
+/// How much a bot does with the updates it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BotMode {
+    /// Apply every update to a replica of the world (checks every byte; costs CPU).
+    Replica,
+    /// Count updates and read their timestamp only, as the B3 clients do.
+    Count,
+}
+
 /// Runs bot `index` until `stop`.
 pub async fn run_bot(
     target: Target,
     index: usize,
     channel_id: u64,
+    mode: BotMode,
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -75,7 +85,6 @@ pub async fn run_bot(
 
     let mut bot =
         Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU);
-    let me = Key::str(&player);
     send_input(&client, channel_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
@@ -89,27 +98,38 @@ pub async fn run_bot(
             }
             push = client.next_push() => {
                 let Some(push) = push else { break Err(anyhow::anyhow!("{player}: the session ended")) };
+                if push.topic == "channel.message" {
+                    // The server says our character hit something: turn around.
+                    if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
+                        && let Some(input) = bot.observe(true, bot.yaw())
+                    {
+                        send_input(&client, channel_id, &player, input).await?;
+                    }
+                    continue;
+                }
                 if push.topic != "channel.update" {
                     continue;
                 }
                 let Ok(update) = ChannelUpdate::decode(push.body) else { continue };
                 stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
-                if replica.apply(&update.update).is_err() {
-                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
+                let ts = match mode {
+                    BotMode::Replica => {
+                        if replica.apply(&update.update).is_err() {
+                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        match replica.get(&[Step::Field(TS_FIELD as u16)]) {
+                            Some(Value::Int(ts)) => Some(ts),
+                            _ => None,
+                        }
+                    }
+                    BotMode::Count => peek_ts(&update.update),
+                };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if let Some(Value::Int(ts)) = replica.get(&[Step::Field(TS_FIELD as u16)])
+                if let Some(ts) = ts
                     && let Ok(mut h) = stats.latency_us.lock()
                 {
                     let _ = h.record((now_us() - ts).max(1) as u64);
-                }
-                let own = replica.get(&[Step::Field(CHARACTERS_FIELD as u16), Step::Key(&me)]);
-                if let Some(Value::Struct(fields)) = own
-                    && let (Value::Float(yaw), Value::Bool(blocked)) = (&fields[1], &fields[2])
-                    && let Some(input) = bot.observe(*blocked, *yaw as f32)
-                {
-                    send_input(&client, channel_id, &player, input).await?;
                 }
             }
         }
@@ -119,6 +139,21 @@ pub async fn run_bot(
     result
 }
 
+/// The publish timestamp of an update without decoding the rest: the header (kind, from, to),
+/// then the root patch's first op, which is field 0 (`ts_us`) SET whenever it changed, since
+/// the ops of a struct patch come in field order (docs/protocol.md 12.2).
+fn peek_ts(update: &[u8]) -> Option<i64> {
+    let mut buf = update.get(1..)?;
+    prost::encoding::decode_varint(&mut buf).ok()?;
+    prost::encoding::decode_varint(&mut buf).ok()?;
+    let tag = prost::encoding::decode_varint(&mut buf).ok()?;
+    if tag != 1 {
+        return None;
+    }
+    let z = prost::encoding::decode_varint(&mut buf).ok()?;
+    Some(((z >> 1) as i64) ^ -((z & 1) as i64))
+}
+
 async fn send_input(client: &Client, channel_id: u64, player: &str, input: Input) -> anyhow::Result<()> {
     let msg =
         InputMessage { player: player.to_owned(), forward: input.forward, yaw: input.yaw, jump: input.jump };
@@ -126,4 +161,25 @@ async fn send_input(client: &Client, channel_id: u64, player: &str, input: Input
         ChannelSend { channel_id, to_connection: 0, broadcast: 0, body: serde_json::to_vec(&msg)?.into() };
     client.call("channel.send", send.encode_to_vec().into()).await.context("sending input")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tickwire_state::{Codec, State};
+
+    #[test]
+    fn peek_ts_reads_the_timestamp_the_replica_sees() {
+        let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json").unwrap()).unwrap();
+        let mut state = State::new(schema);
+        for ts in [0i64, 1, 1_700_000_000_000_000, -5] {
+            state.set(&[Step::Field(TS_FIELD as u16)], Value::Int(ts)).unwrap();
+            let v = state.seal();
+            let update =
+                state.prepare(v - 1, Codec::Binary).unwrap().update_for(&state, &"p".into(), false).unwrap();
+            assert_eq!(peek_ts(&update.to_vec()), Some(ts), "{ts}");
+        }
+        assert_eq!(peek_ts(&[]), None);
+        assert_eq!(peek_ts(&[1, 0]), None);
+    }
 }

@@ -12,7 +12,7 @@ use tickwire_gateway::{Gateway, GatewayConfig};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use super::bots::{BotStats, run_bot};
+use super::bots::{BotMode, BotStats, run_bot};
 use super::server::GameServer;
 
 #[derive(Debug, Clone)]
@@ -65,7 +65,14 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
     let mut bots = Vec::with_capacity(opts.bots);
     for i in 0..opts.bots {
         let runtime = &runtimes[i % runtimes.len()];
-        bots.push(runtime.spawn(run_bot(Target::Tcp(addr), i, channel_id, stats.clone(), stop.clone())));
+        bots.push(runtime.spawn(run_bot(
+            Target::Tcp(addr),
+            i,
+            channel_id,
+            BotMode::Replica,
+            stats.clone(),
+            stop.clone(),
+        )));
     }
 
     let started = Instant::now();

@@ -2,7 +2,8 @@
 //! a fixed 30 frames per second, and publishes every character's transform as a patch.
 //!
 //! Clients send their input as `channel.send` messages to the owner; the first input of a
-//! player spawns its character.
+//! player spawns its character. When a character hits a wall or an obstacle, the server tells
+//! its player with a `channel.send` to that player's connection.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 use tickwire_client::{Client, ConnectOptions, Target};
-use tickwire_wire::proto::{ChannelMessage, ChannelType, CreateChannel, CreateChannelResult, UpdateChannel};
+use tickwire_wire::proto::{
+    ChannelMessage, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, UpdateChannel,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +35,9 @@ pub const SCHEMA: &str = r#"{"fields": [
         {"name": "blocked", "type": "bool"}
     ]}}}}
 ]}"#;
+
+/// The message the server sends a player whose character hit something.
+pub const BLOCKED: &[u8] = b"blocked";
 
 /// Field indexes of SCHEMA, for readers.
 pub const TS_FIELD: usize = 0;
@@ -88,7 +94,7 @@ impl GameServer {
     pub async fn run(self, seed: u64, stop: CancellationToken) -> anyhow::Result<()> {
         let mut rng = SmallRng::seed_from_u64(seed);
         let arena = Arena::generate(&mut rng, 60);
-        let (inputs_tx, mut inputs) = mpsc::channel::<InputMessage>(4096);
+        let (inputs_tx, mut inputs) = mpsc::channel::<(u64, InputMessage)>(4096);
         let reader = self.client.clone();
         let reading = stop.clone();
         tokio::spawn(async move {
@@ -105,13 +111,16 @@ impl GameServer {
                 if let Ok(input) = serde_json::from_slice::<InputMessage>(&msg.body) {
                     // Inputs are rare (a few per client per second); if the queue is full the
                     // frame loop is far behind and dropping one is harmless.
-                    let _ = inputs_tx.try_send(input);
+                    let _ = inputs_tx.try_send((msg.from_connection, input));
                 }
             }
         });
 
         let dt = 1.0 / FPS as f32;
         let mut characters: HashMap<String, Character> = HashMap::new();
+        // Each character's player connection, to tell it when it hits something.
+        let mut connections: HashMap<String, u64> = HashMap::new();
+        let mut hits = Vec::new();
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
         frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut frame: u64 = 0;
@@ -121,7 +130,8 @@ impl GameServer {
                 () = stop.cancelled() => return Ok(()),
                 _ = frame_timer.tick() => {}
             }
-            while let Ok(input) = inputs.try_recv() {
+            while let Ok((conn, input)) = inputs.try_recv() {
+                connections.insert(input.player.clone(), conn);
                 let c = characters
                     .entry(input.player.clone())
                     .or_insert_with(|| Character::new(arena.spawn(&mut rng), input.yaw));
@@ -134,6 +144,9 @@ impl GameServer {
             for (player, c) in characters.iter_mut() {
                 let before = (c.pos, c.yaw, c.blocked);
                 c.step(&arena, dt);
+                if c.blocked && !before.2 {
+                    hits.push(player.clone());
+                }
                 if (c.pos, c.yaw, c.blocked) != before || frame == 1 {
                     let escaped = player.replace('~', "~0").replace('/', "~1");
                     let key = serde_json::to_string(&format!("/characters/{escaped}")).expect("a string");
@@ -148,6 +161,19 @@ impl GameServer {
                 .call("channel.update", update.encode_to_vec().into())
                 .await
                 .context("publishing a frame")?;
+            // Tell each player whose character just hit a wall or an obstacle (server to client).
+            for player in hits.drain(..) {
+                if let Some(&to_connection) = connections.get(&player) {
+                    let send = ChannelSend {
+                        channel_id: self.channel_id,
+                        to_connection,
+                        broadcast: 0,
+                        body: Bytes::from_static(BLOCKED),
+                    };
+                    // The player may have left; that is not the server's problem.
+                    let _ = self.client.call("channel.send", send.encode_to_vec().into()).await;
+                }
+            }
             self.stats.frames.store(frame, Ordering::Relaxed);
             self.stats.characters.store(characters.len() as u64, Ordering::Relaxed);
         }

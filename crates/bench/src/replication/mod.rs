@@ -1,0 +1,228 @@
+//! `tickwire bench replication`: workload B3, the channeld replication report, re-run on
+//! tickwire. Scenario `single`: one game server owns the global channel and simulates one
+//! character per client at 30 fps; clients join in steps, each subscribing at the `hifi` 50 Hz
+//! fan-out, and every second the bench samples the gateway (a child process, so its CPU and
+//! memory are its own), the server and the clients.
+
+mod report;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use tickwire_client::Target;
+use tokio_util::sync::CancellationToken;
+
+use crate::machine::{Machine, ProcSample};
+use crate::server::ChildGateway;
+use crate::sim::bots::{BotMode, BotStats, run_bot};
+use crate::sim::server::GameServer;
+pub use report::{ReplicationReport, Step};
+
+fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// One game server, one global channel, every client at 50 Hz.
+    Single,
+}
+
+/// Flags of `tickwire bench replication`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplicationArgs {
+    #[arg(long, value_enum, default_value_t = Scenario::Single)]
+    pub scenario: Scenario,
+    /// Clients at each step, ascending.
+    #[arg(long, value_delimiter = ',', default_value = "50,100,150,200")]
+    pub clients: Vec<usize>,
+    /// A new client joins every RAMP.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    pub ramp: Duration,
+    /// How long each step is held and sampled (once per second).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub step_hold: Duration,
+    /// Keep ramping after a step that does not hold.
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write SVG charts into this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// The gateway's `/metrics`, parsed to `name{labels} value` pairs.
+struct Scrape(Vec<(String, f64)>);
+
+impl Scrape {
+    fn fetch(addr: SocketAddr) -> anyhow::Result<Scrape> {
+        let text = ureq::get(&format!("http://{addr}/metrics"))
+            .timeout(Duration::from_secs(2))
+            .call()
+            .context("scraping the gateway's /metrics")?
+            .into_string()?;
+        let pairs = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter_map(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
+            .collect();
+        Ok(Scrape(pairs))
+    }
+
+    fn get(&self, series: &str) -> f64 {
+        self.0.iter().find(|(k, _)| k == series).map_or(0.0, |(_, v)| *v)
+    }
+}
+
+/// Runs `tickwire bench replication`.
+pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
+    let machine = Machine::detect();
+    let metrics_addr = {
+        // A free port for the child's metrics endpoint.
+        let probe = TcpListener::bind("127.0.0.1:0")?;
+        probe.local_addr()?
+    };
+    let gateway = ChildGateway::start(&[format!("metrics.listen=\"{metrics_addr}\"")], 1)?;
+    let target = Target::Tcp(gateway.tcp);
+    let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
+    let stop = CancellationToken::new();
+    let server = GameServer::connect(target.clone()).await?;
+    let channel_id = server.channel_id;
+    let server_stats = server.stats.clone();
+    let server_task = runtimes[0].spawn(server.run(7, stop.clone()));
+    let bot_stats = Arc::new(BotStats::default());
+    let mut bots = Vec::new();
+
+    println!("machine: {}", machine.line());
+    report::print_header();
+    let mut steps = Vec::new();
+    for &clients in &args.clients {
+        while bots.len() < clients {
+            let i = bots.len();
+            let runtime = &runtimes[i % runtimes.len()];
+            bots.push(runtime.spawn(run_bot(
+                target.clone(),
+                i,
+                channel_id,
+                BotMode::Count,
+                bot_stats.clone(),
+                stop.clone(),
+            )));
+            tokio::time::sleep(args.ramp).await;
+        }
+        // Let the last joiners get their snapshot before measuring.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let step = hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats).await?;
+        report::print_row(&step);
+        let held = step.held;
+        steps.push(step);
+        if !held && !args.keep_going {
+            break;
+        }
+    }
+    stop.cancel();
+    for bot in bots {
+        let _ = bot.await;
+    }
+    let _ = server_task.await;
+    drop(gateway);
+
+    let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
+    let report = ReplicationReport { machine, scenario: "single".into(), max_held_clients, steps };
+    println!("max held: {max_held_clients} clients (50 Hz channel tick, every server frame to every client)");
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(dir) = &args.plot {
+        report::plot(dir, &report)?;
+    }
+    Ok(report)
+}
+
+/// Holds one step for `--step-hold`, sampling every second, and sums it up.
+async fn hold(
+    args: &ReplicationArgs,
+    clients: usize,
+    metrics_addr: SocketAddr,
+    gateway_pid: u32,
+    bots: &BotStats,
+    server: &crate::sim::server::ServerStats,
+) -> anyhow::Result<Step> {
+    let scrape = || tokio::task::spawn_blocking(move || Scrape::fetch(metrics_addr));
+    let first = scrape().await??;
+    let cpu0 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
+    let frames0 = server.frames.load(Ordering::Relaxed);
+    let mut last_counts = bots.updates_per_bot();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    if let Ok(mut h) = bots.latency_us.lock() {
+        h.reset();
+    }
+    let (mut rates, mut tick_p50, mut tick_p99, mut tick_max) = (Vec::new(), 0.0f64, 0.0f64, 0.0f64);
+    let started = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let mut last_at = Instant::now();
+    while started.elapsed() < args.step_hold {
+        ticker.tick().await;
+        let dt = last_at.elapsed().as_secs_f64();
+        last_at = Instant::now();
+        let counts = bots.updates_per_bot();
+        rates.extend(
+            counts
+                .iter()
+                .zip(last_counts.iter().chain(std::iter::repeat(&0)))
+                .map(|(n, l)| (n - l) as f64 / dt),
+        );
+        last_counts = counts;
+        if let Ok(mut h) = bots.latency_us.lock() {
+            latency.add(&*h)?;
+            h.reset();
+        }
+        // Tick quantiles cover the ticks since the previous scrape, so each sample is one second.
+        let s = scrape().await??;
+        tick_p50 = tick_p50.max(s.get("channel_tick_duration_seconds{quantile=\"0.5\"}"));
+        tick_p99 = tick_p99.max(s.get("channel_tick_duration_seconds{quantile=\"0.99\"}"));
+        tick_max = tick_max.max(s.get("channel_tick_duration_seconds{quantile=\"1\"}"));
+    }
+    let last = scrape().await??;
+    let cpu1 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let server_fps = (server.frames.load(Ordering::Relaxed) - frames0) as f64 / seconds;
+    rates.sort_by(f64::total_cmp);
+    let fanout_mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+    let fanout_p5 = rates.get(rates.len() / 20).copied().unwrap_or(0.0);
+    let per_s = |name: &str| (last.get(name) - first.get(name)) / seconds;
+    let tick_interval_ms = 20.0;
+    // Every server frame changes every character, so a client can get at most one update per
+    // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
+    let held =
+        fanout_p5 >= 0.95 * server_fps && tick_p99 * 1e3 <= tick_interval_ms && server_fps >= 0.95 * 30.0;
+    Ok(Step {
+        clients,
+        connected: bots.connected.load(Ordering::Relaxed) as usize,
+        held,
+        fanout_hz: report::Rate { mean: fanout_mean, p5: fanout_p5 },
+        latency_ms: report::Latency {
+            p50: latency.value_at_quantile(0.5) as f64 / 1e3,
+            p99: latency.value_at_quantile(0.99) as f64 / 1e3,
+        },
+        tick_ms: report::Tick { p50: tick_p50 * 1e3, p99: tick_p99 * 1e3, max: tick_max * 1e3 },
+        gateway_cpu_pct: cpu1.cpu_pct_since(&cpu0),
+        gateway_rss_bytes: cpu1.rss_bytes,
+        msgs_in_per_s: per_s("messages_in"),
+        msgs_out_per_s: per_s("messages_out"),
+        bytes_in_per_s: per_s("bytes_in"),
+        bytes_out_per_s: per_s("bytes_out"),
+        server_fps,
+        decode_errors: bots.decode_errors.load(Ordering::Relaxed),
+    })
+}
