@@ -63,8 +63,18 @@ impl SessionHandle {
         )
     }
 
+    /// [`SessionHandle::offer`] for a message already encoded with [`push_envelope`], so that
+    /// one encoding can go to many sessions.
+    pub(crate) fn offer_envelope(&self, envelope: Bytes) -> Result<(), PushError> {
+        self.enqueue(envelope, false)
+    }
+
     fn queue(&self, envelope: Envelope, full_is_slow: bool) -> Result<(), PushError> {
-        self.outbox.try_send(encode_message(&envelope)).map_err(|e| match e {
+        self.enqueue(encode_message(&envelope), full_is_slow)
+    }
+
+    fn enqueue(&self, encoded: Bytes, full_is_slow: bool) -> Result<(), PushError> {
+        self.outbox.try_send(encoded).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 if full_is_slow {
                     self.slow.store(true, Ordering::Relaxed);
@@ -83,6 +93,11 @@ impl SessionHandle {
             true,
         )
     }
+}
+
+/// A Push envelope, encoded once (for [`SessionHandle::offer_envelope`]).
+pub(crate) fn push_envelope(topic: &str, body: Bytes) -> Bytes {
+    encode_message(&Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) })
 }
 
 /// Application logic behind the gateway. Called on the session's own task, so a slow router

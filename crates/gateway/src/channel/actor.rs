@@ -23,7 +23,7 @@ use tickwire_wire::proto::{
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::router::{PushError, SessionHandle, error_response};
+use crate::router::{PushError, SessionHandle, error_response, push_envelope};
 
 /// Figures every channel adds to, read by the metrics endpoint.
 pub(crate) struct Figures {
@@ -310,6 +310,7 @@ impl Channel {
         let to = self.state.seal();
         let Channel { id, state, subscribers, cache, figures, .. } = self;
         let mut gone = Vec::new();
+        let mut encoded: HashMap<(Version, i32), Bytes> = HashMap::new();
         for (conn_id, sub) in subscribers.iter_mut() {
             if sub.options.access() == DataAccess::None || now < sub.next_due {
                 continue;
@@ -343,9 +344,21 @@ impl Channel {
             if sub.joined && !update.has_changes() {
                 continue;
             }
-            let body =
-                ChannelUpdate { channel_id: *id, codec: sub.options.codec, update: update.to_vec().into() };
-            match sub.handle.offer("channel.update", body.encode_to_vec().into()) {
+            // Subscribers at the same version with nothing of their own (no private segment, no
+            // skipped entry) get the very same message: encode it once, share the bytes.
+            let shared = update.segments.len() == 2;
+            let envelope = match shared.then(|| encoded.get(&(from, sub.options.codec))).flatten() {
+                Some(bytes) => bytes.clone(),
+                None => {
+                    let body = ChannelUpdate { channel_id: *id, codec: sub.options.codec, update: update.to_vec().into() };
+                    let bytes = push_envelope("channel.update", body.encode_to_vec().into());
+                    if shared {
+                        encoded.insert((from, sub.options.codec), bytes.clone());
+                    }
+                    bytes
+                }
+            };
+            match sub.handle.offer_envelope(envelope) {
                 Ok(()) => {
                     sub.last = version;
                     sub.joined = true;
