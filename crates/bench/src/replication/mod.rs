@@ -224,5 +224,7 @@ async fn hold(
         bytes_out_per_s: per_s("bytes_out"),
         server_fps,
         decode_errors: bots.decode_errors.load(Ordering::Relaxed),
+        gateway_connections: last.get("connection_num") as u64,
+        gateway_channels: last.get("channel_num") as u64,
     })
 }

@@ -47,6 +47,9 @@ pub struct Step {
     pub server_fps: f64,
     /// Updates a client replica could not apply (0 unless something is broken).
     pub decode_errors: u64,
+    /// Connections (clients and the game server) and channels, from the gateway's metrics.
+    pub gateway_connections: u64,
+    pub gateway_channels: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
