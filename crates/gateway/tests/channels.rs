@@ -229,10 +229,18 @@ async fn messages_route_between_clients_and_the_owner() {
         Status::PermissionDenied
     );
 
-    // The owner leaving is announced; the subworld channel is kept.
+    // The owner leaving is announced; the subworld channel is kept, and another server can take
+    // it over (once).
     server.close().await;
     let event = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
     assert_eq!(event.kind(), ChannelEventKind::OwnerLost);
+    let successor = client(&gw, "game-server-2").await;
+    let claim = ChannelRef { channel_id: ch }.encode_to_vec();
+    successor.call("channel.claim", claim.clone().into()).await.unwrap();
+    let event = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
+    assert_eq!(event.kind(), ChannelEventKind::OwnerRecovered);
+    assert_eq!(status(bob.call("channel.claim", claim.into()).await), Status::AlreadyExists);
+    update(&successor, ch, r#"{"op":"set","path":"/round","value":7}"#).await.unwrap();
     assert!(gw.shutdown(WAIT).await);
 }
 
@@ -301,4 +309,45 @@ async fn futures_join(gw: &RunningGateway, ch: u64) -> Vec<Client> {
         out.push(c);
     }
     out
+}
+
+#[tokio::test]
+async fn field_filters_and_option_changes_take_effect_at_the_next_fan_out() {
+    let gw = common::start(&[]).await;
+    let server = client(&gw, "game-server").await;
+    let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
+    update(
+        &server,
+        ch,
+        r#"{"op":"set","path":"/round","value":3}
+        {"op":"set","path":"/players/alice","value":{"hp":10}}"#,
+    )
+    .await
+    .unwrap();
+    let alice = client(&gw, "alice").await;
+    let only_round = SubscriptionOptions { fields: vec!["round".into()], ..Default::default() };
+    subscribe(&alice, ch, only_round).await.unwrap();
+    let mut replica = Replica::new(schema());
+    replica.apply(&ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap().update).unwrap();
+    let Value::Struct(fields) = replica.value() else { panic!("a struct") };
+    assert_eq!(fields[0], Value::Int(3));
+    assert_eq!(fields[1], Value::Map(Default::default()), "players are filtered out");
+
+    // Dropping the filter: the next update is a snapshot with everything.
+    subscribe(&alice, ch, SubscriptionOptions::default()).await.unwrap();
+    update(&server, ch, r#"{"op":"set","path":"/round","value":4}"#).await.unwrap();
+    let fields = loop {
+        // The snapshot may come before or after round 4; read until round 4 is in.
+        replica.apply(&ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap().update).unwrap();
+        let Value::Struct(fields) = replica.value() else { panic!("a struct") };
+        if fields[0] == Value::Int(4) {
+            break fields;
+        }
+    };
+    let Value::Map(players) = &fields[1] else { panic!("a map") };
+    assert_eq!(players.len(), 1, "the snapshot after the change holds the players");
+
+    let unknown = SubscriptionOptions { fields: vec!["nope".into()], ..Default::default() };
+    assert_eq!(status(subscribe(&alice, ch, unknown).await), Status::InvalidArgument);
+    assert!(gw.shutdown(WAIT).await);
 }

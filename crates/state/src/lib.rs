@@ -58,7 +58,7 @@ pub use error::{DecodeError, SchemaError, StateError};
 pub use json_value::PathBuf;
 pub use patch::{MAX_PATCH_OPS, Patch, PatchError, PatchOp};
 pub use replica::Replica;
-pub use schema::{Field, Filter, KeyKind, Policy, Schema, SchemaDef, Type};
+pub use schema::{Field, FieldMask, Filter, KeyKind, Policy, Schema, SchemaDef, Type};
 pub use state::{Limits, State, Step};
 pub use sync::{Codec, Prepared, PreparedCache, Update};
 pub use tree::Version;

@@ -144,6 +144,29 @@ impl SchemaDef {
     }
 }
 
+/// The root fields one subscriber receives: a field filter. Fields left out stay at their
+/// defaults in its replica.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FieldMask(Vec<bool>);
+
+impl FieldMask {
+    /// The mask of the named root fields.
+    pub fn from_names<S: AsRef<str>>(schema: &Schema, names: &[S]) -> Result<FieldMask, SchemaError> {
+        let mut bits = vec![false; schema.fields(ROOT).len()];
+        for name in names {
+            let i = schema
+                .field(name.as_ref())
+                .ok_or_else(|| SchemaError::BadFieldName(format!("/{}", name.as_ref())))?;
+            bits[i as usize] = true;
+        }
+        Ok(FieldMask(bits))
+    }
+
+    pub fn contains(&self, index: usize) -> bool {
+        self.0.get(index).copied().unwrap_or(false)
+    }
+}
+
 /// A custom sync filter: what `player` may see of `value`, or nothing.
 pub type Filter = Arc<dyn Fn(&Key, &Value) -> Option<Value> + Send + Sync>;
 

@@ -25,7 +25,7 @@ use crate::encode::json::Json;
 use crate::encode::walk::{self, EntryChange, PrivateItem};
 use crate::encode::{Emit, Mode, PathStep, through_own};
 use crate::error::StateError;
-use crate::schema::{FieldNode, Kind, ROOT, Schema, TypeId, Vis};
+use crate::schema::{FieldMask, FieldNode, Kind, ROOT, Schema, TypeId, Vis};
 use crate::state::State;
 use crate::tree::{Node, Slot, Version};
 use crate::value::Key;
@@ -128,6 +128,16 @@ impl State {
     /// Encodes everything that changed after `from` (a snapshot if `from` is 0 or older than
     /// [`State::floor`]). The state must be sealed.
     pub fn prepare(&self, from: Version, codec: Codec) -> Result<Prepared, StateError> {
+        self.prepare_masked(from, codec, None)
+    }
+
+    /// [`State::prepare`] for subscribers that receive only the root fields in `mask`.
+    pub fn prepare_masked(
+        &self,
+        from: Version,
+        codec: Codec,
+        mask: Option<&FieldMask>,
+    ) -> Result<Prepared, StateError> {
         if self.is_dirty() {
             return Err(StateError::Unsealed);
         }
@@ -137,8 +147,8 @@ impl State {
         let snapshot = from == 0 || from < self.floor;
         let from = if snapshot { 0 } else { from };
         Ok(match codec {
-            Codec::Binary => prepare_with::<Binary>(self, from, snapshot, codec),
-            Codec::Json => prepare_with::<Json>(self, from, snapshot, codec),
+            Codec::Binary => prepare_with::<Binary>(self, from, snapshot, codec, mask),
+            Codec::Json => prepare_with::<Json>(self, from, snapshot, codec, mask),
         })
     }
 
@@ -148,18 +158,24 @@ impl State {
     }
 }
 
-fn prepare_with<E: Output>(state: &State, from: Version, snapshot: bool, codec: Codec) -> Prepared {
+fn prepare_with<E: Output>(
+    state: &State,
+    from: Version,
+    snapshot: bool,
+    codec: Codec,
+    mask: Option<&FieldMask>,
+) -> Prepared {
     let schema = &*state.schema;
     let to = state.version;
 
     let mut e = E::new();
-    walk::broadcast(schema, &mut e, &state.root, ROOT, from);
+    walk::broadcast(schema, &mut e, &state.root, from, mask);
     let broadcast_empty = e.position() <= E::EMPTY_PATCH;
     let skip = std::mem::take(e.skips());
     let broadcast = Bytes::from(e.into_bytes());
 
     let mut items = Vec::new();
-    walk::private(schema, &state.root, ROOT, from, snapshot, &mut items);
+    walk::private(schema, &state.root, from, snapshot, mask, &mut items);
     let mut custom = Vec::new();
     let mut ranges = Vec::new();
     let mut e = E::new();
@@ -365,20 +381,33 @@ fn resolve_field<'a>(
 #[derive(Debug, Default)]
 pub struct PreparedCache {
     version: Version,
-    entries: Vec<(Version, Codec, Arc<Prepared>)>,
+    entries: Vec<(Version, Codec, Option<FieldMask>, Arc<Prepared>)>,
 }
 
 impl PreparedCache {
     pub fn get(&mut self, state: &State, from: Version, codec: Codec) -> Result<Arc<Prepared>, StateError> {
+        self.get_masked(state, from, codec, None)
+    }
+
+    /// [`PreparedCache::get`] for subscribers with a field filter.
+    pub fn get_masked(
+        &mut self,
+        state: &State,
+        from: Version,
+        codec: Codec,
+        mask: Option<&FieldMask>,
+    ) -> Result<Arc<Prepared>, StateError> {
         if self.version != state.version() {
             self.entries.clear();
             self.version = state.version();
         }
-        if let Some((_, _, p)) = self.entries.iter().find(|(f, c, _)| *f == from && *c == codec) {
+        if let Some((.., p)) =
+            self.entries.iter().find(|(f, c, m, _)| *f == from && *c == codec && m.as_ref() == mask)
+        {
             return Ok(p.clone());
         }
-        let p = Arc::new(state.prepare(from, codec)?);
-        self.entries.push((from, codec, p.clone()));
+        let p = Arc::new(state.prepare_masked(from, codec, mask)?);
+        self.entries.push((from, codec, mask.cloned(), p.clone()));
         Ok(p)
     }
 }

@@ -1,13 +1,13 @@
 //! The engine's contract, checked on random schemas and random writes: for every player, the
 //! snapshot plus every update it received rebuilds exactly what that player may see, whatever its
 //! fan-out rate, however many ticks it missed, whichever codec it uses, and whether it skips its
-//! own entries in player-keyed maps.
+//! own entries in player-keyed maps or receives only some root fields.
 
 mod common;
 
 use common::{PLAYERS, Rng, compile, player, random_schema, random_write, without_own};
 use proptest::prelude::*;
-use tickwire_state::{Codec, Key, Limits, PreparedCache, Replica, State, Version};
+use tickwire_state::{Codec, FieldMask, Key, Limits, PreparedCache, Replica, State, Value, Version};
 
 struct Subscriber {
     player: Key,
@@ -19,6 +19,8 @@ struct Subscriber {
     miss: u64,
     /// Leaves its own entries out of player-keyed maps.
     skip_self: bool,
+    /// Receives only these root fields.
+    mask: Option<FieldMask>,
     replica: Replica,
     last: Version,
     joined: bool,
@@ -38,11 +40,16 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
             join: [0, 4, 0, 7][i],
             miss: [0, 20, 0, 40][i],
             skip_self: i == 1 || i == 3,
+            mask: None,
             replica: Replica::new(schema.clone()),
             last: 0,
             joined: false,
         })
         .collect();
+    // Player 2 receives a random subset of the root fields.
+    let names: Vec<&str> = def.fields.iter().map(|f| f.name.as_str()).filter(|_| rng.chance(50)).collect();
+    subs[2].mask = Some(FieldMask::from_names(&schema, &names).unwrap());
+    let defaults = Replica::new(schema.clone()).value();
     let mut cache = PreparedCache::default();
     for tick in 0..ticks {
         for _ in 0..rng.below(6) {
@@ -55,7 +62,7 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
                 continue;
             }
             let from = if sub.joined { sub.last } else { 0 };
-            let prepared = cache.get(&state, from, codec).unwrap();
+            let prepared = cache.get_masked(&state, from, codec, sub.mask.as_ref()).unwrap();
             let update = prepared.update_for(&state, &sub.player, sub.skip_self).unwrap();
             if sub.joined && !prepared.is_snapshot() && !update.has_changes() {
                 continue;
@@ -86,6 +93,15 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
             let mut expected = state.view_for(&sub.player);
             if sub.skip_self {
                 expected = without_own(&def.fields, expected, &sub.player);
+            }
+            if let (Some(mask), Value::Struct(fields), Value::Struct(default_fields)) =
+                (&sub.mask, &mut expected, &defaults)
+            {
+                for (i, (f, d)) in fields.iter_mut().zip(default_fields).enumerate() {
+                    if !mask.contains(i) {
+                        *f = d.clone();
+                    }
+                }
             }
             prop_assert_eq!(
                 sub.replica.value(),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use prost::Message;
-use tickwire_state::{Codec, Key, Patch, PreparedCache, State, Version};
+use tickwire_state::{Codec, FieldMask, Key, Patch, PreparedCache, State, Version};
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
     DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
@@ -59,6 +59,11 @@ pub(crate) enum Msg {
         by: SessionHandle,
         request_id: u64,
     },
+    /// A server takes an ownerless channel.
+    Claim {
+        owner: SessionHandle,
+        request_id: u64,
+    },
     /// A member's session ended.
     Left {
         conn_id: u64,
@@ -68,6 +73,8 @@ pub(crate) enum Msg {
 struct Subscriber {
     handle: SessionHandle,
     player: Key,
+    /// The field filter, from `options.fields`.
+    mask: Option<FieldMask>,
     server: bool,
     options: SubscriptionOptions,
     interval: Duration,
@@ -164,6 +171,11 @@ impl Channel {
                 let _ = by.respond(ok(request_id, Bytes::new()));
                 return Flow::Stop;
             }
+            Msg::Claim { owner, request_id } => {
+                let _ = owner.respond(ok(request_id, Bytes::new()));
+                self.owner = Some(owner);
+                self.event_to_all(ChannelEventKind::OwnerRecovered, "a new owner took the channel");
+            }
             Msg::Left { conn_id } => {
                 self.subscribers.remove(&conn_id);
                 if self.owner.as_ref().is_some_and(|o| o.conn_id() == conn_id) {
@@ -190,11 +202,28 @@ impl Channel {
             0 => self.default_fanout,
             ms => Duration::from_millis(u64::from(ms)),
         };
+        let mask = if options.fields.is_empty() {
+            None
+        } else {
+            match FieldMask::from_names(self.state.schema(), &options.fields) {
+                Ok(mask) => Some(mask),
+                Err(e) => {
+                    let msg = format!("channel {}: field filter: {e}", self.id);
+                    let _ = member.respond(error_response(request_id, Status::InvalidArgument, msg));
+                    return;
+                }
+            }
+        };
         let conn_id = member.conn_id();
         if let Some(sub) = self.subscribers.get_mut(&conn_id) {
-            // New options take effect at the next fan-out; the version carries on.
+            // New options take effect at the next fan-out. A new field filter changes what the
+            // replica must hold, so it starts again from a snapshot.
+            if sub.mask != mask {
+                sub.joined = false;
+            }
             sub.options = options;
             sub.interval = interval;
+            sub.mask = mask;
         } else {
             if self.subscribers.len() >= self.max_subscribers {
                 let msg =
@@ -205,6 +234,7 @@ impl Channel {
             let next_due = Instant::now() + Duration::from_millis(u64::from(options.fanout_delay_ms));
             let sub = Subscriber {
                 player: Key::str(member.player_id()),
+                mask,
                 handle: member.clone(),
                 server,
                 options,
@@ -310,7 +340,7 @@ impl Channel {
         let to = self.state.seal();
         let Channel { id, state, subscribers, cache, figures, .. } = self;
         let mut gone = Vec::new();
-        let mut encoded: HashMap<(Version, i32), Bytes> = HashMap::new();
+        let mut encoded: HashMap<(Version, i32, Option<FieldMask>), Bytes> = HashMap::new();
         for (conn_id, sub) in subscribers.iter_mut() {
             if sub.options.access() == DataAccess::None || now < sub.next_due {
                 continue;
@@ -333,7 +363,7 @@ impl Channel {
             };
             let from = if sub.joined { sub.last } else { 0 };
             let update = cache
-                .get(state, from, codec)
+                .get_masked(state, from, codec, sub.mask.as_ref())
                 .and_then(|p| Ok((p.update_for(state, &sub.player, sub.options.skip_self)?, p.to())));
             let Ok((update, version)) = update else {
                 // Only a stale cache or an unsealed state could get here; both are impossible
@@ -347,13 +377,18 @@ impl Channel {
             // Subscribers at the same version with nothing of their own (no private segment, no
             // skipped entry) get the very same message: encode it once, share the bytes.
             let shared = update.segments.len() == 2;
-            let envelope = match shared.then(|| encoded.get(&(from, sub.options.codec))).flatten() {
+            let key = (from, sub.options.codec, sub.mask.clone());
+            let envelope = match shared.then(|| encoded.get(&key)).flatten() {
                 Some(bytes) => bytes.clone(),
                 None => {
-                    let body = ChannelUpdate { channel_id: *id, codec: sub.options.codec, update: update.to_vec().into() };
+                    let body = ChannelUpdate {
+                        channel_id: *id,
+                        codec: sub.options.codec,
+                        update: update.to_vec().into(),
+                    };
                     let bytes = push_envelope("channel.update", body.encode_to_vec().into());
                     if shared {
-                        encoded.insert((from, sub.options.codec), bytes.clone());
+                        encoded.insert(key, bytes.clone());
                     }
                     bytes
                 }

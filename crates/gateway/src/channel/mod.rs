@@ -310,6 +310,13 @@ impl ChannelRouter {
                 let msg = Msg::Remove { by: session.clone(), request_id: id };
                 self.forward(session, id, r.channel_id, "remove", |c| Some(c.remove), msg)
             }
+            "channel.claim" => {
+                let r = match ChannelRef::decode(request.body) {
+                    Ok(r) => r,
+                    Err(e) => return bad(e),
+                };
+                self.claim(session, id, r.channel_id)
+            }
             "channel.send" => {
                 let send = match ChannelSend::decode(request.body) {
                     Ok(s) => s,
@@ -320,6 +327,33 @@ impl ChannelRouter {
                 self.forward(session, id, channel_id, "send", |_| None, msg)
             }
             other => Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
+        }
+    }
+
+    /// Makes `session` the owner of a channel whose owner left (kept by its type's rule).
+    fn claim(&self, session: &SessionHandle, id: u64, channel_id: u64) -> Option<Response> {
+        let mut reg = self.registry();
+        let Some(entry) = reg.channels.get_mut(&channel_id) else {
+            return Some(error_response(id, Status::NotFound, format!("no channel {channel_id}")));
+        };
+        if let Some(owner) = entry.owner {
+            let msg = format!("channel {channel_id} has an owner (connection {owner})");
+            return Some(error_response(id, Status::AlreadyExists, msg));
+        }
+        entry.owner = Some(session.conn_id());
+        let (inbox, ty) = (entry.inbox.clone(), entry.ty);
+        let member = reg.members.entry(session.conn_id()).or_default();
+        member.server = true;
+        member.owned.insert(channel_id);
+        if ty == ChannelType::Global {
+            reg.master = Some(session.conn_id());
+        }
+        drop(reg);
+        match inbox.try_send(Msg::Claim { owner: session.clone(), request_id: id }) {
+            Ok(()) => None,
+            Err(_) => {
+                Some(error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry")))
+            }
         }
     }
 

@@ -6,15 +6,22 @@
 //! the player it belongs to.
 
 use super::{Emit, Mode, PathStep};
-use crate::schema::{Kind, Schema, TypeId, Vis};
+use crate::schema::{FieldMask, Kind, ROOT, Schema, TypeId, Vis};
 use crate::tree::{ListNode, MapNode, Node, Slot, Version};
 use crate::value::Key;
 
 /// Walks `root` for the broadcast audience: everything public that changed after `from`.
 /// Entries of player-keyed maps are recorded in the emitter's `skips` with their byte range, so
 /// that "all but this player's entry" is a slice.
-pub(crate) fn broadcast<E: Emit>(schema: &Schema, e: &mut E, root: &Slot, root_ty: TypeId, from: Version) {
-    let mut w = Walker { schema, e, from };
+pub(crate) fn broadcast<E: Emit>(
+    schema: &Schema,
+    e: &mut E,
+    root: &Slot,
+    from: Version,
+    mask: Option<&FieldMask>,
+) {
+    let root_ty = ROOT;
+    let mut w = Walker { schema, e, from, mask };
     if root.changed > from {
         w.node(root_ty, &root.node, Mode::Public, false);
     }
@@ -25,6 +32,8 @@ struct Walker<'a, E> {
     schema: &'a Schema,
     e: &'a mut E,
     from: Version,
+    /// The root fields this audience receives (all when `None`).
+    mask: Option<&'a FieldMask>,
 }
 
 impl<E: Emit> Walker<'_, E> {
@@ -41,7 +50,7 @@ impl<E: Emit> Walker<'_, E> {
     fn structure(&mut self, ty: TypeId, slots: &[Slot], mode: Mode) {
         let schema = self.schema;
         for (i, (field, slot)) in schema.fields(ty).iter().zip(slots).enumerate() {
-            if slot.changed <= self.from {
+            if slot.changed <= self.from || (ty == ROOT && self.mask.is_some_and(|m| !m.contains(i))) {
                 continue;
             }
             let i = i as u16;
@@ -148,16 +157,17 @@ impl EntryChange<'_> {
 pub(crate) fn private<'a>(
     schema: &Schema,
     root: &'a Slot,
-    root_ty: TypeId,
     from: Version,
     snapshot: bool,
+    mask: Option<&FieldMask>,
     out: &mut Vec<PrivateItem<'a>>,
 ) {
+    let root_ty = ROOT;
     if !schema.node(root_ty).has_private || !(snapshot || root.changed > from) {
         return;
     }
     let mut path = Vec::new();
-    let mut f = PrivateFinder { schema, from, out };
+    let mut f = PrivateFinder { schema, from, mask, out };
     f.node(root_ty, &root.node, &mut path, snapshot, false);
 }
 
@@ -167,6 +177,7 @@ pub(crate) fn private<'a>(
 struct PrivateFinder<'s, 'a, 'o> {
     schema: &'s Schema,
     from: Version,
+    mask: Option<&'s FieldMask>,
     out: &'o mut Vec<PrivateItem<'a>>,
 }
 
@@ -177,7 +188,9 @@ impl<'a> PrivateFinder<'_, 'a, '_> {
         match (node, &schema.node(ty).kind) {
             (Node::Struct(slots), Kind::Struct(fields)) => {
                 for (i, (field, slot)) in fields.iter().zip(slots.iter()).enumerate() {
-                    if !(all || slot.changed > from) {
+                    if !(all || slot.changed > from)
+                        || (ty == ROOT && self.mask.is_some_and(|m| !m.contains(i)))
+                    {
                         continue;
                     }
                     let all = all || slot.set > from;
@@ -297,6 +310,6 @@ pub(crate) fn write_rooted<E: Emit>(
 
 /// Writes the patch of an owned entry (`Patch` changes) in owned mode.
 pub(crate) fn owned_patch<E: Emit>(schema: &Schema, e: &mut E, ty: TypeId, node: &Node, from: Version) {
-    let mut w = Walker { schema, e, from };
+    let mut w = Walker { schema, e, from, mask: None };
     w.node(ty, node, Mode::Owned, false);
 }
