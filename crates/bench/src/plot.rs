@@ -1,4 +1,4 @@
-//! SVG charts of bench reports, drawn with plotters.
+//! Charts of bench reports (SVG or PNG), drawn with plotters.
 
 use std::path::Path;
 
@@ -29,7 +29,8 @@ pub(crate) fn pingpong(dir: &Path, report: &Report) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One SVG line chart of `points` (x = clients) written to `dir/file`.
+/// One line chart of `points` (x = clients) written to `dir/file`: PNG if the name ends in
+/// `.png`, SVG otherwise.
 pub(crate) fn line_chart(
     dir: &Path,
     file: &str,
@@ -39,8 +40,37 @@ pub(crate) fn line_chart(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(file);
-    let root = SVGBackend::new(&path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE)?;
+    if file.ends_with(".png") {
+        register_font();
+        draw(BitMapBackend::new(&path, (800, 480)).into_drawing_area(), title, points, machine)
+    } else {
+        draw(SVGBackend::new(&path, (800, 480)).into_drawing_area(), title, points, machine)
+    }
+    .with_context(|| format!("drawing {}", path.display()))
+}
+
+/// Bitmaps need a font to rasterize text; the bench carries DejaVu Sans (see its LICENSE file).
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let font = include_bytes!("../assets/DejaVuSans.ttf");
+        if plotters::style::register_font("sans-serif", FontStyle::Normal, font).is_err() {
+            tracing::warn!("could not load the chart font; PNG text may be missing");
+        }
+    });
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    points: &[(f64, f64)],
+    machine: &str,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("{e}");
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
     let max_x = points.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
     let max_y = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
@@ -48,10 +78,28 @@ pub(crate) fn line_chart(
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
-    chart.configure_mesh().x_desc("clients").draw()?;
-    chart.draw_series(LineSeries::new(points.iter().copied(), &BLUE))?;
-    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, BLUE.filled())))?;
-    root.present()?;
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+        .map_err(|e| fail(&e))?;
+    chart.configure_mesh().x_desc("clients").draw().map_err(|e| fail(&e))?;
+    chart.draw_series(LineSeries::new(points.iter().copied(), &BLUE)).map_err(|e| fail(&e))?;
+    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, BLUE.filled()))).map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_png_and_svg() {
+        let dir = std::env::temp_dir().join(format!("tickwire-plot-{}", std::process::id()));
+        let points = [(10.0, 1.0), (20.0, 3.0)];
+        line_chart(&dir, "a.png", "t", &points, "m").unwrap();
+        line_chart(&dir, "a.svg", "t", &points, "m").unwrap();
+        let png = std::fs::read(dir.join("a.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(std::fs::read_to_string(dir.join("a.svg")).unwrap().contains("<svg"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -53,7 +53,7 @@ pub struct ReplicationArgs {
     /// Write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Write SVG charts into this directory.
+    /// Write PNG charts into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
 }
@@ -159,6 +159,7 @@ async fn hold(
 ) -> anyhow::Result<Step> {
     let scrape = || tokio::task::spawn_blocking(move || Scrape::fetch(metrics_addr));
     let first = scrape().await??;
+    let first_totals = Scrape(first.0.clone());
     let cpu0 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
     let frames0 = server.frames.load(Ordering::Relaxed);
     let mut last_counts = bots.updates_per_bot();
@@ -171,27 +172,59 @@ async fn hold(
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
     let mut last_at = Instant::now();
+    let (mut prev, mut prev_cpu, mut prev_frames) = (first, cpu0, frames0);
+    let mut samples = Vec::new();
     while started.elapsed() < args.step_hold {
         ticker.tick().await;
         let dt = last_at.elapsed().as_secs_f64();
         last_at = Instant::now();
         let counts = bots.updates_per_bot();
-        rates.extend(
-            counts
-                .iter()
-                .zip(last_counts.iter().chain(std::iter::repeat(&0)))
-                .map(|(n, l)| (n - l) as f64 / dt),
-        );
+        let mut second: Vec<f64> = counts
+            .iter()
+            .zip(last_counts.iter().chain(std::iter::repeat(&0)))
+            .map(|(n, l)| (n - l) as f64 / dt)
+            .collect();
+        second.sort_by(f64::total_cmp);
         last_counts = counts;
-        if let Ok(mut h) = bots.latency_us.lock() {
-            latency.add(&*h)?;
-            h.reset();
-        }
+        let (lat_p50, lat_p99) = match bots.latency_us.lock() {
+            Ok(mut h) => {
+                latency.add(&*h)?;
+                let q = (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3);
+                h.reset();
+                q
+            }
+            Err(_) => (0.0, 0.0),
+        };
         // Tick quantiles cover the ticks since the previous scrape, so each sample is one second.
         let s = scrape().await??;
-        tick_p50 = tick_p50.max(s.get("channel_tick_duration_seconds{quantile=\"0.5\"}"));
-        tick_p99 = tick_p99.max(s.get("channel_tick_duration_seconds{quantile=\"0.99\"}"));
-        tick_max = tick_max.max(s.get("channel_tick_duration_seconds{quantile=\"1\"}"));
+        let cpu = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
+        let frames = server.frames.load(Ordering::Relaxed);
+        let q = |name: &str| s.get(&format!("channel_tick_window_seconds{{quantile=\"{name}\"}}")) * 1e3;
+        let rate = |name: &str| (s.get(name) - prev.get(name)) / dt;
+        let sample = report::Sample {
+            t_s: started.elapsed().as_secs_f64(),
+            connections: s.get("connection_num") as u64,
+            channels: s.get("channel_num") as u64,
+            fanout_hz: report::Rate {
+                mean: second.iter().sum::<f64>() / second.len().max(1) as f64,
+                p5: second.get(second.len() / 20).copied().unwrap_or(0.0),
+            },
+            latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
+            tick_ms: report::Tick { p50: q("0.5"), p99: q("0.99"), max: q("1") },
+            gateway_cpu_pct: cpu.cpu_pct_since(&prev_cpu),
+            gateway_rss_bytes: cpu.rss_bytes,
+            msgs_in_per_s: rate("messages_in"),
+            msgs_out_per_s: rate("messages_out"),
+            bytes_in_per_s: rate("bytes_in"),
+            bytes_out_per_s: rate("bytes_out"),
+            server_fps: (frames - prev_frames) as f64 / dt,
+        };
+        tick_p50 = tick_p50.max(sample.tick_ms.p50 / 1e3);
+        tick_p99 = tick_p99.max(sample.tick_ms.p99 / 1e3);
+        tick_max = tick_max.max(sample.tick_ms.max / 1e3);
+        rates.extend(second);
+        samples.push(sample);
+        (prev, prev_cpu, prev_frames) = (s, cpu, frames);
     }
     let last = scrape().await??;
     let cpu1 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
@@ -200,7 +233,7 @@ async fn hold(
     rates.sort_by(f64::total_cmp);
     let fanout_mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
     let fanout_p5 = rates.get(rates.len() / 20).copied().unwrap_or(0.0);
-    let per_s = |name: &str| (last.get(name) - first.get(name)) / seconds;
+    let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
     let tick_interval_ms = 20.0;
     // Every server frame changes every character, so a client can get at most one update per
     // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
@@ -226,5 +259,6 @@ async fn hold(
         decode_errors: bots.decode_errors.load(Ordering::Relaxed),
         gateway_connections: last.get("connection_num") as u64,
         gateway_channels: last.get("channel_num") as u64,
+        samples,
     })
 }

@@ -1,4 +1,4 @@
-//! The figures of a replication run: a terminal table, JSON, and SVG charts.
+//! The figures of a replication run: a terminal table, JSON, and PNG charts.
 
 use std::path::Path;
 
@@ -23,6 +23,25 @@ pub struct Tick {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+}
+
+/// One second of a hold.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the hold started.
+    pub t_s: f64,
+    pub connections: u64,
+    pub channels: u64,
+    pub fanout_hz: Rate,
+    pub latency_ms: Latency,
+    pub tick_ms: Tick,
+    pub gateway_cpu_pct: f64,
+    pub gateway_rss_bytes: u64,
+    pub msgs_in_per_s: f64,
+    pub msgs_out_per_s: f64,
+    pub bytes_in_per_s: f64,
+    pub bytes_out_per_s: f64,
+    pub server_fps: f64,
 }
 
 /// One ramp step, summed up over its hold.
@@ -50,6 +69,8 @@ pub struct Step {
     /// Connections (clients and the game server) and channels, from the gateway's metrics.
     pub gateway_connections: u64,
     pub gateway_channels: u64,
+    /// The time series: one sample per second of the hold.
+    pub samples: Vec<Sample>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,10 +116,10 @@ pub(super) fn plot(dir: &Path, report: &ReplicationReport) -> anyhow::Result<()>
     };
     let machine = report.machine.line();
     for (file, title, points) in [
-        ("replication-cpu.svg", "gateway CPU (% of one core)", series(|s| s.gateway_cpu_pct)),
-        ("replication-fanout.svg", "updates per second per client (p5)", series(|s| s.fanout_hz.p5)),
-        ("replication-tick.svg", "channel tick p99 (ms)", series(|s| s.tick_ms.p99)),
-        ("replication-bytes.svg", "bytes out per second (MB/s)", series(|s| s.bytes_out_per_s / 1e6)),
+        ("replication-cpu.png", "gateway CPU (% of one core)", series(|s| s.gateway_cpu_pct)),
+        ("replication-fanout.png", "updates per second per client (p5)", series(|s| s.fanout_hz.p5)),
+        ("replication-tick.png", "channel tick p99 (ms)", series(|s| s.tick_ms.p99)),
+        ("replication-bytes.png", "bytes out per second (MB/s)", series(|s| s.bytes_out_per_s / 1e6)),
     ] {
         crate::plot::line_chart(dir, file, title, &points, &machine)?;
     }

@@ -29,6 +29,9 @@ use crate::router::{PushError, SessionHandle, error_response, push_envelope};
 pub(crate) struct Figures {
     /// Microseconds per tick, since the last scrape.
     pub tick_times: Mutex<Histogram<u64>>,
+    /// Microseconds per tick since the start, for the cumulative Prometheus histogram.
+    pub tick_total: Mutex<Histogram<u64>>,
+    pub tick_sum_us: AtomicU64,
     /// Updates not sent because the subscriber's outbox was full (sent later, merged).
     pub coalesced: AtomicU64,
 }
@@ -412,6 +415,10 @@ impl Channel {
         if let Ok(mut h) = self.figures.tick_times.lock() {
             let _ = h.record(micros.max(1));
         }
+        if let Ok(mut h) = self.figures.tick_total.lock() {
+            let _ = h.record(micros.max(1));
+        }
+        self.figures.tick_sum_us.fetch_add(micros, Ordering::Relaxed);
     }
 }
 

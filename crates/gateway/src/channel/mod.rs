@@ -26,6 +26,18 @@ pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
 use actor::{Channel, Figures, Msg};
 
+/// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds).
+const TICK_BUCKETS: &[(&str, u64)] = &[
+    ("0.0005", 500),
+    ("0.001", 1_000),
+    ("0.002", 2_000),
+    ("0.005", 5_000),
+    ("0.01", 10_000),
+    ("0.02", 20_000),
+    ("0.05", 50_000),
+    ("0.1", 100_000),
+];
+
 /// Why a channel router could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelConfigError {
@@ -100,6 +112,8 @@ impl ChannelRouter {
             next_id: AtomicU64::new(1),
             figures: Arc::new(Figures {
                 tick_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
+                tick_total: Mutex::new(Histogram::new(3).expect("valid sigfig")),
+                tick_sum_us: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
             }),
             fallback,
@@ -437,11 +451,23 @@ impl Router for ChannelRouter {
         if let Ok(mut h) = self.figures.tick_times.lock() {
             for (q, label) in [(0.5, "0.5"), (0.99, "0.99"), (1.0, "1")] {
                 let seconds = h.value_at_quantile(q) as f64 / 1e6;
-                out.push(Gauge::new("channel_tick_duration_seconds", seconds).label("quantile", label));
+                out.push(Gauge::new("channel_tick_window_seconds", seconds).label("quantile", label));
             }
-            // Each scrape reports the ticks since the previous one.
+            // The window quantiles cover the ticks since the previous scrape.
             h.reset();
         }
+        // channel_tick_duration_seconds: a cumulative histogram in Prometheus' layout, for
+        // histogram_quantile() over any range.
+        if let Ok(h) = self.figures.tick_total.lock() {
+            for (le, bound_us) in TICK_BUCKETS {
+                let n = h.count_between(0, *bound_us);
+                out.push(Gauge::new("channel_tick_duration_seconds_bucket", n as f64).label("le", *le));
+            }
+            out.push(Gauge::new("channel_tick_duration_seconds_bucket", h.len() as f64).label("le", "+Inf"));
+            out.push(Gauge::new("channel_tick_duration_seconds_count", h.len() as f64));
+        }
+        let sum = self.figures.tick_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push(Gauge::new("channel_tick_duration_seconds_sum", sum));
         out
     }
 }
