@@ -1,5 +1,8 @@
-//! One channel on its own task: its state tree, its owner and subscribers, and the tick that
-//! fans out updates.
+//! One channel on its own task: its state tree, its owner and subscribers, and the fan-out.
+//!
+//! A fan-out pass runs on every tick and right after every applied patch; it sends each
+//! subscriber that is due (its interval has passed) one update from its own version. So a
+//! change reaches a due subscriber at once, and no subscriber gets more than its rate.
 //!
 //! The actor never waits on a peer. Each subscriber has its own fan-out interval and version;
 //! an update is offered to its session's bounded outbox, and when the outbox is full the
@@ -163,7 +166,14 @@ impl Channel {
             }
             Msg::Update { from, patch, request_id } => {
                 let response = self.update(&from, &patch, request_id);
+                let applied = response.status == Status::Ok as i32;
                 let _ = from.respond(response);
+                if applied {
+                    // Subscribers that are due get the change now instead of at the next tick;
+                    // the others get it when they are due. Each still gets at most one update
+                    // per fan-out interval.
+                    self.on_tick(Instant::now());
+                }
             }
             Msg::Send { from, send, request_id } => {
                 let response = self.send(&from, send, request_id);
