@@ -121,6 +121,7 @@ impl Gateway {
             next_conn_id: std::sync::atomic::AtomicU64::new(1),
             config: self.config,
         });
+        shared.router.on_start(runtimes);
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
             listen_for_handoffs(shared.clone(), workers, runtime.clone())
                 .map_err(|source| GatewayError::Handoff { path: workers.dir.clone(), source })?;

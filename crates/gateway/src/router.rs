@@ -113,6 +113,10 @@ pub trait Router: Send + Sync + 'static {
     /// The session has ended for good (closed, expired or shut down).
     fn on_session_closed(&self, _session: &SessionHandle) {}
 
+    /// The gateway started on these runtimes (one per I/O thread); a router that runs tasks of
+    /// its own can spread them over them.
+    fn on_start(&self, _runtimes: &[tokio::runtime::Handle]) {}
+
     /// Figures of the router's own, read at each scrape of `/metrics`.
     fn gauges(&self) -> Vec<Gauge> {
         Vec::new()

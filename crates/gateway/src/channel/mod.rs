@@ -8,8 +8,8 @@ mod actor;
 mod config;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -19,6 +19,7 @@ use tickwire_wire::proto::{
     ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess, Request, Response,
     Status, Subscribe, UpdateChannel,
 };
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
@@ -79,6 +80,9 @@ pub struct ChannelRouter {
     next_id: AtomicU64,
     figures: Arc<Figures>,
     fallback: Arc<dyn Router>,
+    /// The gateway's runtimes: channel actors are dealt over them round-robin.
+    runtimes: OnceLock<Vec<Handle>>,
+    next_runtime: AtomicUsize,
 }
 
 impl ChannelRouter {
@@ -117,6 +121,8 @@ impl ChannelRouter {
                 coalesced: AtomicU64::new(0),
             }),
             fallback,
+            runtimes: OnceLock::new(),
+            next_runtime: AtomicUsize::new(0),
         })
     }
 
@@ -193,8 +199,16 @@ impl ChannelRouter {
                 cfg.max_subscribers,
                 self.figures.clone(),
             );
-            // The actor runs on the creating session's thread; channels spread with sessions.
-            tokio::spawn(channel.run(rx));
+            // Channels are dealt over the I/O threads, whoever creates them.
+            match self.runtimes.get().filter(|r| !r.is_empty()) {
+                Some(runtimes) => {
+                    let i = self.next_runtime.fetch_add(1, Ordering::Relaxed) % runtimes.len();
+                    runtimes[i].spawn(channel.run(rx));
+                }
+                None => {
+                    tokio::spawn(channel.run(rx));
+                }
+            }
             reg.channels.insert(channel_id, Entry { inbox: tx, ty, owner: Some(session.conn_id()) });
             let member = reg.members.entry(session.conn_id()).or_default();
             member.server = true;
@@ -402,6 +416,11 @@ impl Router for ChannelRouter {
         } else {
             self.fallback.on_request(session, request)
         }
+    }
+
+    fn on_start(&self, runtimes: &[Handle]) {
+        let _ = self.runtimes.set(runtimes.to_vec());
+        self.fallback.on_start(runtimes);
     }
 
     fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {
