@@ -28,6 +28,7 @@ fn the_demo_runs_and_stops() {
     // Loose bounds: this is a functional check on a shared machine, not a rate measurement.
     assert!(last.server_fps > 10.0, "{seconds:?}");
     assert!(last.fanout_hz_mean > 5.0, "{seconds:?}");
+    assert!(last.gateway_fanout_hz > 10.0, "{seconds:?}");
     assert!(last.bytes_per_s > 0.0, "{seconds:?}");
     assert_eq!(last.decode_errors, 0, "every update applied to every replica");
 }

@@ -203,6 +203,7 @@ async fn hold(
         let rate = |name: &str| (s.get(name) - prev.get(name)) / dt;
         let sample = report::Sample {
             t_s: started.elapsed().as_secs_f64(),
+            gateway_fanout_hz: rate("channel_fanouts") / s.get("channel_subscribers").max(1.0),
             connections: s.get("connection_num") as u64,
             channels: s.get("channel_num") as u64,
             fanout_hz: report::Rate {
@@ -237,10 +238,14 @@ async fn hold(
     let tick_interval_ms = 20.0;
     // Every server frame changes every character, so a client can get at most one update per
     // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
-    let held =
-        fanout_p5 >= 0.95 * server_fps && tick_p99 * 1e3 <= tick_interval_ms && server_fps >= 0.95 * 30.0;
+    let gateway_fanout_hz = per_s("channel_fanouts") / last.get("channel_subscribers").max(1.0);
+    let held = gateway_fanout_hz >= 0.95 * 50.0
+        && fanout_p5 >= 0.95 * server_fps
+        && tick_p99 * 1e3 <= tick_interval_ms
+        && server_fps >= 0.95 * 30.0;
     Ok(Step {
         clients,
+        gateway_fanout_hz,
         connected: bots.connected.load(Ordering::Relaxed) as usize,
         held,
         fanout_hz: report::Rate { mean: fanout_mean, p5: fanout_p5 },

@@ -30,6 +30,8 @@ pub struct Tick {
 pub struct Sample {
     /// Seconds since the hold started.
     pub t_s: f64,
+    /// Fan-out passes per subscriber per second at the gateway (its 50 Hz schedule).
+    pub gateway_fanout_hz: f64,
     pub connections: u64,
     pub channels: u64,
     pub fanout_hz: Rate,
@@ -48,6 +50,8 @@ pub struct Sample {
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
     pub clients: usize,
+    /// Fan-out passes per subscriber per second at the gateway: the 50 Hz schedule held.
+    pub gateway_fanout_hz: f64,
     pub connected: usize,
     pub held: bool,
     /// State updates each client received per second (mean, and the 5th percentile over
@@ -83,16 +87,17 @@ pub struct ReplicationReport {
 
 pub(super) fn print_header() {
     println!(
-        "| clients | held | updates/s per client (mean / p5) | age p50 / p99 ms | tick p50 / p99 / max ms | gateway CPU % | RSS MiB | msgs in / out per s | MB/s out | server fps |"
+        "| clients | held | gateway fan-out Hz | updates/s per client (mean / p5) | age p50 / p99 ms | tick p50 / p99 / max ms | gateway CPU % | RSS MiB | msgs in / out per s | MB/s out | server fps |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
 pub(super) fn print_row(s: &Step) {
     println!(
-        "| {} | {} | {:.1} / {:.1} | {:.2} / {:.2} | {:.3} / {:.3} / {:.3} | {:.1} | {:.0} | {:.0} / {:.0} | {:.2} | {:.1} |",
+        "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.3} / {:.3} / {:.3} | {:.1} | {:.0} | {:.0} / {:.0} | {:.2} | {:.1} |",
         s.clients,
         if s.held { "yes" } else { "no" },
+        s.gateway_fanout_hz,
         s.fanout_hz.mean,
         s.fanout_hz.p5,
         s.latency_ms.p50,

@@ -35,6 +35,11 @@ pub(crate) struct Figures {
     /// Microseconds per tick since the start, for the cumulative Prometheus histogram.
     pub tick_total: Mutex<Histogram<u64>>,
     pub tick_sum_us: AtomicU64,
+    /// Fan-out passes, one per due subscriber per pass (sent or not): with `subscribers`, the
+    /// fan-out rate each subscriber gets.
+    pub fanouts: AtomicU64,
+    /// Subscribers of every channel.
+    pub subscribers: AtomicU64,
     /// Updates not sent because the subscriber's outbox was full (sent later, merged).
     pub coalesced: AtomicU64,
 }
@@ -103,6 +108,8 @@ pub(crate) struct Channel {
     pub figures: Arc<Figures>,
     subscribers: HashMap<u64, Subscriber>,
     cache: PreparedCache,
+    /// This channel's share of `figures.subscribers`.
+    counted: u64,
 }
 
 /// Whether the actor goes on after a message.
@@ -137,6 +144,7 @@ impl Channel {
             figures,
             subscribers: HashMap::new(),
             cache: PreparedCache::default(),
+            counted: 0,
         }
     }
 
@@ -147,12 +155,25 @@ impl Channel {
         loop {
             tokio::select! {
                 msg = inbox.recv() => match msg {
-                    Some(msg) => if self.on_msg(msg) == Flow::Stop { return },
-                    None => return,
+                    Some(msg) => if self.on_msg(msg) == Flow::Stop { break },
+                    None => break,
                 },
                 _ = ticker.tick() => self.on_tick(Instant::now()),
             }
         }
+        self.subscribers.clear();
+        self.count_subscribers();
+    }
+
+    /// Keeps this channel's share of the subscriber count current.
+    fn count_subscribers(&mut self) {
+        let now = self.subscribers.len() as u64;
+        if now > self.counted {
+            self.figures.subscribers.fetch_add(now - self.counted, Ordering::Relaxed);
+        } else {
+            self.figures.subscribers.fetch_sub(self.counted - now, Ordering::Relaxed);
+        }
+        self.counted = now;
     }
 
     fn on_msg(&mut self, msg: Msg) -> Flow {
@@ -358,6 +379,7 @@ impl Channel {
             if sub.options.access() == DataAccess::None || now < sub.next_due {
                 continue;
             }
+            figures.fanouts.fetch_add(1, Ordering::Relaxed);
             sub.next_due += sub.interval;
             if sub.next_due < now {
                 sub.next_due = now + sub.interval;
@@ -421,6 +443,7 @@ impl Channel {
         for conn_id in gone {
             subscribers.remove(&conn_id);
         }
+        self.count_subscribers();
         let micros = started.elapsed().as_micros() as u64;
         if let Ok(mut h) = self.figures.tick_times.lock() {
             let _ = h.record(micros.max(1));

@@ -118,6 +118,8 @@ impl ChannelRouter {
                 tick_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
                 tick_total: Mutex::new(Histogram::new(3).expect("valid sigfig")),
                 tick_sum_us: AtomicU64::new(0),
+                fanouts: AtomicU64::new(0),
+                subscribers: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
             }),
             fallback,
@@ -385,6 +387,12 @@ impl ChannelRouter {
         }
     }
 
+    /// Fan-out passes so far (one per due subscriber per pass) and subscribers now, over every
+    /// channel: the fan-out rate per subscriber is the passes' rate over the subscribers.
+    pub fn fanout_counts(&self) -> (u64, u64) {
+        (self.figures.fanouts.load(Ordering::Relaxed), self.figures.subscribers.load(Ordering::Relaxed))
+    }
+
     /// Checks one access rule of the channel's type without forwarding anything.
     fn check(
         &self,
@@ -465,6 +473,9 @@ impl Router for ChannelRouter {
     fn gauges(&self) -> Vec<Gauge> {
         let channels = self.registry().channels.len();
         let mut out = vec![Gauge::new("channel_num", channels as f64)];
+        let (fanouts, subscribers) = self.fanout_counts();
+        out.push(Gauge::new("channel_fanouts", fanouts as f64));
+        out.push(Gauge::new("channel_subscribers", subscribers as f64));
         let coalesced = self.figures.coalesced.load(Ordering::Relaxed);
         out.push(Gauge::new("channel_updates_coalesced", coalesced as f64));
         if let Ok(mut h) = self.figures.tick_times.lock() {
