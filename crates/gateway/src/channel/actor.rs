@@ -1,8 +1,9 @@
 //! One channel on its own task: its state tree, its owner and subscribers, and the fan-out.
 //!
 //! A fan-out pass runs on every tick and right after every applied patch; it sends each
-//! subscriber that is due (its interval has passed) one update from its own version. So a
-//! change reaches a due subscriber at once, and no subscriber gets more than its rate.
+//! subscriber that is due (an interval has passed since its previous update) one update from its
+//! own version. A subscriber with nothing new stays due, so a change reaches it at once, and no
+//! subscriber gets more than its rate.
 //!
 //! The actor never waits on a peer. Each subscriber has its own fan-out interval and version;
 //! an update is offered to its session's bounded outbox, and when the outbox is full the
@@ -158,7 +159,7 @@ impl Channel {
                     Some(msg) => if self.on_msg(msg) == Flow::Stop { break },
                     None => break,
                 },
-                _ = ticker.tick() => self.on_tick(Instant::now()),
+                _ = ticker.tick() => self.on_tick(Instant::now(), true),
             }
         }
         self.subscribers.clear();
@@ -193,7 +194,7 @@ impl Channel {
                     // Subscribers that are due get the change now instead of at the next tick;
                     // the others get it when they are due. Each still gets at most one update
                     // per fan-out interval.
-                    self.on_tick(Instant::now());
+                    self.on_tick(Instant::now(), false);
                 }
             }
             Msg::Send { from, send, request_id } => {
@@ -369,20 +370,23 @@ impl Channel {
     }
 
     /// One fan-out pass: every subscriber that is due gets one update from its own version.
-    fn on_tick(&mut self, now: Instant) {
+    /// `scheduled`: the pass of the tick timer (counted in `figures.fanouts`), as opposed to
+    /// the one right after a patch.
+    fn on_tick(&mut self, now: Instant, scheduled: bool) {
         let started = std::time::Instant::now();
         let to = self.state.seal();
         let Channel { id, state, subscribers, cache, figures, .. } = self;
         let mut gone = Vec::new();
         let mut encoded: HashMap<(Version, i32, Option<FieldMask>), Bytes> = HashMap::new();
         for (conn_id, sub) in subscribers.iter_mut() {
-            if sub.options.access() == DataAccess::None || now < sub.next_due {
+            if sub.options.access() == DataAccess::None {
                 continue;
             }
-            figures.fanouts.fetch_add(1, Ordering::Relaxed);
-            sub.next_due += sub.interval;
-            if sub.next_due < now {
-                sub.next_due = now + sub.interval;
+            if scheduled {
+                figures.fanouts.fetch_add(1, Ordering::Relaxed);
+            }
+            if now < sub.next_due {
+                continue;
             }
             if !sub.joined && sub.options.skip_first_full_state {
                 sub.last = to;
@@ -428,6 +432,12 @@ impl Channel {
                     bytes
                 }
             };
+            // The interval counts from the previous send: a subscriber with nothing new stays due,
+            // so the next change goes out at once.
+            sub.next_due += sub.interval;
+            if sub.next_due <= now {
+                sub.next_due = now + sub.interval;
+            }
             match sub.handle.offer_envelope(envelope) {
                 Ok(()) => {
                     sub.last = version;
