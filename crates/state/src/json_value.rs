@@ -2,10 +2,22 @@
 //! game servers send as JSON ops. Also JSON Pointer paths resolved against the schema.
 
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::Value as J;
 
 use crate::schema::{KeyKind, Kind, ROOT, Schema, TypeId};
 use crate::value::{Key, Value};
+
+/// One line of the JSON format: an op, a JSON Pointer, and maybe a value. Used by the JSON
+/// replica (updates) and by patches.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JsonOp {
+    pub op: String,
+    pub path: String,
+    #[serde(default)]
+    pub value: Option<J>,
+}
 
 /// A path step that owns its key, from a JSON Pointer.
 #[derive(Clone, Debug, PartialEq)]

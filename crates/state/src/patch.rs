@@ -13,11 +13,8 @@
 //! that then fails against the current state (a missing key on its path, an index out of range)
 //! rolls the ops before it back, so a rejected patch leaves every value as it was.
 
-use serde::Deserialize;
-use serde_json::Value as J;
-
 use crate::error::StateError;
-use crate::json_value::{PathBuf, from_json, resolve};
+use crate::json_value::{JsonOp, PathBuf, from_json, resolve};
 use crate::schema::{Kind, Schema};
 use crate::state::{State, Step};
 use crate::value::Value;
@@ -49,15 +46,6 @@ pub enum PatchError {
     Rejected { index: usize, source: StateError },
     #[error("a patch may hold at most {MAX_PATCH_OPS} ops")]
     TooLong,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonOp {
-    op: String,
-    path: String,
-    #[serde(default)]
-    value: Option<J>,
 }
 
 impl Patch {

@@ -203,26 +203,28 @@ async fn hold(
         let rate = |name: &str| (s.get(name) - prev.get(name)) / dt;
         let sample = report::Sample {
             t_s: started.elapsed().as_secs_f64(),
-            gateway_fanout_hz: rate("channel_fanouts") / s.get("channel_subscribers").max(1.0),
             connections: s.get("connection_num") as u64,
             channels: s.get("channel_num") as u64,
-            fanout_hz: report::Rate {
-                mean: second.iter().sum::<f64>() / second.len().max(1) as f64,
-                p5: second.get(second.len() / 20).copied().unwrap_or(0.0),
+            figures: report::Figures {
+                gateway_fanout_hz: rate("channel_fanouts") / s.get("channel_subscribers").max(1.0),
+                fanout_hz: report::Rate {
+                    mean: second.iter().sum::<f64>() / second.len().max(1) as f64,
+                    p5: second.get(second.len() / 20).copied().unwrap_or(0.0),
+                },
+                latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
+                tick_ms: report::Tick { p50: q("0.5"), p99: q("0.99"), max: q("1") },
+                gateway_cpu_pct: cpu.cpu_pct_since(&prev_cpu),
+                gateway_rss_bytes: cpu.rss_bytes,
+                msgs_in_per_s: rate("messages_in"),
+                msgs_out_per_s: rate("messages_out"),
+                bytes_in_per_s: rate("bytes_in"),
+                bytes_out_per_s: rate("bytes_out"),
+                server_fps: (frames - prev_frames) as f64 / dt,
             },
-            latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
-            tick_ms: report::Tick { p50: q("0.5"), p99: q("0.99"), max: q("1") },
-            gateway_cpu_pct: cpu.cpu_pct_since(&prev_cpu),
-            gateway_rss_bytes: cpu.rss_bytes,
-            msgs_in_per_s: rate("messages_in"),
-            msgs_out_per_s: rate("messages_out"),
-            bytes_in_per_s: rate("bytes_in"),
-            bytes_out_per_s: rate("bytes_out"),
-            server_fps: (frames - prev_frames) as f64 / dt,
         };
-        tick_p50 = tick_p50.max(sample.tick_ms.p50 / 1e3);
-        tick_p99 = tick_p99.max(sample.tick_ms.p99 / 1e3);
-        tick_max = tick_max.max(sample.tick_ms.max / 1e3);
+        tick_p50 = tick_p50.max(sample.figures.tick_ms.p50 / 1e3);
+        tick_p99 = tick_p99.max(sample.figures.tick_ms.p99 / 1e3);
+        tick_max = tick_max.max(sample.figures.tick_ms.max / 1e3);
         rates.extend(second);
         samples.push(sample);
         (prev, prev_cpu, prev_frames) = (s, cpu, frames);
@@ -245,22 +247,24 @@ async fn hold(
         && server_fps >= 0.95 * 30.0;
     Ok(Step {
         clients,
-        gateway_fanout_hz,
         connected: bots.connected.load(Ordering::Relaxed) as usize,
         held,
-        fanout_hz: report::Rate { mean: fanout_mean, p5: fanout_p5 },
-        latency_ms: report::Latency {
-            p50: latency.value_at_quantile(0.5) as f64 / 1e3,
-            p99: latency.value_at_quantile(0.99) as f64 / 1e3,
+        figures: report::Figures {
+            gateway_fanout_hz,
+            fanout_hz: report::Rate { mean: fanout_mean, p5: fanout_p5 },
+            latency_ms: report::Latency {
+                p50: latency.value_at_quantile(0.5) as f64 / 1e3,
+                p99: latency.value_at_quantile(0.99) as f64 / 1e3,
+            },
+            tick_ms: report::Tick { p50: tick_p50 * 1e3, p99: tick_p99 * 1e3, max: tick_max * 1e3 },
+            gateway_cpu_pct: cpu1.cpu_pct_since(&cpu0),
+            gateway_rss_bytes: cpu1.rss_bytes,
+            msgs_in_per_s: per_s("messages_in"),
+            msgs_out_per_s: per_s("messages_out"),
+            bytes_in_per_s: per_s("bytes_in"),
+            bytes_out_per_s: per_s("bytes_out"),
+            server_fps,
         },
-        tick_ms: report::Tick { p50: tick_p50 * 1e3, p99: tick_p99 * 1e3, max: tick_max * 1e3 },
-        gateway_cpu_pct: cpu1.cpu_pct_since(&cpu0),
-        gateway_rss_bytes: cpu1.rss_bytes,
-        msgs_in_per_s: per_s("messages_in"),
-        msgs_out_per_s: per_s("messages_out"),
-        bytes_in_per_s: per_s("bytes_in"),
-        bytes_out_per_s: per_s("bytes_out"),
-        server_fps,
         decode_errors: bots.decode_errors.load(Ordering::Relaxed),
         gateway_connections: last.get("connection_num") as u64,
         gateway_channels: last.get("channel_num") as u64,

@@ -25,17 +25,17 @@ pub struct Tick {
     pub max: f64,
 }
 
-/// One second of a hold.
+/// The figures of a second, or of a whole step (its JSON fields sit inline in both).
 #[derive(Debug, Clone, Serialize)]
-pub struct Sample {
-    /// Seconds since the hold started.
-    pub t_s: f64,
+pub struct Figures {
     /// Fan-out passes per subscriber per second at the gateway (its 50 Hz schedule).
     pub gateway_fanout_hz: f64,
-    pub connections: u64,
-    pub channels: u64,
+    /// State updates each client received per second (mean, and the 5th percentile over
+    /// client-seconds).
     pub fanout_hz: Rate,
+    /// Update age from server publish to client receipt.
     pub latency_ms: Latency,
+    /// Fan-out pass time; for a step, the worst one-second sample of the hold.
     pub tick_ms: Tick,
     pub gateway_cpu_pct: f64,
     pub gateway_rss_bytes: u64,
@@ -46,28 +46,25 @@ pub struct Sample {
     pub server_fps: f64,
 }
 
+/// One second of a hold.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the hold started.
+    pub t_s: f64,
+    pub connections: u64,
+    pub channels: u64,
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
 /// One ramp step, summed up over its hold.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
     pub clients: usize,
-    /// Fan-out passes per subscriber per second at the gateway: the 50 Hz schedule held.
-    pub gateway_fanout_hz: f64,
     pub connected: usize,
     pub held: bool,
-    /// State updates each client received per second (mean, and the 5th percentile over
-    /// client-seconds).
-    pub fanout_hz: Rate,
-    /// Update age from server publish to client receipt.
-    pub latency_ms: Latency,
-    /// Channel tick time; each figure is the worst one-second sample of the hold.
-    pub tick_ms: Tick,
-    pub gateway_cpu_pct: f64,
-    pub gateway_rss_bytes: u64,
-    pub msgs_in_per_s: f64,
-    pub msgs_out_per_s: f64,
-    pub bytes_in_per_s: f64,
-    pub bytes_out_per_s: f64,
-    pub server_fps: f64,
+    #[serde(flatten)]
+    pub figures: Figures,
     /// Updates a client replica could not apply (0 unless something is broken).
     pub decode_errors: u64,
     /// Connections (clients and the game server) and channels, from the gateway's metrics.
@@ -92,11 +89,12 @@ pub(super) fn print_header() {
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
-pub(super) fn print_row(s: &Step) {
+pub(super) fn print_row(step: &Step) {
+    let s = &step.figures;
     println!(
         "| {} | {} | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.3} / {:.3} / {:.3} | {:.1} | {:.0} | {:.0} / {:.0} | {:.2} | {:.1} |",
-        s.clients,
-        if s.held { "yes" } else { "no" },
+        step.clients,
+        if step.held { "yes" } else { "no" },
         s.gateway_fanout_hz,
         s.fanout_hz.mean,
         s.fanout_hz.p5,
@@ -121,10 +119,14 @@ pub(super) fn plot(dir: &Path, report: &ReplicationReport) -> anyhow::Result<()>
     };
     let machine = report.machine.line();
     for (file, title, points) in [
-        ("replication-cpu.png", "gateway CPU (% of one core)", series(|s| s.gateway_cpu_pct)),
-        ("replication-fanout.png", "updates per second per client (p5)", series(|s| s.fanout_hz.p5)),
-        ("replication-tick.png", "channel tick p99 (ms)", series(|s| s.tick_ms.p99)),
-        ("replication-bytes.png", "bytes out per second (MB/s)", series(|s| s.bytes_out_per_s / 1e6)),
+        ("replication-cpu.png", "gateway CPU (% of one core)", series(|s| s.figures.gateway_cpu_pct)),
+        (
+            "replication-fanout.png",
+            "gateway fan-out per client (Hz)",
+            series(|s| s.figures.gateway_fanout_hz),
+        ),
+        ("replication-tick.png", "channel pass p99 (ms)", series(|s| s.figures.tick_ms.p99)),
+        ("replication-bytes.png", "bytes out per second (MB/s)", series(|s| s.figures.bytes_out_per_s / 1e6)),
     ] {
         crate::plot::line_chart(dir, file, title, &points, &machine)?;
     }

@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use super::{Header, RNode, default_node, from_plain};
 use crate::error::DecodeError;
-use crate::json_value::{from_json, parse_key, segments};
+use crate::json_value::{JsonOp, from_json, parse_key, segments};
 use crate::schema::{Kind, ROOT, Schema, TypeId};
 
 #[derive(Deserialize)]
@@ -13,15 +13,6 @@ struct JsonHeader {
     kind: String,
     from: u64,
     to: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonOp {
-    op: String,
-    path: String,
-    #[serde(default)]
-    value: Option<serde_json::Value>,
 }
 
 fn bad(msg: impl Into<String>) -> DecodeError {
