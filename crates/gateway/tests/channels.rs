@@ -351,3 +351,49 @@ async fn field_filters_and_option_changes_take_effect_at_the_next_fan_out() {
     assert_eq!(status(subscribe(&alice, ch, unknown).await), Status::InvalidArgument);
     assert!(gw.shutdown(WAIT).await);
 }
+
+#[tokio::test]
+async fn private_channels_rates_and_skipping_the_first_state() {
+    let gw = common::start(&[]).await;
+    let server = client(&gw, "game-server").await;
+    let private = create(&server, ChannelType::Private).await.unwrap().channel_id;
+    let alice = client(&gw, "alice").await;
+    // Only the owner may subscribe to a private channel.
+    assert_eq!(
+        status(subscribe(&alice, private, SubscriptionOptions::default()).await),
+        Status::PermissionDenied
+    );
+
+    let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    update(&server, ch, r#"{"op":"set","path":"/round","value":1}"#).await.unwrap();
+    // Without the first full state, the first update is a delta from the version at subscribe.
+    let opts = SubscriptionOptions { skip_first_full_state: true, ..Default::default() };
+    subscribe(&alice, ch, opts).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    update(&server, ch, r#"{"op":"set","path":"/round","value":2}"#).await.unwrap();
+    let first = ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap();
+    assert_eq!(first.update[0], 0x01, "a delta (kind 1), not a snapshot");
+
+    // A 200 ms fan-out interval caps the updates at 5 a second, whatever the server sends.
+    let bob = client(&gw, "bob").await;
+    let slow = SubscriptionOptions { fanout_interval_ms: 200, ..Default::default() };
+    subscribe(&bob, ch, slow).await.unwrap();
+    let writer = async {
+        for round in 0..50 {
+            update(&server, ch, &format!(r#"{{"op":"set","path":"/round","value":{round}}}"#)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let counter = async {
+        let mut n = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
+        while tokio::time::timeout_at(deadline, next(&bob, "channel.update")).await.is_ok() {
+            n += 1;
+        }
+        n
+    };
+    let ((), n) = tokio::join!(writer, counter);
+    // At most one per 200 ms (the snapshot at once, then four more), however fast the writes.
+    assert!((2..=6).contains(&n), "{n} updates in one second at a 200 ms interval");
+    assert!(gw.shutdown(WAIT).await);
+}
