@@ -1,0 +1,216 @@
+//! The embedded blob store: one file per blob in a content-addressed tree,
+//! `<root>/<namespace>/<aa>/<bb>/<hash>`.
+//!
+//! A write streams into a temp file under `<root>/.tmp`, hashing as it goes; the file is
+//! fsynced, checked against the expected hash, renamed into place, and the directory fsynced.
+//! So a crash at any moment leaves either no blob or the whole blob under its name, and a blob
+//! whose bytes do not match its id is stored nowhere. Bodies are never held whole in memory.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::fs;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::{IoHash, Name};
+
+const TMP: &str = ".tmp";
+/// Read size while streaming a body to disk.
+const CHUNK: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the body hashes to {actual}, not {expected}")]
+    HashMismatch { expected: IoHash, actual: IoHash },
+    #[error("the body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("storage I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Blobs on the local filesystem.
+#[derive(Debug)]
+pub struct BlobStore {
+    root: PathBuf,
+    next_tmp: AtomicU64,
+}
+
+impl BlobStore {
+    /// Opens (creating if needed) a store under `root`, and removes temp files a crash left.
+    pub async fn open(root: impl Into<PathBuf>) -> io::Result<BlobStore> {
+        let root = root.into();
+        let tmp = root.join(TMP);
+        fs::create_dir_all(&tmp).await?;
+        let mut stale = fs::read_dir(&tmp).await?;
+        while let Some(entry) = stale.next_entry().await? {
+            let _ = fs::remove_file(entry.path()).await;
+        }
+        Ok(BlobStore { root, next_tmp: AtomicU64::new(0) })
+    }
+
+    fn path(&self, ns: &Name, id: &IoHash) -> PathBuf {
+        let hex = id.to_hex();
+        self.root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
+    }
+
+    /// Stores what `body` yields, at most `limit` bytes. With `expected`, the body must hash to
+    /// it. Returns the blob's id and size.
+    pub async fn put(
+        &self,
+        ns: &Name,
+        expected: Option<IoHash>,
+        mut body: impl AsyncRead + Unpin,
+        limit: u64,
+    ) -> Result<(IoHash, u64), StoreError> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.root.join(TMP).join(format!("{}-{n}", std::process::id()));
+        let result = self.write_tmp(&tmp, &mut body, limit).await;
+        let (actual, size) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp).await;
+                return Err(e);
+            }
+        };
+        if let Some(expected) = expected
+            && expected != actual
+        {
+            let _ = fs::remove_file(&tmp).await;
+            return Err(StoreError::HashMismatch { expected, actual });
+        }
+        let dest = self.path(ns, &actual);
+        let dir = dest.parent().expect("blob paths have a parent");
+        fs::create_dir_all(dir).await?;
+        fs::rename(&tmp, &dest).await?;
+        sync_dir(dir).await?;
+        Ok((actual, size))
+    }
+
+    async fn write_tmp(
+        &self,
+        tmp: &Path,
+        body: &mut (impl AsyncRead + Unpin),
+        limit: u64,
+    ) -> Result<(IoHash, u64), StoreError> {
+        let mut file = fs::File::create(tmp).await?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut size = 0u64;
+        loop {
+            let n = body.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            size += n as u64;
+            if size > limit {
+                return Err(StoreError::TooLarge { limit });
+            }
+            hasher.update(&buf[..n]);
+            file.write_all(&buf[..n]).await?;
+        }
+        file.flush().await?;
+        file.sync_all().await?;
+        Ok((IoHash::from_hasher(&hasher), size))
+    }
+
+    /// The blob's file and size, if it is stored.
+    pub async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<(fs::File, u64)>> {
+        match fs::File::open(self.path(ns, id)).await {
+            Ok(file) => {
+                let size = file.metadata().await?.len();
+                Ok(Some((file, size)))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        fs::try_exists(self.path(ns, id)).await
+    }
+
+    /// Removes a blob; false if it was not there.
+    pub async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        match fs::remove_file(self.path(ns, id)).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Makes a rename durable: fsync the directory that holds the new name.
+async fn sync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir).await?.sync_all().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, BlobStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).await.unwrap();
+        (dir, store)
+    }
+
+    fn ns() -> Name {
+        "ue.ddc".parse().unwrap()
+    }
+
+    async fn read_all(store: &BlobStore, id: &IoHash) -> Option<Vec<u8>> {
+        let (mut file, size) = store.open_blob(&ns(), id).await.unwrap()?;
+        let mut out = Vec::new();
+        file.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out.len() as u64, size);
+        Some(out)
+    }
+
+    fn tmp_is_empty(dir: &Path) -> bool {
+        std::fs::read_dir(dir.join(TMP)).unwrap().next().is_none()
+    }
+
+    #[tokio::test]
+    async fn stores_and_reads_back_by_content_hash() {
+        let (dir, store) = store().await;
+        let body = vec![7u8; 3 * CHUNK + 5];
+        let (id, size) = store.put(&ns(), Some(IoHash::of(&body)), &body[..], u64::MAX).await.unwrap();
+        assert_eq!((id, size), (IoHash::of(&body), body.len() as u64));
+        assert_eq!(read_all(&store, &id).await.unwrap(), body);
+        assert!(store.exists(&ns(), &id).await.unwrap());
+        // Without an expected hash the store computes it.
+        let (again, _) = store.put(&ns(), None, &body[..], u64::MAX).await.unwrap();
+        assert_eq!(again, id);
+        assert!(store.delete(&ns(), &id).await.unwrap());
+        assert!(!store.delete(&ns(), &id).await.unwrap());
+        assert!(read_all(&store, &id).await.is_none());
+        assert!(tmp_is_empty(dir.path()));
+    }
+
+    #[tokio::test]
+    async fn a_mismatched_or_oversized_body_is_stored_nowhere() {
+        let (dir, store) = store().await;
+        let wrong = IoHash::of(b"something else");
+        let err = store.put(&ns(), Some(wrong), &b"the body"[..], u64::MAX).await.unwrap_err();
+        assert!(matches!(err, StoreError::HashMismatch { .. }), "{err}");
+        assert!(read_all(&store, &wrong).await.is_none());
+        assert!(read_all(&store, &IoHash::of(b"the body")).await.is_none());
+        let err = store.put(&ns(), None, &[0u8; 100][..], 99).await.unwrap_err();
+        assert!(matches!(err, StoreError::TooLarge { limit: 99 }), "{err}");
+        assert!(read_all(&store, &IoHash::of(&[0u8; 100])).await.is_none());
+        assert!(tmp_is_empty(dir.path()), "no temp file left behind");
+    }
+
+    #[tokio::test]
+    async fn reopening_clears_what_a_crash_left_half_written() {
+        let (dir, store) = store().await;
+        let (id, _) = store.put(&ns(), None, &b"kept"[..], u64::MAX).await.unwrap();
+        // A crash mid-write leaves a temp file, never a file under a blob's name.
+        std::fs::write(dir.path().join(TMP).join("999-0"), b"half a blo").unwrap();
+        drop(store);
+        let store = BlobStore::open(dir.path()).await.unwrap();
+        assert!(tmp_is_empty(dir.path()));
+        assert_eq!(read_all(&store, &id).await.unwrap(), b"kept");
+    }
+}
