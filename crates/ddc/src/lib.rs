@@ -1,13 +1,16 @@
 //! tickwire's derived-data cache, wire-compatible with Unreal Cloud DDC (work in progress).
 //!
-//! Built so far: content hashes ([`IoHash`]), namespace and bucket names, and the embedded
-//! filesystem blob store, whose writes are atomic and verified. The HTTP API, refs, compact
-//! binary and compressed buffers wait for their specifications (see the issue note).
+//! Built so far: content hashes ([`IoHash`]), namespace and bucket names, the embedded
+//! filesystem blob store (atomic, verified writes), bearer-token auth, and the blob endpoints
+//! over HTTP. Refs, compact binary and compressed buffers wait for their specifications.
 
+pub mod auth;
 mod blob_store;
 mod hash;
+pub mod http;
 mod names;
 
+pub use auth::{Action, Auth, AuthError};
 pub use blob_store::{BlobStore, StoreError};
 pub use hash::{HashError, IoHash};
 pub use names::{Name, NameError};

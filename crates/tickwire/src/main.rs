@@ -32,6 +32,8 @@ enum Command {
     Gateway(GatewayArgs),
     /// See it all work: a gateway, a simulated game server and bots, with a live summary.
     Demo(DemoArgs),
+    /// The derived-data cache (Unreal Cloud DDC's blob API so far), on embedded storage.
+    Ddc(DdcArgs),
     /// Re-run a reference benchmark against tickwire.
     Bench {
         #[command(subcommand)]
@@ -94,6 +96,24 @@ struct DemoArgs {
     metrics: String,
 }
 
+#[derive(clap::Args)]
+struct DdcArgs {
+    /// Where blobs are stored.
+    #[arg(long, default_value = "tickwire-ddc-data")]
+    root: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// Bearer tokens and their grants (TOML `[[tokens]]` with token, namespaces, actions).
+    #[arg(long, conflicts_with = "dev_auth")]
+    tokens: Option<PathBuf>,
+    /// No auth at all: anyone may read, write and delete. For a local try-out only.
+    #[arg(long)]
+    dev_auth: bool,
+    /// Largest blob accepted, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    max_blob_mib: u64,
+}
+
 #[derive(Subcommand)]
 enum Bench {
     /// B1: ping-pong sessions held (the Qifun BCP report).
@@ -115,6 +135,7 @@ fn main() -> anyhow::Result<()> {
     let default_level = match cli.command {
         Command::Gateway(_) => "info",
         Command::Demo(_) => "warn",
+        Command::Ddc(_) => "info",
         Command::Bench { .. } => "warn",
     };
     tracing_subscriber::fmt()
@@ -134,6 +155,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Gateway(args) => gateway(args).await,
             Command::Demo(args) => demo(args).await,
+            Command::Ddc(args) => ddc(args).await,
             Command::Bench { bench: Bench::Pingpong(args) } => {
                 tickwire_bench::pingpong::run(*args).await.map(|_| ())
             }
@@ -199,6 +221,37 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     if !gateway.shutdown(SHUTDOWN_GRACE).await {
         tracing::warn!("some sessions did not close within {}", humantime::format_duration(SHUTDOWN_GRACE));
     }
+    Ok(())
+}
+
+async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
+    use tickwire_ddc::{Auth, BlobStore, http};
+    let auth = match (&args.tokens, args.dev_auth) {
+        (Some(path), _) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Auth::from_toml(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        (None, true) => {
+            tracing::warn!("--dev-auth: anyone can read, write and delete; use --tokens in production");
+            Auth::Dev
+        }
+        (None, false) => {
+            anyhow::bail!("no auth configured: pass --tokens FILE, or --dev-auth for a local try-out")
+        }
+    };
+    let store =
+        BlobStore::open(&args.root).await.with_context(|| format!("opening {}", args.root.display()))?;
+    let ddc = std::sync::Arc::new(http::Ddc { store, auth, max_blob_bytes: args.max_blob_mib << 20 });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    println!("{LISTENING_PREFIX}http://{}/ (blobs in {})", listener.local_addr()?, args.root.display());
+    axum::serve(listener, http::router(ddc))
+        .with_graceful_shutdown(async {
+            let _ = wait_for_signal().await;
+        })
+        .await?;
     Ok(())
 }
 
