@@ -134,8 +134,7 @@ async fn put_blob(
     {
         return Err(ApiError::HeaderMismatch { header: claimed.chars().take(64).collect(), url: id });
     }
-    let (stored, _) = ddc.store.put(&ns, Some(id), body_reader(body), ddc.max_blob_bytes).await?;
-    Ok(axum::Json(json!({ "identifier": stored.to_hex() })))
+    store_body(&ddc, &ns, Some(id), body).await
 }
 
 async fn post_blob(
@@ -149,7 +148,17 @@ async fn post_blob(
         Some(h) => Some(h.parse::<IoHash>()?),
         None => None,
     };
-    let (stored, _) = ddc.store.put(&ns, expected, body_reader(body), ddc.max_blob_bytes).await?;
+    store_body(&ddc, &ns, expected, body).await
+}
+
+/// Streams a request body into the store and answers with the blob's id.
+async fn store_body(
+    ddc: &Ddc,
+    ns: &Name,
+    expected: Option<IoHash>,
+    body: Body,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let (stored, _) = ddc.store.put(ns, expected, body_reader(body), ddc.max_blob_bytes).await?;
     Ok(axum::Json(json!({ "identifier": stored.to_hex() })))
 }
 

@@ -236,22 +236,21 @@ impl ChannelRouter {
     }
 
     /// Looks the channel up, checks `access` (if any) and queues `msg` for its actor.
-    fn forward(
-        &self,
-        session: &SessionHandle,
-        id: u64,
-        channel_id: u64,
-        what: &str,
-        access: impl FnOnce(&ChannelTypeConfig) -> Option<Access>,
-        msg: Msg,
-    ) -> Option<Response> {
+    /// Looks the channel up, checks the access rule the request is under (if any), keeps the
+    /// registry in step, and queues `msg` for the channel's actor.
+    fn forward(&self, session: &SessionHandle, id: u64, channel_id: u64, msg: Msg) -> Option<Response> {
         let mut reg = self.registry();
         let master = reg.master;
         let Some(entry) = reg.channels.get(&channel_id) else {
             return Some(error_response(id, Status::NotFound, format!("no channel {channel_id}")));
         };
         let cfg = self.type_config(entry.ty);
-        if let Some(access) = access(cfg)
+        let rule = match &msg {
+            Msg::Subscribe { .. } => Some(("subscribe", cfg.subscribe)),
+            Msg::Remove { .. } => Some(("remove", cfg.remove)),
+            _ => None,
+        };
+        if let Some((what, access)) = rule
             && !Self::allowed(access, session.conn_id(), entry.owner, master)
         {
             let msg = format!(
@@ -261,18 +260,21 @@ impl ChannelRouter {
             return Some(error_response(id, Status::PermissionDenied, msg));
         }
         let inbox = entry.inbox.clone();
-        if what == "remove" {
-            let entry = reg.channels.remove(&channel_id).expect("looked up above");
-            if reg.global == Some(channel_id) {
-                reg.global = None;
-                reg.master = None;
+        match &msg {
+            Msg::Remove { .. } => {
+                let entry = reg.channels.remove(&channel_id).expect("looked up above");
+                if reg.global == Some(channel_id) {
+                    reg.global = None;
+                    reg.master = None;
+                }
+                if let Some(owner) = entry.owner.and_then(|o| reg.members.get_mut(&o)) {
+                    owner.owned.remove(&channel_id);
+                }
             }
-            if let Some(owner) = entry.owner.and_then(|o| reg.members.get_mut(&o)) {
-                owner.owned.remove(&channel_id);
+            Msg::Subscribe { .. } => {
+                reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
             }
-        }
-        if what == "subscribe" {
-            reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
+            _ => {}
         }
         drop(reg);
         match inbox.try_send(msg) {
@@ -311,7 +313,7 @@ impl ChannelRouter {
                         return Some(refused);
                     }
                 }
-                self.forward(session, id, sub.channel_id, "subscribe", |c| Some(c.subscribe), msg)
+                self.forward(session, id, sub.channel_id, msg)
             }
             "channel.unsubscribe" => {
                 let r = match ChannelRef::decode(request.body) {
@@ -322,7 +324,7 @@ impl ChannelRouter {
                     m.subscribed.remove(&r.channel_id);
                 }
                 let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
-                self.forward(session, id, r.channel_id, "unsubscribe", |_| None, msg)
+                self.forward(session, id, r.channel_id, msg)
             }
             "channel.update" => {
                 let u = match UpdateChannel::decode(request.body) {
@@ -330,7 +332,7 @@ impl ChannelRouter {
                     Err(e) => return bad(e),
                 };
                 let msg = Msg::Update { from: session.clone(), patch: u.patch, request_id: id };
-                self.forward(session, id, u.channel_id, "update", |_| None, msg)
+                self.forward(session, id, u.channel_id, msg)
             }
             "channel.remove" => {
                 let r = match ChannelRef::decode(request.body) {
@@ -338,7 +340,7 @@ impl ChannelRouter {
                     Err(e) => return bad(e),
                 };
                 let msg = Msg::Remove { by: session.clone(), request_id: id };
-                self.forward(session, id, r.channel_id, "remove", |c| Some(c.remove), msg)
+                self.forward(session, id, r.channel_id, msg)
             }
             "channel.claim" => {
                 let r = match ChannelRef::decode(request.body) {
@@ -354,7 +356,7 @@ impl ChannelRouter {
                 };
                 let channel_id = send.channel_id;
                 let msg = Msg::Send { from: session.clone(), send, request_id: id };
-                self.forward(session, id, channel_id, "send", |_| None, msg)
+                self.forward(session, id, channel_id, msg)
             }
             other => Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
         }
