@@ -127,7 +127,9 @@ pub(crate) fn default_node(schema: &Schema, ty: TypeId) -> RNode {
     from_value(schema.default_value(ty))
 }
 
-fn from_value(v: Value) -> RNode {
+/// A replica node for a plain value. Map entries get no ids: defaults have no entries, and the
+/// JSON format names entries by key.
+pub(crate) fn from_value(v: Value) -> RNode {
     match v {
         Value::Int(i) => RNode::Int(i),
         Value::Float(f) => RNode::Float(f),
@@ -137,22 +139,10 @@ fn from_value(v: Value) -> RNode {
         Value::Vec3(v) => RNode::Vec3(v),
         Value::Struct(f) => RNode::Struct(f.into_iter().map(from_value).collect()),
         Value::List(l) => RNode::List(l.into_iter().map(from_value).collect()),
-        // Defaults hold empty maps only.
-        Value::Map(_) => RNode::Map(RMap::default()),
-    }
-}
-
-/// A replica node for a plain value, map entries included (with no ids: for the JSON format,
-/// which names entries by key).
-pub(crate) fn from_plain(v: Value) -> RNode {
-    match v {
         Value::Map(m) => RNode::Map(RMap {
-            entries: m.into_iter().map(|(k, v)| (k, from_plain(v))).collect(),
+            entries: m.into_iter().map(|(k, v)| (k, from_value(v))).collect(),
             ids: Default::default(),
         }),
-        Value::Struct(f) => RNode::Struct(f.into_iter().map(from_plain).collect()),
-        Value::List(l) => RNode::List(l.into_iter().map(from_plain).collect()),
-        other => from_value(other),
     }
 }
 
