@@ -124,7 +124,6 @@ impl GameServer {
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
         frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut frame: u64 = 0;
-        let mut patch = String::new();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
@@ -138,7 +137,7 @@ impl GameServer {
                 c.apply(Input { forward: input.forward, yaw: input.yaw, jump: input.jump });
             }
             frame += 1;
-            patch.clear();
+            let mut patch = String::with_capacity(64 * (characters.len() + 2));
             patch.push_str(&format!("{{\"op\":\"set\",\"path\":\"/ts_us\",\"value\":{}}}\n", now_us()));
             patch.push_str(&format!("{{\"op\":\"set\",\"path\":\"/frame\",\"value\":{frame}}}\n"));
             for (player, c) in characters.iter_mut() {
@@ -156,7 +155,7 @@ impl GameServer {
                     ));
                 }
             }
-            let update = UpdateChannel { channel_id: self.channel_id, patch: Bytes::from(patch.clone()) };
+            let update = UpdateChannel { channel_id: self.channel_id, patch: Bytes::from(patch) };
             self.client
                 .call("channel.update", update.encode_to_vec().into())
                 .await
