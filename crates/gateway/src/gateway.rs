@@ -21,7 +21,7 @@ use crate::channel::{ChannelConfigError, ChannelRouter};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::handshake::handshake;
 use crate::registry::Registry;
-use crate::router::{EchoRouter, Router};
+use crate::router::Router;
 use crate::stats::Stats;
 use crate::workers::{WorkerSet, listen_for_handoffs};
 
@@ -74,8 +74,7 @@ impl Gateway {
     /// echo.
     pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let auth = provider_from_config(&config.auth)?;
-        let echo = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
-        let router = Arc::new(ChannelRouter::new(config.channels.clone(), echo)?);
+        let router = Arc::new(ChannelRouter::for_gateway(&config)?);
         Ok(Gateway { config, auth, router, workers: None })
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tickwire_client::Target;
-use tickwire_gateway::{ChannelRouter, EchoRouter, Gateway, GatewayConfig};
+use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
@@ -45,8 +45,7 @@ pub struct Second {
 /// Runs the demo on `runtimes` (the gateway's I/O threads; the server and bots share them).
 pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<Second>> {
     // Our own handle on the channel router, to read the gateway's fan-out rate.
-    let echo = Arc::new(EchoRouter::new(1 << 20));
-    let router = Arc::new(ChannelRouter::new(opts.config.channels.clone(), echo)?);
+    let router = Arc::new(ChannelRouter::for_gateway(&opts.config)?);
     let gateway = Gateway::new(opts.config.clone())?
         .with_router(router.clone())
         .start_on(runtimes)

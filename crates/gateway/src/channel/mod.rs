@@ -128,10 +128,11 @@ impl ChannelRouter {
         })
     }
 
-    /// Channels with default settings in front of the echo service.
-    pub fn with_defaults() -> ChannelRouter {
-        ChannelRouter::new(ChannelsConfig::default(), Arc::new(EchoRouter::new(1 << 20)))
-            .expect("no schema files")
+    /// The gateway's default router for `config`: its channel settings, in front of echo
+    /// (answers up to half a frame).
+    pub fn for_gateway(config: &crate::GatewayConfig) -> Result<ChannelRouter, ChannelConfigError> {
+        let echo = Arc::new(EchoRouter::new(config.limits.max_frame_bytes as usize / 2));
+        ChannelRouter::new(config.channels.clone(), echo)
     }
 
     fn type_config(&self, ty: ChannelType) -> &ChannelTypeConfig {
