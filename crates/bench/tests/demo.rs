@@ -25,10 +25,8 @@ fn the_demo_runs_and_stops() {
     let last = seconds.last().unwrap();
     assert_eq!(last.clients, 8, "{seconds:?}");
     assert_eq!(last.characters, 8, "every bot's input spawned its character: {seconds:?}");
-    // Loose bounds: this is a functional check on a shared machine, not a rate measurement.
-    assert!(last.server_fps > 10.0, "{seconds:?}");
-    assert!(last.fanout_hz_mean > 5.0, "{seconds:?}");
-    assert!(last.gateway_fanout_hz > 10.0, "{seconds:?}");
-    assert!(last.bytes_per_s > 0.0, "{seconds:?}");
+    // A functional check, not a rate measurement (rates are `tickwire bench`'s job): every bot
+    // received state, and every update it received applied to its replica.
+    assert!(last.min_updates > 0, "every bot received updates: {seconds:?}");
     assert_eq!(last.decode_errors, 0, "every update applied to every replica");
 }

@@ -20,7 +20,9 @@ mod stats;
 mod workers;
 
 pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
-pub use channel::{Access, ChannelConfigError, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset};
+pub use channel::{
+    Access, ChannelConfigError, ChannelFigures, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset,
+};
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};

@@ -64,7 +64,11 @@ impl Exporter {
             for g in &gauges {
                 let labels: Vec<metrics::Label> =
                     g.labels.iter().map(|(k, v)| metrics::Label::new(*k, v.clone())).collect();
-                metrics::gauge!(g.name, labels).set(g.value);
+                if g.counter {
+                    metrics::counter!(g.name, labels).absolute(g.value as u64);
+                } else {
+                    metrics::gauge!(g.name, labels).set(g.value);
+                }
             }
             for (i, &n) in s.closes.iter().enumerate().take(CLOSE_REASONS).skip(1) {
                 if let Ok(reason) = CloseReason::try_from(i as i32) {

@@ -123,17 +123,25 @@ pub trait Router: Send + Sync + 'static {
     }
 }
 
-/// One gauge for the metrics endpoint: a name, labels and a value.
+/// One figure for the metrics endpoint: a name, labels and a value, exported as a gauge, or
+/// as a counter when it only ever grows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gauge {
     pub name: &'static str,
     pub labels: Vec<(&'static str, String)>,
     pub value: f64,
+    /// Exported with Prometheus type `counter`.
+    pub counter: bool,
 }
 
 impl Gauge {
     pub fn new(name: &'static str, value: f64) -> Gauge {
-        Gauge { name, labels: Vec::new(), value }
+        Gauge { name, labels: Vec::new(), value, counter: false }
+    }
+
+    /// A figure that only grows (a total since the start).
+    pub fn counter(name: &'static str, value: u64) -> Gauge {
+        Gauge { name, labels: Vec::new(), value: value as f64, counter: true }
     }
 
     pub fn label(mut self, key: &'static str, value: impl Into<String>) -> Gauge {

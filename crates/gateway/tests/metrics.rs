@@ -34,8 +34,11 @@ async fn metrics_follow_the_traffic() {
     // A handshake that is not a Hello is refused and counted by reason.
     common::raw_close(gw.tcp_addrs()[0], &[0, 0, 0, 1, 0x09]).await.expect("a Close");
     client.close().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let after = common::scrape(addr).await;
+    // The gateway counts the client's close when its session task ends: wait for that.
+    let after = common::scrape_until(addr, "the closed session is counted", |text| {
+        value(text, "closes{reason=\"normal\"}") == 1.0
+    })
+    .await;
     assert_eq!(value(&after, "closes{reason=\"protocol_error\"}"), 1.0);
     assert_eq!(value(&after, "closes{reason=\"normal\"}"), 1.0);
     assert_eq!(value(&after, "connection_num"), 0.0);

@@ -120,7 +120,8 @@ async fn a_session_expires_after_the_resume_window() {
     let mut conn = Connection::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
     assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
     proxy.cut();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The session waits 200 ms for a resume, then ends.
+    common::wait_until("the session expired", || gw.session_count() == 0).await;
     match conn.resume().await {
         Err(ClientError::Closed { reason: CloseReason::ResumeFailed, .. }) => {}
         other => panic!("expected RESUME_FAILED, got {other:?}"),

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use prost::Message;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tickwire_client::{ConnectOptions, Connection, Event};
-use tickwire_wire::proto::EchoRequest;
+use tickwire_wire::proto::{EchoRequest, Status};
 use tokio_util::sync::CancellationToken;
 
 use super::{MAX_STEPS, MIN_THINK, Row};
@@ -22,6 +22,8 @@ pub(super) struct Shared {
     pub(super) sent: [AtomicU64; MAX_STEPS],
     pub(super) answered: [AtomicU64; MAX_STEPS],
     pub(super) duplicated: AtomicU64,
+    /// Answers with an error status or a body of the wrong size (not counted as answered).
+    pub(super) bad_answers: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) connected: AtomicU64,
     pub(super) failed: AtomicU64,
@@ -38,6 +40,7 @@ impl Shared {
             sent: std::array::from_fn(|_| AtomicU64::new(0)),
             answered: std::array::from_fn(|_| AtomicU64::new(0)),
             duplicated: AtomicU64::new(0),
+            bad_answers: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             connected: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -110,7 +113,10 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
                 if step != usize::MAX {
                     shared.sent[step].fetch_add(1, Relaxed);
                 }
-                outstanding.push_back((id, Instant::now(), step));
+                // RTT counts from when the request was due, not from when this task got to
+                // send it: a late load generator must not hide its own lateness (coordinated
+                // omission).
+                outstanding.push_back((id, next.into_std(), step));
                 if conn.send_request(id, "echo", body.clone()).is_err() {
                     shared.errors.fetch_add(1, Relaxed);
                     break;
@@ -123,9 +129,14 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
                 Ok(Some(Event::Response(response))) => {
                     match outstanding.iter().position(|(i, ..)| *i == response.id) {
                         Some(pos) => {
-                            let (_, sent_at, step) = outstanding.remove(pos).expect("position is valid");
-                            if step != usize::MAX {
-                                let us = sent_at.elapsed().as_micros() as u64;
+                            let (_, due_at, step) = outstanding.remove(pos).expect("position is valid");
+                            let good = response.status == Status::Ok as i32
+                                && response.body.len() == row.response_bytes as usize;
+                            if !good {
+                                // An error answer is not an answer: it stays unanswered (lost).
+                                shared.bad_answers.fetch_add(1, Relaxed);
+                            } else if step != usize::MAX {
+                                let us = due_at.elapsed().as_micros() as u64;
                                 let _ = shared.rtt[step].lock().expect("histogram lock").record(us.max(1));
                                 shared.answered[step].fetch_add(1, Relaxed);
                             }

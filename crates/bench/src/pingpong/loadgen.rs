@@ -50,6 +50,7 @@ pub(crate) struct Counters {
     pub(crate) sent: u64,
     pub(crate) answered: u64,
     pub(crate) duplicated: u64,
+    pub(crate) bad_answers: u64,
     pub(crate) errors: u64,
     pub(crate) connected: u64,
     pub(crate) failed: u64,
@@ -64,6 +65,7 @@ impl Counters {
         self.sent += other.sent;
         self.answered += other.answered;
         self.duplicated += other.duplicated;
+        self.bad_answers += other.bad_answers;
         self.errors += other.errors;
         self.connected += other.connected;
         self.failed += other.failed;
@@ -146,6 +148,7 @@ impl Local {
             sent: s.sent[step].load(Relaxed),
             answered: s.answered[step].load(Relaxed),
             duplicated: s.duplicated.load(Relaxed),
+            bad_answers: s.bad_answers.load(Relaxed),
             errors: s.errors.load(Relaxed),
             connected: s.connected.load(Relaxed),
             failed: s.failed.load(Relaxed),

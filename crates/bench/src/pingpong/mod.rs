@@ -28,6 +28,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tickwire_client::Target;
 use tokio::runtime::Handle;
 
+use crate::hold::Hold;
 use crate::machine::{Machine, ProcSample, process_tree, raise_fd_limit};
 use crate::server::ChildGateway;
 
@@ -354,13 +355,16 @@ async fn hold(
     let errors = after.errors - before.errors;
     let lost = after.sent.saturating_sub(after.answered);
     let duplicated = after.duplicated - before.duplicated;
+    let bad_answers = after.bad_answers - before.bad_answers;
     let connected = after.connected as usize;
-    let held = errors == 0
-        && lost == 0
-        && duplicated == 0
-        && connected >= clients
-        && after.sent > 0
-        && rtt.p99 <= args.max_p99.as_secs_f64() * 1000.0;
+    let hold = Hold::new()
+        .at_least("clients connected", connected as f64, clients as f64, "")
+        .none("errors", errors)
+        .none("error or wrong-size answers", bad_answers)
+        .none("lost", lost)
+        .none("duplicated", duplicated)
+        .at_least("requests sent", after.sent as f64, 1.0, "")
+        .at_most("RTT p99 from the due time", rtt.p99, args.max_p99.as_secs_f64() * 1000.0, "ms");
     Ok(Step {
         row: row.name.clone(),
         clients,
@@ -371,11 +375,13 @@ async fn hold(
         request_bytes: row.request_bytes,
         response_bytes: row.response_bytes,
         hold_s: elapsed,
-        held,
+        held: hold.held(),
+        hold,
         requests: after.answered,
         rps: after.answered as f64 / elapsed,
         rtt_ms: rtt,
         errors,
+        bad_answers,
         lost,
         duplicated,
         server_cpu_pct: cpu0.zip(cpu1).map(|(a, b)| b.cpu_pct_since(&a)),

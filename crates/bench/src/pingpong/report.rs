@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use crate::hold::Hold;
 use crate::machine::Machine;
 
 /// RTT percentiles in milliseconds.
@@ -25,10 +26,17 @@ pub struct Step {
     pub response_bytes: u32,
     pub hold_s: f64,
     pub held: bool,
+    /// Each condition of the hold rule: measured, required, held.
+    pub hold: Hold,
+    /// Requests answered with status OK and a body of the asked size.
     pub requests: u64,
     pub rps: f64,
+    /// Round-trip time from when each request was due (its scheduled instant) to its answer.
     pub rtt_ms: Rtt,
+    /// Connects that failed, links lost and sessions that ended.
     pub errors: u64,
+    /// Answers with an error status or a body of the wrong size.
+    pub bad_answers: u64,
     pub lost: u64,
     pub duplicated: u64,
     pub server_cpu_pct: Option<f64>,
@@ -51,7 +59,10 @@ pub struct Report {
 
 pub(super) fn print_header() {
     println!(
-        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10}",
+        "RTT is timed from each request's due time; cpu and rss are the gateway's, gen cpu the load generator's"
+    );
+    println!(
+        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10} {:>9}",
         "clients",
         "held",
         "req/s",
@@ -59,19 +70,21 @@ pub(super) fn print_header() {
         "p99 ms",
         "max ms",
         "errors",
+        "bad",
         "lost",
         "dup",
         "cpu %",
         "rss MiB",
         "in KiB/s",
-        "out KiB/s"
+        "out KiB/s",
+        "gen cpu %"
     );
 }
 
 pub(super) fn print_row(s: &Step) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     println!(
-        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
+        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
         s.clients,
         if s.held { "yes" } else { "NO" },
         s.rps,
@@ -79,6 +92,7 @@ pub(super) fn print_row(s: &Step) {
         s.rtt_ms.p99,
         s.rtt_ms.max,
         s.errors,
+        s.bad_answers,
         s.lost,
         s.duplicated,
         opt(s.server_cpu_pct),
@@ -87,4 +101,7 @@ pub(super) fn print_row(s: &Step) {
         s.bytes_out_per_s / 1024.0,
         opt(s.loadgen_cpu_pct),
     );
+    if !s.held {
+        println!("  not held: {}", s.hold.failures());
+    }
 }

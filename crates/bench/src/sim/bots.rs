@@ -12,7 +12,7 @@ use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tickwire_client::{Client, ConnectOptions, Target};
-use tickwire_state::{Replica, Schema, SchemaDef, Step, Value};
+use tickwire_state::{Replica, Schema, SchemaDef, Step, Value, Version};
 use tickwire_wire::proto::{ChannelMessage, ChannelSend, ChannelUpdate, Subscribe, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -23,9 +23,19 @@ use super::world::Input;
 /// What every bot adds to. Per-bot update counters give each client's own fan-out rate.
 #[derive(Debug)]
 pub struct BotStats {
+    /// Bots connected and subscribed now.
     pub connected: AtomicU64,
     pub bytes: AtomicU64,
+    /// Updates a bot could not read: its replica refused it, or (counting mode) its header or
+    /// timestamp did not parse.
     pub decode_errors: AtomicU64,
+    /// Bots that stopped with an error before they were told to stop (connect, subscribe,
+    /// send or a lost session), each counted once.
+    pub errors: AtomicU64,
+    /// Deltas whose `from` was newer than the version the bot held: versions it never saw.
+    pub version_gaps: AtomicU64,
+    /// Deltas whose `from` was older than the version the bot held: versions it saw twice.
+    pub version_repeats: AtomicU64,
     /// Update age (server publish to bot receipt), in microseconds.
     pub latency_us: Mutex<Histogram<u64>>,
     per_bot: Mutex<Vec<Arc<AtomicU64>>>,
@@ -37,6 +47,9 @@ impl Default for BotStats {
             connected: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             decode_errors: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            version_gaps: AtomicU64::new(0),
+            version_repeats: AtomicU64::new(0),
             latency_us: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")),
             per_bot: Mutex::new(Vec::new()),
         }
@@ -59,7 +72,8 @@ pub enum BotMode {
     Count,
 }
 
-/// Runs bot `index` until `stop`.
+/// Runs bot `index` until `stop`. An error before `stop` is counted in [`BotStats::errors`]
+/// and returned.
 pub async fn run_bot(
     target: Target,
     index: usize,
@@ -67,6 +81,21 @@ pub async fn run_bot(
     mode: BotMode,
     stats: Arc<BotStats>,
     stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let result = bot_session(target, index, channel_id, mode, &stats, &stop).await;
+    if result.is_err() && !stop.is_cancelled() {
+        stats.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    result
+}
+
+async fn bot_session(
+    target: Target,
+    index: usize,
+    channel_id: u64,
+    mode: BotMode,
+    stats: &BotStats,
+    stop: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut opts = ConnectOptions::new(target);
     let player = format!("bot-{index}");
@@ -81,13 +110,15 @@ pub async fn run_bot(
     if let Ok(mut v) = stats.per_bot.lock() {
         v.push(counter.clone());
     }
-    stats.connected.fetch_add(1, Ordering::Relaxed);
+    let _connected = Connected::count(&stats.connected);
 
     let mut bot =
         Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU);
     send_input(&client, channel_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
+    // The version this bot's copy of the world is at (None before the first snapshot).
+    let mut held: Option<Version> = None;
     let result = loop {
         tokio::select! {
             () = stop.cancelled() => break Ok(()),
@@ -110,8 +141,24 @@ pub async fn run_bot(
                 if push.topic != "channel.update" {
                     continue;
                 }
-                let Ok(update) = ChannelUpdate::decode(push.body) else { continue };
+                let Ok(update) = ChannelUpdate::decode(push.body) else {
+                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
                 stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
+                let Some(peeked) = peek(&update.update) else {
+                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                // Each delta must start where the previous update ended.
+                if let (false, Some(have)) = (peeked.snapshot, held) {
+                    if peeked.from > have {
+                        stats.version_gaps.fetch_add(1, Ordering::Relaxed);
+                    } else if peeked.from < have {
+                        stats.version_repeats.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                held = Some(peeked.to);
                 let ts = match mode {
                     BotMode::Replica => {
                         if replica.apply(&update.update).is_err() {
@@ -123,7 +170,7 @@ pub async fn run_bot(
                             _ => None,
                         }
                     }
-                    BotMode::Count => peek_ts(&update.update),
+                    BotMode::Count => peeked.ts,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(ts) = ts
@@ -134,24 +181,57 @@ pub async fn run_bot(
             }
         }
     };
-    stats.connected.fetch_sub(1, Ordering::Relaxed);
     client.close().await;
     result
 }
 
-/// The publish timestamp of an update without decoding the rest: the header (kind, from, to),
-/// then the root patch's first op, which is field 0 (`ts_us`) SET whenever it changed, since
-/// the ops of a struct patch come in field order (docs/protocol.md 12.2).
-fn peek_ts(update: &[u8]) -> Option<i64> {
-    let mut buf = update.get(1..)?;
-    prost::encoding::decode_varint(&mut buf).ok()?;
-    prost::encoding::decode_varint(&mut buf).ok()?;
-    let tag = prost::encoding::decode_varint(&mut buf).ok()?;
-    if tag != 1 {
-        return None;
+/// Holds one place in [`BotStats::connected`] for as long as it lives, however the bot ends.
+struct Connected<'a>(&'a AtomicU64);
+
+impl<'a> Connected<'a> {
+    fn count(counter: &'a AtomicU64) -> Connected<'a> {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Connected(counter)
     }
-    let z = prost::encoding::decode_varint(&mut buf).ok()?;
-    Some(((z >> 1) as i64) ^ -((z & 1) as i64))
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a counting bot reads of a binary update without decoding the rest.
+#[derive(Debug, PartialEq, Eq)]
+struct Peeked {
+    snapshot: bool,
+    from: Version,
+    to: Version,
+    /// The publish timestamp, if the update sets it.
+    ts: Option<i64>,
+}
+
+/// Reads the header (kind, from, to) and then the root patch's first op, which is field 0
+/// (`ts_us`) SET whenever it changed, since the ops of a struct patch come in field order
+/// (docs/protocol.md 12.2). `None` if the header does not parse.
+fn peek(update: &[u8]) -> Option<Peeked> {
+    let (&kind, mut buf) = update.split_first()?;
+    let snapshot = match kind {
+        0x01 => false,
+        0x02 => true,
+        _ => return None,
+    };
+    let from = prost::encoding::decode_varint(&mut buf).ok()?;
+    let to = prost::encoding::decode_varint(&mut buf).ok()?;
+    let ts = (|| {
+        let tag = prost::encoding::decode_varint(&mut buf).ok()?;
+        if tag != 1 {
+            return None;
+        }
+        let z = prost::encoding::decode_varint(&mut buf).ok()?;
+        Some(((z >> 1) as i64) ^ -((z & 1) as i64))
+    })();
+    Some(Peeked { snapshot, from, to, ts })
 }
 
 async fn send_input(client: &Client, channel_id: u64, player: &str, input: Input) -> anyhow::Result<()> {
@@ -169,7 +249,7 @@ mod tests {
     use tickwire_state::{Codec, State};
 
     #[test]
-    fn peek_ts_reads_the_timestamp_the_replica_sees() {
+    fn peek_reads_the_header_and_the_timestamp_the_replica_sees() {
         let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json").unwrap()).unwrap();
         let mut state = State::new(schema);
         for ts in [0i64, 1, 1_700_000_000_000_000, -5] {
@@ -177,9 +257,16 @@ mod tests {
             let v = state.seal();
             let update =
                 state.prepare(v - 1, Codec::Binary).unwrap().update_for(&state, &"p".into(), false).unwrap();
-            assert_eq!(peek_ts(&update.to_vec()), Some(ts), "{ts}");
+            let peeked = peek(&update.to_vec()).unwrap();
+            // A delta from version 0 is a snapshot.
+            assert_eq!(peeked, Peeked { snapshot: v == 1, from: v - 1, to: v, ts: Some(ts) }, "{ts}");
         }
-        assert_eq!(peek_ts(&[]), None);
-        assert_eq!(peek_ts(&[1, 0]), None);
+        let snapshot =
+            state.prepare(0, Codec::Binary).unwrap().update_for(&state, &"p".into(), false).unwrap();
+        let peeked = peek(&snapshot.to_vec()).unwrap();
+        assert!(peeked.snapshot && peeked.from == 0 && peeked.to == state.version());
+        assert_eq!(peek(&[]), None);
+        assert_eq!(peek(&[1, 0]), None, "cut header");
+        assert_eq!(peek(&[7, 0, 0]), None, "unknown kind");
     }
 }

@@ -29,8 +29,11 @@ pub struct DemoOptions {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Second {
     pub clients: u64,
-    /// Fan-out passes per subscriber per second at the gateway (the channel's 50 Hz schedule).
-    pub gateway_fanout_hz: f64,
+    /// The world channel's tick rate at the gateway (its 50 Hz schedule).
+    pub channel_tick_hz: f64,
+    /// State updates the gateway queued per subscriber per second.
+    pub sent_hz: f64,
+    /// State updates each bot received per second: the mean, and the 5th percentile over bots.
     pub fanout_hz_mean: f64,
     pub fanout_hz_p5: f64,
     pub latency_p50_ms: f64,
@@ -38,6 +41,8 @@ pub struct Second {
     pub bytes_per_s: f64,
     pub server_fps: f64,
     pub characters: u64,
+    /// The fewest state updates any bot has received since the start.
+    pub min_updates: u64,
     /// Updates a bot's replica could not apply, since the start (always 0 unless a bug).
     pub decode_errors: u64,
 }
@@ -54,10 +59,10 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
     if opts.print {
         println!("gateway on tcp://{addr}; a game server and {} bots are joining (Ctrl-C stops)", opts.bots);
         println!(
-            "each line: clients connected; the gateway's fan-out rate per client (the channel's 50 Hz \
-             schedule); state updates each client received per second (one per server frame: the world \
-             changes 30 times a second); their age from server publish to client receipt; bytes to \
-             clients; the game server's frame rate"
+            "each line: clients connected; the world channel's tick rate (its 50 Hz schedule); state \
+             updates the gateway sent and each client received per second (one per server frame: the \
+             world changes 30 times a second); their age from server publish to client receipt; bytes \
+             to clients; the game server's frame rate"
         );
         if let Some(m) = gateway.metrics_addr() {
             println!("metrics at http://{m}/metrics");
@@ -88,7 +93,7 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     let (mut last_counts, mut last_bytes, mut last_frames) = (Vec::new(), 0u64, 0u64);
-    let mut last_fanouts = router.fanout_counts().0;
+    let mut last_figures = router.figures();
     let mut last_at = Instant::now();
     loop {
         tokio::select! {
@@ -115,12 +120,12 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
             }
             Err(_) => (0.0, 0.0),
         };
-        let (fanouts, subscribers) = router.fanout_counts();
-        let gateway_fanout_hz = (fanouts - last_fanouts) as f64 / elapsed / subscribers.max(1) as f64;
-        last_fanouts = fanouts;
+        let figures = router.figures();
+        let per_s = |now: u64, then: u64, per: u64| (now - then) as f64 / elapsed / per.max(1) as f64;
         let second = Second {
             clients: stats.connected.load(Ordering::Relaxed),
-            gateway_fanout_hz,
+            channel_tick_hz: per_s(figures.ticks, last_figures.ticks, figures.channels),
+            sent_hz: per_s(figures.fanouts, last_figures.fanouts, figures.subscribers),
             fanout_hz_mean: if rates.is_empty() {
                 0.0
             } else {
@@ -132,15 +137,17 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
             bytes_per_s: (bytes - last_bytes) as f64 / elapsed,
             server_fps: (frames - last_frames) as f64 / elapsed,
             characters: server_stats.characters.load(Ordering::Relaxed),
+            min_updates: last_counts.iter().copied().min().unwrap_or(0),
             decode_errors: stats.decode_errors.load(Ordering::Relaxed),
         };
-        (last_bytes, last_frames) = (bytes, frames);
+        (last_bytes, last_frames, last_figures) = (bytes, frames, figures);
         if opts.print {
             println!(
-                "{:>4}s  clients {:>4}  fan-out {:>4.1} Hz  updates {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s to clients  server {:>4.1} fps",
+                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s to clients  server {:>4.1} fps",
                 started.elapsed().as_secs(),
                 second.clients,
-                second.gateway_fanout_hz,
+                second.channel_tick_hz,
+                second.sent_hz,
                 second.fanout_hz_mean,
                 second.fanout_hz_p5,
                 second.latency_p50_ms,

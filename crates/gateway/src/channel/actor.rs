@@ -1,47 +1,49 @@
 //! One channel on its own task: its state tree, its owner and subscribers, and the fan-out.
 //!
-//! A fan-out pass runs on every tick and right after every applied patch; it sends each
-//! subscriber that is due (an interval has passed since its previous update) one update from its
-//! own version. A subscriber with nothing new stays due, so a change reaches it at once, and no
-//! subscriber gets more than its rate.
+//! A fan-out pass runs on every tick and right after every applied patch. Who is due and from
+//! which version is decided by the pure scheduler in `tickwire-fanout`, which this actor feeds
+//! with the time of each event; the actor does the I/O: it encodes each due subscriber's
+//! update and offers it to the subscriber's session.
 //!
-//! The actor never waits on a peer. Each subscriber has its own fan-out interval and version;
-//! an update is offered to its session's bounded outbox, and when the outbox is full the
-//! subscriber simply keeps its old version and gets one merged delta at a later fan-out (state
-//! coalesces). Messages and events use the outbox's limit: a session that lets them pile up is
-//! closed as a slow consumer by its own task. So one stuck subscriber costs the channel nothing.
+//! The actor never waits on a peer. An update is offered to the session's bounded outbox; when
+//! the outbox is full the scheduler keeps the subscriber's old version and a later pass sends
+//! one merged delta (state coalesces). Messages and events use the outbox's limit: a session
+//! that lets them pile up is closed as a slow consumer by its own task. So one stuck subscriber
+//! costs the channel nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use prost::Message;
+use tickwire_fanout::{Due, Options, Outcome, Scheduler};
 use tickwire_state::{Codec, FieldMask, Key, Patch, PreparedCache, State, Version};
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
     DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
 };
 use tokio::sync::mpsc;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::MissedTickBehavior;
 
 use crate::router::{PushError, SessionHandle, error_response, push_envelope};
 
-/// Figures every channel adds to, read by the metrics endpoint.
+/// Figures every channel adds to, read by the metrics endpoint. All are cumulative: a scrape
+/// never resets them, so any number of readers can take their own windows from differences.
 pub(crate) struct Figures {
-    /// Microseconds per tick, since the last scrape.
-    pub tick_times: Mutex<Histogram<u64>>,
-    /// Microseconds per tick since the start, for the cumulative Prometheus histogram.
-    pub tick_total: Mutex<Histogram<u64>>,
-    pub tick_sum_us: AtomicU64,
-    /// Fan-out passes, one per due subscriber per pass (sent or not): with `subscribers`, the
-    /// fan-out rate each subscriber gets.
+    /// Microseconds per fan-out pass (tick and after-patch passes), since the start.
+    pub pass_times: Mutex<Histogram<u64>>,
+    pub pass_sum_us: AtomicU64,
+    /// Channel ticks run (timer passes, one per channel per tick).
+    pub ticks: AtomicU64,
+    /// State updates queued to subscribers, one per subscriber per update: with `subscribers`,
+    /// the update rate each subscriber gets.
     pub fanouts: AtomicU64,
     /// Subscribers of every channel.
     pub subscribers: AtomicU64,
-    /// Updates not sent because the subscriber's outbox was full (sent later, merged).
+    /// Updates not queued because the subscriber's outbox was full (a later one merges them).
     pub coalesced: AtomicU64,
 }
 
@@ -89,11 +91,6 @@ struct Subscriber {
     mask: Option<FieldMask>,
     server: bool,
     options: SubscriptionOptions,
-    interval: Duration,
-    next_due: Instant,
-    /// The version the subscriber's replica is at; meaningful once `joined`.
-    last: Version,
-    joined: bool,
 }
 
 pub(crate) struct Channel {
@@ -108,6 +105,10 @@ pub(crate) struct Channel {
     /// Tick durations and coalesced updates, shared with the metrics endpoint.
     pub figures: Arc<Figures>,
     subscribers: HashMap<u64, Subscriber>,
+    /// Who of `subscribers` gets state updates (access other than NONE), when, from which version.
+    schedule: Scheduler<u64>,
+    /// The due list of a pass, kept to reuse its allocation.
+    due: Vec<Due<u64>>,
     cache: PreparedCache,
     /// This channel's share of `figures.subscribers`.
     counted: u64,
@@ -144,6 +145,8 @@ impl Channel {
             max_subscribers,
             figures,
             subscribers: HashMap::new(),
+            schedule: Scheduler::new(),
+            due: Vec::new(),
             cache: PreparedCache::default(),
             counted: 0,
         }
@@ -156,10 +159,13 @@ impl Channel {
         loop {
             tokio::select! {
                 msg = inbox.recv() => match msg {
-                    Some(msg) => if self.on_msg(msg) == Flow::Stop { break },
+                    Some(msg) => if self.on_msg(Instant::now(), msg) == Flow::Stop { break },
                     None => break,
                 },
-                _ = ticker.tick() => self.on_tick(Instant::now(), true),
+                _ = ticker.tick() => {
+                    self.figures.ticks.fetch_add(1, Ordering::Relaxed);
+                    self.on_tick(Instant::now());
+                }
             }
         }
         self.subscribers.clear();
@@ -177,13 +183,19 @@ impl Channel {
         self.counted = now;
     }
 
-    fn on_msg(&mut self, msg: Msg) -> Flow {
+    fn remove_subscriber(&mut self, conn_id: u64) {
+        self.subscribers.remove(&conn_id);
+        self.schedule.leave(conn_id);
+    }
+
+    /// Handles one message that arrived at `now`.
+    fn on_msg(&mut self, now: Instant, msg: Msg) -> Flow {
         match msg {
             Msg::Subscribe { member, server, options, request_id } => {
-                self.subscribe(member, server, options, request_id)
+                self.subscribe(now, member, server, options, request_id)
             }
             Msg::Unsubscribe { member, request_id } => {
-                self.subscribers.remove(&member.conn_id());
+                self.remove_subscriber(member.conn_id());
                 let _ = member.respond(ok(request_id, Bytes::new()));
             }
             Msg::Update { from, patch, request_id } => {
@@ -194,7 +206,7 @@ impl Channel {
                     // Subscribers that are due get the change now instead of at the next tick;
                     // the others get it when they are due. Each still gets at most one update
                     // per fan-out interval.
-                    self.on_tick(Instant::now(), false);
+                    self.on_tick(now);
                 }
             }
             Msg::Send { from, send, request_id } => {
@@ -212,7 +224,7 @@ impl Channel {
                 self.event_to_all(ChannelEventKind::OwnerRecovered, "a new owner took the channel");
             }
             Msg::Left { conn_id } => {
-                self.subscribers.remove(&conn_id);
+                self.remove_subscriber(conn_id);
                 if self.owner.as_ref().is_some_and(|o| o.conn_id() == conn_id) {
                     self.owner = None;
                     if self.remove_when_owner_lost {
@@ -228,15 +240,21 @@ impl Channel {
 
     fn subscribe(
         &mut self,
+        now: Instant,
         member: SessionHandle,
         server: bool,
         options: SubscriptionOptions,
         request_id: u64,
     ) {
-        let interval = match options.fanout_interval_ms {
-            0 => self.default_fanout,
-            ms => Duration::from_millis(u64::from(ms)),
+        let schedule = Options {
+            interval: match options.fanout_interval_ms {
+                0 => self.default_fanout,
+                ms => Duration::from_millis(u64::from(ms)),
+            },
+            delay: Duration::from_millis(u64::from(options.fanout_delay_ms)),
+            skip_first_full_state: options.skip_first_full_state,
         };
+        let receives = options.access() != DataAccess::None;
         let mask = if options.fields.is_empty() {
             None
         } else {
@@ -253,12 +271,14 @@ impl Channel {
         if let Some(sub) = self.subscribers.get_mut(&conn_id) {
             // New options take effect at the next fan-out. A new field filter changes what the
             // replica must hold, so it starts again from a snapshot.
-            if sub.mask != mask {
-                sub.joined = false;
-            }
+            let resnapshot = sub.mask != mask;
             sub.options = options;
-            sub.interval = interval;
             sub.mask = mask;
+            if !receives {
+                self.schedule.leave(conn_id);
+            } else if !self.schedule.set_options(conn_id, schedule, resnapshot) {
+                self.schedule.join(conn_id, schedule, now, self.state.version());
+            }
         } else {
             if self.subscribers.len() >= self.max_subscribers {
                 let msg =
@@ -266,19 +286,19 @@ impl Channel {
                 let _ = member.respond(error_response(request_id, Status::Unavailable, msg));
                 return;
             }
-            let next_due = Instant::now() + Duration::from_millis(u64::from(options.fanout_delay_ms));
             let sub = Subscriber {
                 player: Key::str(member.player_id()),
                 mask,
                 handle: member.clone(),
                 server,
                 options,
-                interval,
-                next_due,
-                last: 0,
-                joined: false,
             };
             self.subscribers.insert(conn_id, sub);
+            if receives {
+                // The version now, not at the first pass: a subscriber that skips the full
+                // state holds this one, and every later change must reach it.
+                self.schedule.join(conn_id, schedule, now, self.state.version());
+            }
         }
         let result = SubscribeResult {
             channel_id: self.id,
@@ -369,54 +389,43 @@ impl Channel {
         }
     }
 
-    /// One fan-out pass: every subscriber that is due gets one update from its own version.
-    /// `scheduled`: the pass of the tick timer (counted in `figures.fanouts`), as opposed to
-    /// the one right after a patch.
-    fn on_tick(&mut self, now: Instant, scheduled: bool) {
+    /// One fan-out pass at `now`: every subscriber the scheduler finds due gets one update
+    /// from its own version.
+    fn on_tick(&mut self, now: Instant) {
         let started = std::time::Instant::now();
         let to = self.state.seal();
-        let Channel { id, state, subscribers, cache, figures, .. } = self;
+        let Channel { id, state, subscribers, schedule, due, cache, figures, .. } = self;
+        due.clear();
+        schedule.due(now, to, due);
         let mut gone = Vec::new();
         let mut encoded: HashMap<(Version, i32, Option<FieldMask>), Bytes> = HashMap::new();
-        for (conn_id, sub) in subscribers.iter_mut() {
-            if sub.options.access() == DataAccess::None {
+        for &Due { id: conn_id, from } in due.iter() {
+            let Some(sub) = subscribers.get(&conn_id) else {
+                gone.push(conn_id);
                 continue;
-            }
-            if scheduled {
-                figures.fanouts.fetch_add(1, Ordering::Relaxed);
-            }
-            if now < sub.next_due {
-                continue;
-            }
-            if !sub.joined && sub.options.skip_first_full_state {
-                sub.last = to;
-                sub.joined = true;
-                continue;
-            }
-            if sub.joined && sub.last == to {
-                continue;
-            }
+            };
             let codec = match sub.options.codec() {
                 DeltaCodec::Binary => Codec::Binary,
                 DeltaCodec::Json => Codec::Json,
             };
-            let from = if sub.joined { sub.last } else { 0 };
+            let base = from.unwrap_or(0);
             let update = cache
-                .get_masked(state, from, codec, sub.mask.as_ref())
+                .get_masked(state, base, codec, sub.mask.as_ref())
                 .and_then(|p| Ok((p.update_for(state, &sub.player, sub.options.skip_self)?, p.to())));
             let Ok((update, version)) = update else {
                 // Only a stale cache or an unsealed state could get here; both are impossible
                 // right after seal(). Resend a snapshot next time rather than guess.
-                sub.joined = false;
+                schedule.resnapshot(conn_id);
                 continue;
             };
-            if sub.joined && !update.has_changes() {
+            if from.is_some() && !update.has_changes() {
+                schedule.record(conn_id, now, Outcome::Empty);
                 continue;
             }
             // Subscribers at the same version with nothing of their own (no private segment, no
             // skipped entry) get the very same message: encode it once, share the bytes.
             let shared = update.segments.len() == 2;
-            let key = (from, sub.options.codec, sub.mask.clone());
+            let key = (base, sub.options.codec, sub.mask.clone());
             let envelope = match shared.then(|| encoded.get(&key)).flatten() {
                 Some(bytes) => bytes.clone(),
                 None => {
@@ -432,36 +441,31 @@ impl Channel {
                     bytes
                 }
             };
-            // The interval counts from the previous send: a subscriber with nothing new stays due,
-            // so the next change goes out at once.
-            sub.next_due += sub.interval;
-            if sub.next_due <= now {
-                sub.next_due = now + sub.interval;
-            }
-            match sub.handle.offer_envelope(envelope) {
+            let outcome = match sub.handle.offer_envelope(envelope) {
                 Ok(()) => {
-                    sub.last = version;
-                    sub.joined = true;
+                    figures.fanouts.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Sent { to: version }
                 }
-                // Coalesce: the next fan-out sends one merged delta from `last`.
                 Err(PushError::Full) => {
                     figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Refused
                 }
-                Err(PushError::Closed) => gone.push(*conn_id),
-            }
+                Err(PushError::Closed) => {
+                    gone.push(conn_id);
+                    continue;
+                }
+            };
+            schedule.record(conn_id, now, outcome);
         }
         for conn_id in gone {
-            subscribers.remove(&conn_id);
+            self.remove_subscriber(conn_id);
         }
         self.count_subscribers();
         let micros = started.elapsed().as_micros() as u64;
-        if let Ok(mut h) = self.figures.tick_times.lock() {
+        if let Ok(mut h) = self.figures.pass_times.lock() {
             let _ = h.record(micros.max(1));
         }
-        if let Ok(mut h) = self.figures.tick_total.lock() {
-            let _ = h.record(micros.max(1));
-        }
-        self.figures.tick_sum_us.fetch_add(micros, Ordering::Relaxed);
+        self.figures.pass_sum_us.fetch_add(micros, Ordering::Relaxed);
     }
 }
 

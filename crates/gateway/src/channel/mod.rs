@@ -27,17 +27,45 @@ pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
 use actor::{Channel, Figures, Msg};
 
-/// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds).
+/// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds). Fine enough that
+/// a reader taking windows from bucket differences (as `tickwire bench replication` does) can
+/// tell a 20 ms pass budget apart from 15 and 30 ms.
 const TICK_BUCKETS: &[(&str, u64)] = &[
+    ("0.0001", 100),
+    ("0.00025", 250),
     ("0.0005", 500),
     ("0.001", 1_000),
     ("0.002", 2_000),
+    ("0.003", 3_000),
     ("0.005", 5_000),
+    ("0.0075", 7_500),
     ("0.01", 10_000),
+    ("0.015", 15_000),
     ("0.02", 20_000),
+    ("0.03", 30_000),
     ("0.05", 50_000),
     ("0.1", 100_000),
+    ("0.25", 250_000),
 ];
+
+/// Channel figures at one instant, summed over every channel. The counters are totals since
+/// the start; rates are differences over time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChannelFigures {
+    /// Channels open (`channel_num`).
+    pub channels: u64,
+    /// Subscribers now, over every channel (`channel_subscribers`).
+    pub subscribers: u64,
+    /// Channel ticks run, one per channel per tick (`channel_ticks`): over `channels`, the
+    /// tick rate.
+    pub ticks: u64,
+    /// State updates queued to subscribers, one per subscriber per update (`channel_fanouts`):
+    /// over `subscribers`, the update rate each one gets.
+    pub fanouts: u64,
+    /// Updates not queued because the outbox was full; a later one merged them
+    /// (`channel_updates_coalesced`).
+    pub coalesced: u64,
+}
 
 /// Why a channel router could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -115,9 +143,9 @@ impl ChannelRouter {
             registry: Mutex::new(Registry::default()),
             next_id: AtomicU64::new(1),
             figures: Arc::new(Figures {
-                tick_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
-                tick_total: Mutex::new(Histogram::new(3).expect("valid sigfig")),
-                tick_sum_us: AtomicU64::new(0),
+                pass_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
+                pass_sum_us: AtomicU64::new(0),
+                ticks: AtomicU64::new(0),
                 fanouts: AtomicU64::new(0),
                 subscribers: AtomicU64::new(0),
                 coalesced: AtomicU64::new(0),
@@ -390,10 +418,16 @@ impl ChannelRouter {
         }
     }
 
-    /// Fan-out passes so far (one per due subscriber per pass) and subscribers now, over every
-    /// channel: the fan-out rate per subscriber is the passes' rate over the subscribers.
-    pub fn fanout_counts(&self) -> (u64, u64) {
-        (self.figures.fanouts.load(Ordering::Relaxed), self.figures.subscribers.load(Ordering::Relaxed))
+    /// The channel figures the metrics endpoint exports, read directly.
+    pub fn figures(&self) -> ChannelFigures {
+        let f = &self.figures;
+        ChannelFigures {
+            channels: self.registry().channels.len() as u64,
+            subscribers: f.subscribers.load(Ordering::Relaxed),
+            ticks: f.ticks.load(Ordering::Relaxed),
+            fanouts: f.fanouts.load(Ordering::Relaxed),
+            coalesced: f.coalesced.load(Ordering::Relaxed),
+        }
     }
 
     /// Checks one access rule of the channel's type without forwarding anything.
@@ -474,32 +508,26 @@ impl Router for ChannelRouter {
     }
 
     fn gauges(&self) -> Vec<Gauge> {
-        let channels = self.registry().channels.len();
-        let mut out = vec![Gauge::new("channel_num", channels as f64)];
-        let (fanouts, subscribers) = self.fanout_counts();
-        out.push(Gauge::new("channel_fanouts", fanouts as f64));
-        out.push(Gauge::new("channel_subscribers", subscribers as f64));
-        let coalesced = self.figures.coalesced.load(Ordering::Relaxed);
-        out.push(Gauge::new("channel_updates_coalesced", coalesced as f64));
-        if let Ok(mut h) = self.figures.tick_times.lock() {
-            for (q, label) in [(0.5, "0.5"), (0.99, "0.99"), (1.0, "1")] {
-                let seconds = h.value_at_quantile(q) as f64 / 1e6;
-                out.push(Gauge::new("channel_tick_window_seconds", seconds).label("quantile", label));
-            }
-            // The window quantiles cover the ticks since the previous scrape.
-            h.reset();
-        }
-        // channel_tick_duration_seconds: a cumulative histogram in Prometheus' layout, for
-        // histogram_quantile() over any range.
-        if let Ok(h) = self.figures.tick_total.lock() {
+        let c = self.figures();
+        let f = &self.figures;
+        let mut out = vec![
+            Gauge::new("channel_num", c.channels as f64),
+            Gauge::new("channel_subscribers", c.subscribers as f64),
+            Gauge::counter("channel_ticks", c.ticks),
+            Gauge::counter("channel_fanouts", c.fanouts),
+            Gauge::counter("channel_updates_coalesced", c.coalesced),
+        ];
+        // channel_tick_duration_seconds: every fan-out pass (tick and after-patch) since the
+        // start, a cumulative histogram in Prometheus' layout. Nothing here resets on a scrape.
+        if let Ok(h) = f.pass_times.lock() {
             for (le, bound_us) in TICK_BUCKETS {
                 let n = h.count_between(0, *bound_us);
-                out.push(Gauge::new("channel_tick_duration_seconds_bucket", n as f64).label("le", *le));
+                out.push(Gauge::counter("channel_tick_duration_seconds_bucket", n).label("le", *le));
             }
-            out.push(Gauge::new("channel_tick_duration_seconds_bucket", h.len() as f64).label("le", "+Inf"));
-            out.push(Gauge::new("channel_tick_duration_seconds_count", h.len() as f64));
+            out.push(Gauge::counter("channel_tick_duration_seconds_bucket", h.len()).label("le", "+Inf"));
+            out.push(Gauge::counter("channel_tick_duration_seconds_count", h.len()));
         }
-        let sum = self.figures.tick_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let sum = f.pass_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
         out.push(Gauge::new("channel_tick_duration_seconds_sum", sum));
         out
     }

@@ -22,6 +22,30 @@ pub async fn start(overrides: &[&str]) -> RunningGateway {
     Gateway::new(config).expect("gateway").start().await.expect("start")
 }
 
+/// Waits until `done` holds, checking every few milliseconds; panics naming `what` if it has
+/// not after 10 s. For conditions the test cannot be told about (a counter, a session ending),
+/// instead of sleeping for a guessed time.
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Scrapes `/metrics` until `done` holds for the text, and returns that text.
+pub async fn scrape_until(addr: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape(addr).await;
+        if done(&text) {
+            return text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 pub fn tcp_target(gw: &RunningGateway) -> Target {
     Target::Tcp(gw.tcp_addrs()[0])
 }
