@@ -98,28 +98,6 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     tree
 }
 
-/// Raises this process's open-file limit as far as the system allows and returns it.
-/// Root may raise the hard limit too (up to `fs.nr_open`).
-pub fn raise_fd_limit() -> u64 {
-    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(1 << 20);
-    let wanted = nr_open.min(1 << 20) as libc::rlim_t;
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain syscalls on a stack value.
-    unsafe {
-        let both = libc::rlimit { rlim_cur: wanted, rlim_max: wanted };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &both) != 0 {
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-    }
-    lim.rlim_cur
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,9 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-
-/// Line prefix `tickwire gateway` prints on stdout for each listener.
-pub const LISTENING_PREFIX: &str = "listening on ";
+use tickwire_gateway::LISTENING_PREFIX;
 
 /// A gateway child process, terminated on drop.
 pub struct ChildGateway {

@@ -6,11 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use tickwire_session::SessionConfig;
 use tickwire_transport::{Conn, accept_ws};
-use tickwire_wire::proto::{Close, CloseReason, Control, control};
-use tickwire_wire::{Frame, FrameDecoder};
+use tickwire_wire::FrameDecoder;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -20,13 +17,13 @@ use crate::auth::{AuthProvider, provider_from_config};
 use crate::channel::{ChannelConfigError, ChannelRouter};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::handshake::handshake;
+use crate::handshake::handshake_with;
 use crate::registry::Registry;
 use crate::router::Router;
+use crate::shared::Shared;
 use crate::stats::Stats;
-use crate::workers::{WorkerSet, listen_for_handoffs};
+use crate::workers::{WorkerSet, bind_handoffs, receive_handoff};
 
-/// How long a closing connection gets to take its Close frame.
-const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pending connections the kernel queues per listener.
 const LISTEN_BACKLOG: u32 = 4096;
 /// Pause after a failed accept (for example, out of file descriptors) before the next one.
@@ -43,22 +40,6 @@ pub enum GatewayError {
     Bind { addr: SocketAddr, source: io::Error },
     #[error("cannot listen for handoffs in {path}: {source}")]
     Handoff { path: std::path::PathBuf, source: io::Error },
-}
-
-/// State every connection and session task shares.
-pub(crate) struct Shared {
-    pub(crate) config: GatewayConfig,
-    pub(crate) session_config: SessionConfig,
-    pub(crate) decoder: FrameDecoder,
-    pub(crate) auth: Box<dyn AuthProvider>,
-    pub(crate) router: Arc<dyn Router>,
-    pub(crate) registry: Registry,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) cancel: CancellationToken,
-    pub(crate) tracker: TaskTracker,
-    pub(crate) workers: Option<WorkerSet>,
-    /// The next SessionHandle::conn_id (starts at 1; 0 means "none" on the wire).
-    pub(crate) next_conn_id: std::sync::atomic::AtomicU64,
 }
 
 /// A configured gateway, not yet listening.
@@ -157,7 +138,12 @@ impl Gateway {
                     .and_then(TcpListener::from_std)
                     .map_err(|source| GatewayError::Bind { addr, source })?;
                 let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
-                runtime.spawn(shared.tracker.track_future(crate::metrics::serve(listener, shared.clone())));
+                runtime.spawn(shared.tracker.track_future(crate::metrics::serve(
+                    listener,
+                    shared.stats.clone(),
+                    shared.router.clone(),
+                    shared.cancel.clone(),
+                )));
                 tracing::info!(%local, "metrics at http://{local}/metrics");
                 Some(local)
             }
@@ -250,16 +236,23 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
     }
 }
 
-/// Sends a Close frame (best effort, bounded in time) and closes the connection.
-pub(crate) async fn send_close(conn: &mut Conn, reason: CloseReason, message: &str) {
-    let close = Control {
-        kind: Some(control::Kind::Close(Close { reason: reason as i32, message: message.to_owned() })),
-    };
-    let mut buf = BytesMut::new();
-    Frame::control(&close).encode(&mut buf);
-    let _ = tokio::time::timeout(CLOSE_WRITE_TIMEOUT, async {
-        let _ = conn.write_all(&buf).await;
-        conn.shutdown().await;
-    })
-    .await;
+/// Starts the thread that receives connections other workers hand over (resumes of this
+/// worker's sessions) and runs their handshake on `runtime`.
+fn listen_for_handoffs(shared: Arc<Shared>, workers: &WorkerSet, runtime: Handle) -> io::Result<()> {
+    let listener = bind_handoffs(workers)?;
+    std::thread::Builder::new().name(format!("tickwire-handoff-{}", workers.index)).spawn(move || {
+        for stream in listener.incoming() {
+            match stream.and_then(|s| {
+                let _guard = runtime.enter();
+                receive_handoff(s)
+            }) {
+                Ok((stream, buf)) => {
+                    Stats::add(&shared.stats.handoffs_received, 1);
+                    runtime.spawn(handshake_with(shared.clone(), Conn::Tcp(stream), buf));
+                }
+                Err(e) => tracing::warn!(error = %e, "handoff failed"),
+            }
+        }
+    })?;
+    Ok(())
 }

@@ -10,9 +10,10 @@ use tickwire_transport::Conn;
 use tickwire_wire::proto::{CloseReason, Control, Hello, control};
 use tickwire_wire::{Frame, FrameDecoder, WireError, decode_control};
 
-use crate::gateway::{Shared, send_close};
+use crate::close::send_close;
 use crate::registry::Takeover;
 use crate::session_task::SessionTask;
+use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::workers::{WorkerSet, hand_off};
 

@@ -8,6 +8,7 @@
 
 mod auth;
 mod channel;
+mod close;
 mod config;
 mod gateway;
 mod handshake;
@@ -16,6 +17,7 @@ mod rate_limit;
 mod registry;
 mod router;
 mod session_task;
+mod shared;
 mod stats;
 mod workers;
 
@@ -28,3 +30,7 @@ pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;
+
+/// Line prefix `tickwire gateway` (and `tickwire ddc`) print on stdout for each listener, as
+/// `listening on tcp://ADDR`: what scripts and `tickwire bench` wait for.
+pub const LISTENING_PREFIX: &str = "listening on ";

@@ -11,8 +11,8 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tickwire_wire::proto::CloseReason;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-use crate::gateway::Shared;
 use crate::router::Router;
 use crate::stats::{CLOSE_REASONS, Stats};
 
@@ -86,18 +86,22 @@ fn reason_label(reason: CloseReason) -> String {
     name.strip_prefix("CLOSE_REASON_").unwrap_or(name).to_ascii_lowercase()
 }
 
-/// Serves `/metrics` on `listener` until the gateway shuts down.
-pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+/// Serves `/metrics` on `listener` until `cancel`: the gateway's counters and the router's
+/// own figures.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    stats: Arc<Stats>,
+    router: Arc<dyn Router>,
+    cancel: CancellationToken,
+) {
     let exporter = Arc::new(Exporter::new());
-    let state = shared.clone();
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
-            let (exporter, shared) = (exporter.clone(), state.clone());
-            async move { exporter.render(&shared.stats, &*shared.router) }
+            let (exporter, stats, router) = (exporter.clone(), stats.clone(), router.clone());
+            async move { exporter.render(&stats, &*router) }
         }),
     );
-    let cancel = shared.cancel.clone();
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await {
         tracing::warn!(error = %e, "metrics endpoint stopped");
     }

@@ -16,10 +16,11 @@ use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_me
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
-use crate::gateway::{Shared, send_close};
+use crate::close::send_close;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
 use crate::router::SessionHandle;
+use crate::shared::Shared;
 use crate::stats::Stats;
 
 /// Outbox messages written per wake-up before the task checks its other inputs again.

@@ -12,17 +12,10 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use bytes::BytesMut;
 use sendfd::{RecvWithFd, SendWithFd};
 use tickwire_session::SessionId;
-use tickwire_transport::Conn;
-use tokio::runtime::Handle;
-
-use crate::gateway::Shared;
-use crate::handshake::handshake_with;
-use crate::stats::Stats;
 
 /// Most bytes a handoff carries besides the socket: the Hello plus what followed it.
 const MAX_HANDOFF_BYTES: usize = 2 << 20;
@@ -53,35 +46,21 @@ impl WorkerSet {
     }
 }
 
-/// Starts the thread that receives handed-over connections and runs their handshake on
-/// `runtime`.
-pub(crate) fn listen_for_handoffs(
-    shared: Arc<Shared>,
-    workers: &WorkerSet,
-    runtime: Handle,
-) -> io::Result<()> {
+/// Binds this worker's handoff socket; other workers connect to it to hand over connections.
+pub(crate) fn bind_handoffs(workers: &WorkerSet) -> io::Result<UnixListener> {
     let path = workers.socket(workers.index);
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
-    std::thread::Builder::new().name(format!("tickwire-handoff-{}", workers.index)).spawn(move || {
-        for stream in listener.incoming() {
-            match stream.and_then(receive) {
-                Ok((fd, buf)) => {
-                    Stats::add(&shared.stats.handoffs_received, 1);
-                    let shared = shared.clone();
-                    runtime.spawn(async move {
-                        // SAFETY: `fd` came to us through SCM_RIGHTS; nobody else owns it here.
-                        let std_stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-                        let Ok(()) = std_stream.set_nonblocking(true) else { return };
-                        let Ok(stream) = tokio::net::TcpStream::from_std(std_stream) else { return };
-                        handshake_with(shared, Conn::Tcp(stream), buf).await;
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "handoff failed"),
-            }
-        }
-    })?;
-    Ok(())
+    UnixListener::bind(&path)
+}
+
+/// Receives one handed-over connection from an accepted handoff stream: the TCP socket, ready
+/// for tokio, and the bytes the other worker had read from it.
+pub(crate) fn receive_handoff(stream: UnixStream) -> io::Result<(tokio::net::TcpStream, BytesMut)> {
+    let (fd, buf) = receive(stream)?;
+    // SAFETY: `fd` came to us through SCM_RIGHTS; nobody else owns it here.
+    let std_stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    std_stream.set_nonblocking(true)?;
+    Ok((tokio::net::TcpStream::from_std(std_stream)?, buf))
 }
 
 fn receive(mut stream: UnixStream) -> io::Result<(RawFd, BytesMut)> {

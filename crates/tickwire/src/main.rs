@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tickwire_bench::machine::raise_fd_limit;
-use tickwire_bench::server::LISTENING_PREFIX;
+use tickwire_gateway::LISTENING_PREFIX;
 use tickwire_gateway::{Gateway, GatewayConfig, WorkerSet};
 
 mod supervisor;
@@ -148,7 +147,7 @@ fn main() -> anyhow::Result<()> {
         // Pure CPU work on plain threads: no runtime.
         return tickwire_bench::sync::run(args).map(|_| ());
     }
-    raise_fd_limit();
+    tickwire_transport::raise_fd_limit();
     // The main runtime only coordinates; the heavy lifting runs on per-core I/O threads.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use socket2::{Domain, Socket, Type};
-use tickwire_bench::server::LISTENING_PREFIX;
 use tickwire_gateway::GatewayConfig;
+use tickwire_gateway::LISTENING_PREFIX;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;

@@ -29,8 +29,9 @@ use tickwire_client::Target;
 use tokio::runtime::Handle;
 
 use crate::hold::Hold;
-use crate::machine::{Machine, ProcSample, process_tree, raise_fd_limit};
+use crate::machine::{Machine, ProcSample, process_tree};
 use crate::server::ChildGateway;
+use tickwire_transport::raise_fd_limit;
 
 /// Most steps one run can have.
 const MAX_STEPS: usize = 64;
