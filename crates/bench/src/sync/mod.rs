@@ -38,6 +38,8 @@ pub struct SyncArgs {
     /// `sync`: round and hands change; `sync-players`: public player states change too.
     #[arg(long, value_enum, default_value_t = Scenario::SyncPlayers)]
     pub scenario: Scenario,
+    /// How updates are encoded: `binary` (docs/protocol.md 12.2) or `json` (12.3; the report's
+    /// own format is JSON).
     #[arg(long, value_enum, default_value_t = CodecArg::Binary)]
     pub codec: CodecArg,
     /// Threads syncing rooms at once (each owns its rooms).
@@ -46,9 +48,15 @@ pub struct SyncArgs {
     /// Timed syncs per room.
     #[arg(long, default_value_t = 100)]
     pub iterations: usize,
-    /// Rooms in total, spread over the threads (default: one per thread).
+    /// Rooms in total, dealt over the threads; each thread syncs its rooms round-robin, so
+    /// with many rooms every sync starts with cold caches, as on a loaded server (default: one
+    /// per thread).
     #[arg(long)]
     pub rooms: Option<usize>,
+    /// Decode every player's output with that player's replica after every timed sync, and
+    /// check it against the player's view (not timed). The run fails at the first mismatch.
+    #[arg(long)]
+    pub verify: bool,
     /// Untimed syncs per room before timing.
     #[arg(long, default_value_t = 20)]
     pub warmup: usize,
@@ -144,37 +152,48 @@ fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> 
                         room.sync_now(codec, &mut sink)?;
                     }
                 }
+                if args.verify {
+                    for room in &mut rooms {
+                        room.start_replicas(codec)?;
+                    }
+                }
                 let mut sink = Sink::default();
                 let mut hist = Histogram::<u64>::new(3)?;
-                let mut total_ns = 0u128;
-                let mut encode_ns = 0u128;
-                let mut leaves = 0u64;
+                let (mut total_ns, mut encode_ns, mut mutate_ns, mut verified) = (0u128, 0u128, 0u128, 0u64);
                 barrier.wait();
                 for _ in 0..args.iterations {
                     for room in &mut rooms {
-                        leaves += room.mutate(args.scenario, args.dirty);
+                        let t0 = Instant::now();
+                        room.mutate(args.scenario, args.dirty);
+                        mutate_ns += t0.elapsed().as_nanos();
                         let t0 = Instant::now();
                         let encode = room.sync_now(codec, &mut sink)?;
                         let ns = t0.elapsed().as_nanos();
                         total_ns += ns;
                         encode_ns += encode.as_nanos();
                         hist.record(ns.max(1) as u64)?;
+                        if args.verify {
+                            room.verify(codec)?;
+                            verified += room.players() as u64;
+                        }
                     }
                 }
-                Ok(ThreadResult { hist, total_ns, encode_ns, sink, leaves })
+                Ok(ThreadResult { hist, total_ns, encode_ns, mutate_ns, sink, verified })
             })
         })
         .collect();
     let mut hist = Histogram::<u64>::new(3)?;
-    let (mut total_ns, mut encode_ns, mut bytes, mut syncs, mut leaves) = (0u128, 0u128, 0u64, 0u64, 0u64);
+    let (mut total_ns, mut encode_ns, mut mutate_ns) = (0u128, 0u128, 0u128);
+    let (mut bytes, mut syncs, mut verified) = (0u64, 0u64, 0u64);
     for h in handles {
         let r = h.join().map_err(|_| anyhow::anyhow!("a sync thread panicked"))??;
         hist.add(&r.hist)?;
         total_ns += r.total_ns;
         encode_ns += r.encode_ns;
+        mutate_ns += r.mutate_ns;
         bytes += r.sink.bytes;
         syncs += r.hist.len();
-        leaves += r.leaves;
+        verified += r.verified;
     }
     let mean_ms = total_ns as f64 / syncs as f64 / 1e6;
     let bytes_per_sync = bytes as f64 / syncs as f64;
@@ -189,11 +208,11 @@ fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> 
         iterations: args.iterations,
         sync_ms: report::SyncMs { mean: mean_ms, p99: hist.value_at_quantile(0.99) as f64 / 1e6 },
         encode_ms: encode_ns as f64 / syncs as f64 / 1e6,
+        mutate_ms: mutate_ns as f64 / syncs as f64 / 1e6,
+        verified_updates: verified,
         assemble_ns_per_player: (total_ns - encode_ns) as f64 / syncs as f64 / args.players as f64,
         bytes_per_sync,
         bytes_per_player: bytes_per_sync / args.players as f64,
-        // SwiftStateTree's MessagePack patches: about 12 bytes per changed leaf (its HP patch).
-        msgpack_estimate_bytes_per_player: 12.0 * leaves as f64 / syncs as f64 / args.players as f64,
         rooms_estimate: rooms_estimate(machine.cores, mean_ms, 0.5, 20.0, 1.0),
         rooms_estimate_with_flags: rooms_estimate(
             machine.cores,
@@ -209,8 +228,9 @@ struct ThreadResult {
     hist: Histogram<u64>,
     total_ns: u128,
     encode_ns: u128,
+    mutate_ns: u128,
     sink: Sink,
-    leaves: u64,
+    verified: u64,
 }
 
 /// The report's grid, one child process per suite.
@@ -234,6 +254,7 @@ fn run_grid(args: &SyncArgs, machine: &Machine) -> anyhow::Result<Vec<SuiteResul
             .args(["--state", "medium", "--dirty", &enum_arg(&dirty), "--scenario", &enum_arg(&scenario)])
             .args(["--codec", &enum_arg(&codec), "--iterations", &args.iterations.to_string()])
             .args(["--warmup", &args.warmup.to_string()])
+            .args(args.verify.then_some("--verify"))
             .args(["--overhead", &args.overhead.to_string(), "--tick-hz", &args.tick_hz.to_string()])
             .args(["--safety", &args.safety.to_string()])
             .arg("--json")

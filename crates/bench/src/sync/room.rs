@@ -13,7 +13,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tickwire_state::{
-    Codec, Field, Key, KeyKind, Schema, SchemaDef, State, StateError, Step, Type, Value, Version,
+    Codec, Field, Key, KeyKind, Replica, Schema, SchemaDef, State, StateError, Step, Type, Update, Value,
+    Version,
 };
 
 const ROUND: u16 = 0;
@@ -115,9 +116,24 @@ pub struct Sink {
     pub segments: u64,
 }
 
+/// A player's output did not rebuild that player's view.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("verify: the replicas were not started")]
+    NotStarted,
+    #[error("verify: {player}'s replica refused its update: {error}")]
+    Decode { player: String, error: String },
+    #[error("verify: {player}'s replica at version {version} differs from that player's view")]
+    Mismatch { player: String, version: Version },
+}
+
 pub struct Room {
     state: State,
     players: Vec<Key>,
+    /// The updates of the last sync, one per player.
+    sent: Vec<Update>,
+    /// One per player, for `--verify`.
+    replicas: Vec<Replica>,
     cards: usize,
     rng: SmallRng,
     last: Version,
@@ -131,6 +147,8 @@ impl Room {
             players: (0..players).map(|i| Key::str(&format!("player-{i:05}"))).collect(),
             cards: size.cards(),
             rng: SmallRng::seed_from_u64(seed),
+            sent: Vec::with_capacity(players),
+            replicas: Vec::new(),
             last: 0,
             next_card: 0,
         };
@@ -165,13 +183,12 @@ impl Room {
         ])
     }
 
-    /// One tick of game logic (not timed). Returns the number of leaf values each player
-    /// receives, summed over players: the basis of the MessagePack size estimate.
-    pub fn mutate(&mut self, scenario: Scenario, dirty: Dirty) -> u64 {
+    /// One tick of game logic: the writes, with the engine's dirty tracking (timed on its own,
+    /// apart from `sync_now`).
+    pub fn mutate(&mut self, scenario: Scenario, dirty: Dirty) {
         let n = self.players.len();
         let round = self.state.version() as i64 + 1;
         self.state.set(&[Step::Field(ROUND)], Value::Int(round)).expect("fits the schema");
-        let mut leaves = n as u64; // `round`, to everyone
 
         // The dirty share of hands: one card replaced (3 leaves, to its owner only).
         let changed = ((n as f64 * dirty.ratio()).round() as usize).max(1);
@@ -183,7 +200,6 @@ impl Room {
             self.state
                 .set(&[Step::Field(HANDS), Step::Key(&key), Step::Index(slot)], card)
                 .expect("fits the schema");
-            leaves += 3;
         }
 
         if scenario == Scenario::SyncPlayers {
@@ -203,28 +219,68 @@ impl Room {
                     self.state.set(&at(field), value).expect("fits the schema");
                 }
             }
-            leaves += (5 * n * n) as u64;
         }
-        leaves
     }
 
     /// The timed part: seal the tick, encode once per audience, assemble every player's update
-    /// and hand it to the sink. Returns the time spent encoding (the rest is assembly: pointer
-    /// work per player).
+    /// and hand it to the sink (it keeps the updates, as a transport's queue would, until
+    /// [`Room::verify`] or the next sync). Returns the time spent encoding (the rest is
+    /// assembly: pointer work per player).
     pub fn sync_now(&mut self, codec: Codec, sink: &mut Sink) -> Result<Duration, StateError> {
         let t0 = Instant::now();
         let to = self.state.seal();
         let prepared = self.state.prepare(self.last, codec)?;
         let encode = t0.elapsed();
+        self.sent.clear();
         for player in &self.players {
             let update = prepared.update_for(&self.state, player, false)?;
             sink.bytes += update.len() as u64;
             sink.segments += update.segments.len() as u64;
             sink.updates += 1;
-            black_box(&update);
+            self.sent.push(update);
         }
+        black_box(&self.sent);
         self.last = to;
         Ok(encode)
+    }
+
+    /// Decodes every player's update of the last sync with that player's replica and checks
+    /// the replica against what the player may see. The replicas start from a snapshot on the
+    /// first call. Not timed.
+    pub fn verify(&mut self, codec: Codec) -> Result<(), VerifyError> {
+        if self.replicas.is_empty() {
+            return Err(VerifyError::NotStarted);
+        }
+        for ((player, replica), update) in self.players.iter().zip(&mut self.replicas).zip(&self.sent) {
+            let bytes = update.to_vec();
+            let applied = match codec {
+                Codec::Binary => replica.apply(&bytes),
+                Codec::Json => replica.apply_json(&bytes),
+            };
+            applied.map_err(|e| VerifyError::Decode { player: player.to_string(), error: e.to_string() })?;
+            if replica.value() != self.state.view_for(player) {
+                return Err(VerifyError::Mismatch { player: player.to_string(), version: replica.version() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives every player a replica built from a snapshot of the state as it is now, for
+    /// [`Room::verify`]. Call between syncs.
+    pub fn start_replicas(&mut self, codec: Codec) -> Result<(), StateError> {
+        let snapshot = self.state.snapshot(codec)?;
+        self.replicas.clear();
+        for player in &self.players {
+            let mut replica = Replica::new(self.state.schema().clone());
+            let bytes = snapshot.update_for(&self.state, player, false)?.to_vec();
+            let applied = match codec {
+                Codec::Binary => replica.apply(&bytes),
+                Codec::Json => replica.apply_json(&bytes),
+            };
+            applied.expect("a fresh replica applies the state's own snapshot");
+            self.replicas.push(replica);
+        }
+        Ok(())
     }
 
     pub fn players(&self) -> usize {
@@ -235,7 +291,6 @@ impl Room {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tickwire_state::Replica;
 
     #[test]
     fn every_player_rebuilds_its_own_view() {
@@ -258,6 +313,23 @@ mod tests {
                 }
                 room.last = to;
             }
+        }
+    }
+
+    #[test]
+    fn verify_passes_on_the_real_output_and_fails_on_a_stale_one() {
+        for codec in [Codec::Binary, Codec::Json] {
+            let mut room = Room::new(10, StateSize::Small, 3);
+            assert!(matches!(room.verify(codec), Err(VerifyError::NotStarted)));
+            room.start_replicas(codec).unwrap();
+            let mut sink = Sink::default();
+            for _ in 0..5 {
+                room.mutate(Scenario::SyncPlayers, Dirty::High);
+                room.sync_now(codec, &mut sink).unwrap();
+                room.verify(codec).unwrap();
+            }
+            // The same updates again: every replica is past them, so the check must fail.
+            assert!(matches!(room.verify(codec), Err(VerifyError::Decode { .. })), "{codec:?}");
         }
     }
 
