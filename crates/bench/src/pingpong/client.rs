@@ -29,7 +29,8 @@ pub(super) struct Shared {
     pub(super) failed: AtomicU64,
     pub(super) bytes_to_server: AtomicU64,
     pub(super) bytes_from_server: AtomicU64,
-    pub(super) rtt: Vec<Mutex<Histogram<u64>>>,
+    /// Per step: round-trip times, both under one lock (one acquisition per answer).
+    pub(super) rtt: Vec<Mutex<RttHistograms>>,
     pub(super) stop: CancellationToken,
 }
 
@@ -46,9 +47,24 @@ impl Shared {
             failed: AtomicU64::new(0),
             bytes_to_server: AtomicU64::new(0),
             bytes_from_server: AtomicU64::new(0),
-            rtt: (0..MAX_STEPS).map(|_| Mutex::new(new_histogram())).collect(),
+            rtt: (0..MAX_STEPS).map(|_| Mutex::new(RttHistograms::default())).collect(),
             stop: CancellationToken::new(),
         }
+    }
+}
+
+/// A step's round-trip times in microseconds.
+pub(super) struct RttHistograms {
+    /// From each request's due time to its answer.
+    pub(super) due: Histogram<u64>,
+    /// From the request's write to its answer (the gateway's share, without the load
+    /// generator's own lateness).
+    pub(super) write: Histogram<u64>,
+}
+
+impl Default for RttHistograms {
+    fn default() -> Self {
+        RttHistograms { due: new_histogram(), write: new_histogram() }
     }
 }
 
@@ -95,7 +111,8 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
     let mut next = tokio::time::Instant::now() + phase;
     let timer = tokio::time::sleep_until(next);
     tokio::pin!(timer);
-    let mut outstanding: VecDeque<(u64, Instant, usize)> = VecDeque::new();
+    // (id, due, written, step) of each request not answered yet.
+    let mut outstanding: VecDeque<(u64, Instant, Instant, usize)> = VecDeque::new();
     let mut id = 0u64;
     let (mut seen_in, mut seen_out) = (0u64, 0u64);
     loop {
@@ -116,7 +133,7 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
                 // RTT counts from when the request was due, not from when this task got to
                 // send it: a late load generator must not hide its own lateness (coordinated
                 // omission).
-                outstanding.push_back((id, next.into_std(), step));
+                outstanding.push_back((id, next.into_std(), Instant::now(), step));
                 if conn.send_request(id, "echo", body.clone()).is_err() {
                     shared.errors.fetch_add(1, Relaxed);
                     break;
@@ -129,15 +146,20 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
                 Ok(Some(Event::Response(response))) => {
                     match outstanding.iter().position(|(i, ..)| *i == response.id) {
                         Some(pos) => {
-                            let (_, due_at, step) = outstanding.remove(pos).expect("position is valid");
+                            let (_, due_at, written_at, step) =
+                                outstanding.remove(pos).expect("position is valid");
                             let good = response.status == Status::Ok as i32
                                 && response.body.len() == row.response_bytes as usize;
                             if !good {
                                 // An error answer is not an answer: it stays unanswered (lost).
                                 shared.bad_answers.fetch_add(1, Relaxed);
                             } else if step != usize::MAX {
-                                let us = due_at.elapsed().as_micros() as u64;
-                                let _ = shared.rtt[step].lock().expect("histogram lock").record(us.max(1));
+                                let now = Instant::now();
+                                let from_due = (now - due_at).as_micros() as u64;
+                                let from_write = (now - written_at).as_micros() as u64;
+                                let mut h = shared.rtt[step].lock().expect("histogram lock");
+                                let _ = h.due.record(from_due.max(1));
+                                let _ = h.write.record(from_write.max(1));
                                 shared.answered[step].fetch_add(1, Relaxed);
                             }
                         }

@@ -58,6 +58,8 @@ pub(crate) struct Counters {
     pub(crate) bytes_from_server: u64,
     /// RTT histogram of the step, as (microseconds, count) pairs.
     pub(crate) rtt_us: Vec<(u64, u64)>,
+    /// The same from each request's write instead of its due time.
+    pub(crate) service_us: Vec<(u64, u64)>,
 }
 
 impl Counters {
@@ -72,15 +74,30 @@ impl Counters {
         self.bytes_to_server += other.bytes_to_server;
         self.bytes_from_server += other.bytes_from_server;
         self.rtt_us.extend(other.rtt_us);
+        self.service_us.extend(other.service_us);
     }
 
+    /// RTT from the due time.
     pub(crate) fn histogram(&self) -> Histogram<u64> {
-        let mut h = super::client::new_histogram();
-        for &(value, count) in &self.rtt_us {
-            let _ = h.record_n(value, count);
-        }
-        h
+        to_histogram(&self.rtt_us)
     }
+
+    /// RTT from the write.
+    pub(crate) fn service_histogram(&self) -> Histogram<u64> {
+        to_histogram(&self.service_us)
+    }
+}
+
+fn to_histogram(pairs: &[(u64, u64)]) -> Histogram<u64> {
+    let mut h = super::client::new_histogram();
+    for &(value, count) in pairs {
+        let _ = h.record_n(value, count);
+    }
+    h
+}
+
+fn from_histogram(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()
 }
 
 /// Orders from the orchestrator to a worker process.
@@ -154,7 +171,8 @@ impl Local {
             failed: s.failed.load(Relaxed),
             bytes_to_server: s.bytes_to_server.load(Relaxed),
             bytes_from_server: s.bytes_from_server.load(Relaxed),
-            rtt_us: hist.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect(),
+            rtt_us: from_histogram(&hist.due),
+            service_us: from_histogram(&hist.write),
         }
     }
 

@@ -353,6 +353,12 @@ async fn hold(
         p99: ms(hist.value_at_quantile(0.99)),
         max: ms(hist.max()),
     };
+    let service = after.service_histogram();
+    let from_write = Rtt {
+        p50: ms(service.value_at_quantile(0.5)),
+        p99: ms(service.value_at_quantile(0.99)),
+        max: ms(service.max()),
+    };
     let errors = after.errors - before.errors;
     let lost = after.sent.saturating_sub(after.answered);
     let duplicated = after.duplicated - before.duplicated;
@@ -381,6 +387,7 @@ async fn hold(
         requests: after.answered,
         rps: after.answered as f64 / elapsed,
         rtt_ms: rtt,
+        rtt_from_write_ms: from_write,
         errors,
         bad_answers,
         lost,
