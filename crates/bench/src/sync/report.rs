@@ -140,7 +140,7 @@ pub(super) fn print(report: &SyncReport) {
         s.scenario == Scenario::Sync && s.dirty == Dirty::Low && s.codec == CodecArg::Binary && s.threads == 1
     }) {
         println!(
-            "| {} | {:.4} | {:.4} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {:.4} | {:.4} | {:.0} | {:.1} | {:.4} |",
             s.players, s.sync_ms.mean, s.encode_ms, s.assemble_ns_per_player, s.bytes_per_player, s.mutate_ms
         );
     }
