@@ -119,7 +119,7 @@ async fn handshake_inner(
     hello: Frame,
     decoder: &FrameDecoder,
 ) -> Result<(Conn, Welcome, BytesMut), ClientError> {
-    let mut conn = opts.target.connect(opts.local_addr).await?;
+    let mut conn = opts.target.connect(opts.local_addr, opts.max_frame_bytes).await?;
     let mut buf = BytesMut::new();
     hello.encode(&mut buf);
     conn.write_all(&buf).await?;

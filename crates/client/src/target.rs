@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use tickwire_transport::{Conn, connect_tcp, connect_ws};
+use tickwire_transport::{Conn, WsLimits, connect_tcp, connect_ws};
 
 use crate::ClientError;
 
@@ -28,10 +28,16 @@ impl Target {
         Ok(if ws { Target::Ws { url: s.to_owned(), addr } } else { Target::Tcp(addr) })
     }
 
-    pub(crate) async fn connect(&self, local: Option<std::net::IpAddr>) -> Result<Conn, ClientError> {
+    /// Connects, from `local` if given; `max_frame_bytes` bounds what a WebSocket peer may
+    /// make this side buffer.
+    pub(crate) async fn connect(
+        &self,
+        local: Option<std::net::IpAddr>,
+        max_frame_bytes: u32,
+    ) -> Result<Conn, ClientError> {
         let result = match self {
             Target::Tcp(addr) => connect_tcp(*addr, local).await.map(Conn::Tcp),
-            Target::Ws { url, addr } => connect_ws(url, *addr).await,
+            Target::Ws { url, addr } => connect_ws(url, *addr, WsLimits::for_frames(max_frame_bytes)).await,
         };
         result.map_err(|source| ClientError::Connect { target: self.to_string(), source })
     }

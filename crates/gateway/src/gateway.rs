@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tickwire_transport::{Conn, accept_ws};
+use tickwire_transport::{Conn, WsLimits, accept_ws};
 use tickwire_wire::FrameDecoder;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Handle;
@@ -221,7 +221,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
         shared.tracker.spawn(async move {
             let conn = if ws {
                 let limit = task_shared.config.limits.auth_timeout;
-                match tokio::time::timeout(limit, accept_ws(stream)).await {
+                let limits = WsLimits::for_frames(task_shared.config.limits.max_frame_bytes);
+                match tokio::time::timeout(limit, accept_ws(stream, limits)).await {
                     Ok(Ok(conn)) => conn,
                     _ => return,
                 }

@@ -20,6 +20,10 @@ use crate::workers::{WorkerSet, hand_off};
 /// The only protocol version this gateway speaks.
 pub(crate) const PROTOCOL_VERSION: u32 = 1;
 
+/// The largest frame accepted before the Hello (docs/protocol.md section 2): a Hello with a
+/// long JWT is a few KiB. A peer that has not logged in cannot make the gateway buffer more.
+pub(crate) const MAX_HELLO_FRAME_BYTES: u32 = 16 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 enum HelloError {
     #[error("connection closed before the Hello")]
@@ -78,7 +82,8 @@ pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn) {
 /// worker process).
 pub(crate) async fn handshake_with(shared: Arc<Shared>, mut conn: Conn, mut buf: BytesMut) {
     let limit = shared.config.limits.auth_timeout;
-    let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &shared.decoder)).await {
+    let pre_login = FrameDecoder::new(MAX_HELLO_FRAME_BYTES.min(shared.decoder.max_frame_bytes()));
+    let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &pre_login)).await {
         Err(_) => {
             let msg = format!("no Hello within {} ms", limit.as_millis());
             return reject(&shared, conn, CloseReason::AuthTimeout, msg).await;

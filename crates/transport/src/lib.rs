@@ -14,9 +14,46 @@ use tokio::io::Interest;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 /// Bytes reserved for each read when the buffer has less room than this.
 const READ_CHUNK: usize = 4096;
+
+/// The largest WebSocket message this side sends: longer writes are split (frames travel as a
+/// byte stream, so a frame may span messages).
+const WS_WRITE_CHUNK: usize = 64 * 1024;
+
+/// Ping, pong and empty messages a WebSocket peer may send in a row without any data before
+/// the connection is refused: control traffic alone never advances the protocol.
+const MAX_CONTROL_RUN: u32 = 64;
+
+/// What a WebSocket peer may make this side buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WsLimits {
+    /// The largest message (and frame) accepted, checked from its header before its payload
+    /// is buffered. At least [`WS_WRITE_CHUNK`] bytes, so this side's own messages always fit.
+    pub max_message: usize,
+}
+
+impl WsLimits {
+    /// Limits for a peer whose protocol frames are at most `max_frame_bytes` (plus the 4-byte
+    /// length prefix): one whole frame per message.
+    pub fn for_frames(max_frame_bytes: u32) -> WsLimits {
+        WsLimits { max_message: (max_frame_bytes as usize + 4).max(WS_WRITE_CHUNK) }
+    }
+
+    fn config(self) -> WebSocketConfig {
+        // Writes are flushed in chunks of WS_WRITE_CHUNK; a peer that does not read can make
+        // this side hold at most a few of them. With the buffer bounded, tungstenite keeps at
+        // most one pending pong (the latest), so a ping flood cannot queue pongs.
+        WebSocketConfig::default()
+            .read_buffer_size(READ_CHUNK * 4)
+            .write_buffer_size(WS_WRITE_CHUNK)
+            .max_write_buffer_size(WS_WRITE_CHUNK * 4)
+            .max_message_size(Some(self.max_message))
+            .max_frame_size(Some(self.max_message))
+    }
+}
 
 /// One live connection, TCP or WebSocket.
 #[derive(Debug)]
@@ -61,32 +98,49 @@ impl Conn {
                     Err(e) => return Err(e),
                 }
             },
-            Conn::Ws(ws) => loop {
-                match ws.next().await {
-                    None | Some(Ok(Message::Close(_))) => return Ok(0),
-                    Some(Ok(Message::Binary(data))) if !data.is_empty() => {
-                        buf.extend_from_slice(&data);
-                        return Ok(data.len());
+            Conn::Ws(ws) => {
+                let mut control_run = 0u32;
+                loop {
+                    match ws.next().await {
+                        None | Some(Ok(Message::Close(_))) => return Ok(0),
+                        Some(Ok(Message::Binary(data))) if !data.is_empty() => {
+                            buf.extend_from_slice(&data);
+                            return Ok(data.len());
+                        }
+                        Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {
+                            control_run += 1;
+                            if control_run > MAX_CONTROL_RUN {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::InvalidData,
+                                    "too many WebSocket control messages without data",
+                                ));
+                            }
+                        }
+                        Some(Ok(Message::Text(_) | Message::Frame(_))) => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "tickwire frames travel in binary WebSocket messages only",
+                            ));
+                        }
+                        Some(Err(e)) => return Err(io::Error::other(e)),
                     }
-                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
-                    Some(Ok(Message::Text(_) | Message::Frame(_))) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "tickwire frames travel in binary WebSocket messages only",
-                        ));
-                    }
-                    Some(Err(e)) => return Err(io::Error::other(e)),
                 }
-            },
+            }
         }
     }
 
-    /// Writes all of `data`; over WebSocket, as one binary message. Not cancel-safe.
+    /// Writes all of `data`; over WebSocket, as binary messages of at most 64 KiB each. Not
+    /// cancel-safe.
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         match self {
             Conn::Tcp(stream) => tokio::io::AsyncWriteExt::write_all(stream, data).await,
             Conn::Ws(ws) => {
-                ws.send(Message::Binary(Bytes::copy_from_slice(data))).await.map_err(io::Error::other)
+                for chunk in data.chunks(WS_WRITE_CHUNK) {
+                    ws.feed(Message::Binary(Bytes::copy_from_slice(chunk)))
+                        .await
+                        .map_err(io::Error::other)?;
+                }
+                SinkExt::flush(ws.as_mut()).await.map_err(io::Error::other)
             }
         }
     }
@@ -121,15 +175,19 @@ pub async fn connect_tcp(addr: SocketAddr, local: Option<IpAddr>) -> io::Result<
 }
 
 /// Opens a WebSocket connection to `url` (`ws://host:port/path`) over a fresh TCP connection.
-pub async fn connect_ws(url: &str, addr: SocketAddr) -> io::Result<Conn> {
+pub async fn connect_ws(url: &str, addr: SocketAddr, limits: WsLimits) -> io::Result<Conn> {
     let stream = connect_tcp(addr, None).await?;
-    let (ws, _response) = tokio_tungstenite::client_async(url, stream).await.map_err(io::Error::other)?;
+    let (ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
+        .await
+        .map_err(io::Error::other)?;
     Ok(Conn::Ws(Box::new(ws)))
 }
 
 /// Completes the server side of a WebSocket handshake on an accepted TCP connection.
-pub async fn accept_ws(stream: TcpStream) -> io::Result<Conn> {
-    let ws = tokio_tungstenite::accept_async(stream).await.map_err(io::Error::other)?;
+pub async fn accept_ws(stream: TcpStream, limits: WsLimits) -> io::Result<Conn> {
+    let ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
+        .await
+        .map_err(io::Error::other)?;
     Ok(Conn::Ws(Box::new(ws)))
 }
 

@@ -152,6 +152,9 @@ impl Default for FrameDecoder {
     }
 }
 
+/// The most a decoder reserves ahead of bytes that have arrived.
+const RESERVE_AHEAD: usize = 64 * 1024;
+
 impl FrameDecoder {
     pub fn new(max_frame_bytes: u32) -> Self {
         FrameDecoder { max_frame_bytes }
@@ -178,7 +181,9 @@ impl FrameDecoder {
         }
         let total = LENGTH_PREFIX_BYTES + len as usize;
         if buf.len() < total {
-            buf.reserve(total - buf.len());
+            // Room for what may come next, never for the whole announced length at once: a
+            // peer that announces a large frame and sends nothing costs only what it sent.
+            buf.reserve((total - buf.len()).min(RESERVE_AHEAD));
             return Ok(None);
         }
         buf.advance(LENGTH_PREFIX_BYTES);
@@ -290,6 +295,15 @@ mod tests {
         ));
         let mut truncated_varint = BytesMut::from(&[0, 0, 0, 2, 0x02, 0x80][..]);
         assert!(matches!(decoder.decode(&mut truncated_varint), Err(WireError::BadVarint("DATA"))));
+    }
+
+    #[test]
+    fn an_announced_length_reserves_only_a_bounded_amount() {
+        let decoder = FrameDecoder::default();
+        // A 1 MiB frame announced, 5 bytes sent: the buffer does not grow to 1 MiB.
+        let mut buf = BytesMut::from(&[0x00, 0x10, 0x00, 0x00, 0x02][..]);
+        assert_eq!(decoder.decode(&mut buf).unwrap(), None);
+        assert!(buf.capacity() <= RESERVE_AHEAD + 64, "reserved {}", buf.capacity());
     }
 
     #[test]

@@ -1,0 +1,125 @@
+//! What one peer that has not logged in can make the gateway buffer, tried as an attacker
+//! would, over real sockets against a gateway in this process: a WebSocket ping flood from a
+//! client that never reads, an unfinished WebSocket message far larger than a frame, and TCP length prefixes that
+//! announce 1 MiB frames. Each attacker is cut off, memory stays bounded (the process's RSS,
+//! with a generous bound), and a well-behaved client beside it is still answered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use futures_util::SinkExt;
+use tickwire_gateway::RunningGateway;
+use tickwire_wire::proto::CloseReason;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+
+/// The resident memory of this process (the gateway runs inside it).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib * 1024
+}
+
+/// A well-behaved client's echo round trip; it must be answered, promptly.
+async fn healthy_round_trip(gw: &RunningGateway) -> Duration {
+    let mut conn = common::connect(gw).await;
+    let t0 = Instant::now();
+    assert_eq!(common::round_trip(&mut conn, 1, 16).await.id, 1);
+    t0.elapsed()
+}
+
+const MIB: u64 = 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_ping_flood_from_a_client_that_never_reads_is_cut_off() {
+    let gw = common::start(&[]).await;
+    let addr = gw.ws_addrs()[0];
+    let before = rss_bytes();
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream).await.unwrap();
+    // Pings with the largest control payload, never reading the pongs; before the Hello.
+    let mut sent = 0u32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cut_off = loop {
+        if ws.send(Message::Ping(vec![0x55; 125].into())).await.is_err() {
+            break true;
+        }
+        sent += 1;
+        if sent >= 200_000 || Instant::now() > deadline {
+            break false;
+        }
+    };
+    assert!(cut_off, "the gateway took {sent} pings without closing the connection");
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 100 * MIB, "RSS grew by {} MiB", grown / MIB);
+    let rtt = healthy_round_trip(&gw).await;
+    assert!(rtt < Duration::from_secs(5), "a healthy client waited {rtt:?}");
+}
+
+/// One masked client frame of `len` zero bytes: the first fragment of a binary message, or a
+/// continuation; never final.
+fn fragment(first: bool, len: u64) -> Vec<u8> {
+    let mut frame = vec![if first { 0x02 } else { 0x00 }, 0x80 | 127];
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&[1, 2, 3, 4]);
+    frame.resize(frame.len() + len as usize, 0);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_fragmented_websocket_message_is_refused_past_one_frame() {
+    let gw = common::start(&[]).await;
+    let addr = gw.ws_addrs()[0];
+    let before = rss_bytes();
+    // 20 connections each send 10 MiB of one never-finished message, in 512 KiB fragments
+    // (each fragment is under the frame limit; the message is far over it).
+    let mut streams = Vec::new();
+    for _ in 0..20 {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream).await.unwrap();
+        let raw = ws.get_mut();
+        for i in 0..20 {
+            if raw.write_all(&fragment(i == 0, 512 * 1024)).await.is_err() {
+                break;
+            }
+        }
+        streams.push(ws);
+    }
+    for mut ws in streams {
+        // The gateway closed the connection: reading reaches the end (or a reset) in time.
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(4), ws.get_mut().read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the gateway kept a connection with a 10 MiB unfinished message");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 100 * MIB, "RSS grew by {} MiB", grown / MIB);
+    let rtt = healthy_round_trip(&gw).await;
+    assert!(rtt < Duration::from_secs(5), "a healthy client waited {rtt:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_length_prefix_before_the_hello_is_refused_at_once() {
+    let gw = common::start(&[]).await;
+    let addr = gw.tcp_addrs()[0];
+    let before = rss_bytes();
+    // 200 connections each announce a 1 MiB frame (the post-login limit) and send 100 bytes.
+    let mut bytes = (1u32 << 20).to_be_bytes().to_vec();
+    bytes.push(0x01);
+    bytes.extend_from_slice(&[0u8; 100]);
+    let attempts = (0..200).map(|_| common::raw_close(addr, &bytes));
+    let closes = futures_util::future::join_all(attempts).await;
+    for close in &closes {
+        // Refused from the prefix (not after the auth timeout, which would say AUTH_TIMEOUT).
+        assert_eq!(common::reason(close), Some(CloseReason::FrameTooLarge), "{close:?}");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 100 * MIB, "RSS grew by {} MiB", grown / MIB);
+    let rtt = healthy_round_trip(&gw).await;
+    assert!(rtt < Duration::from_secs(5), "a healthy client waited {rtt:?}");
+}
