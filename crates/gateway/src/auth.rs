@@ -1,5 +1,7 @@
-//! Who is connecting. The gateway asks an [`AuthProvider`] once per new session, with the token
-//! from the Hello; a resume is proven by the session's resume token instead.
+//! Who is connecting, and in which role. The gateway asks an [`AuthProvider`] once per new
+//! session, with the token from the Hello; a resume is proven by the session's resume token
+//! instead. The role comes from the credential: a player and a game server are different
+//! principals, in dev mode too (docs/protocol.md section 4).
 
 use std::fmt;
 
@@ -12,6 +14,36 @@ use crate::config::{AuthConfig, AuthMode, ConfigError, JwtAlgorithm};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub player_id: String,
+    pub role: Role,
+}
+
+/// What a session may do. Only game servers create, own, claim and remove channels (unless a
+/// channel type's config lets players own it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Role {
+    #[default]
+    Player,
+    Server,
+}
+
+/// The longest player id (a JWT `sub`, or a dev token), in bytes.
+pub const MAX_PLAYER_ID_BYTES: usize = 128;
+
+/// In dev mode, a token with this prefix logs in as a game server named by the rest.
+pub const DEV_SERVER_PREFIX: &str = "server:";
+
+/// Checks a player id: 1 to 128 bytes of `A-Z a-z 0-9` and `_ - . : @ | +`.
+pub fn check_player_id(id: &str) -> Result<(), AuthError> {
+    if id.is_empty() {
+        return Err(AuthError::EmptySubject);
+    }
+    if id.len() > MAX_PLAYER_ID_BYTES {
+        return Err(AuthError::BadSubject(format!("longer than {MAX_PLAYER_ID_BYTES} bytes")));
+    }
+    match id.bytes().find(|b| !(b.is_ascii_alphanumeric() || b"_-.:@|+".contains(b))) {
+        Some(b) => Err(AuthError::BadSubject(format!("byte 0x{b:02x} is not allowed"))),
+        None => Ok(()),
+    }
 }
 
 /// Why a token was refused. The reason goes back to the client in the Close message.
@@ -23,6 +55,10 @@ pub enum AuthError {
     Invalid(#[from] jsonwebtoken::errors::Error),
     #[error("token has an empty `sub` claim")]
     EmptySubject,
+    #[error("the player id is not allowed: {0}")]
+    BadSubject(String),
+    #[error("unknown role {0:?} (want \"player\" or \"server\")")]
+    UnknownRole(String),
 }
 
 /// Turns a Hello token into an identity. Called on the connection's task: keep it fast.
@@ -35,14 +71,21 @@ pub trait AuthProvider: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// Accepts everyone. The token, if any, is taken as the player id; otherwise the gateway makes
-/// one up from the session id.
+/// Accepts everyone. The token, if any, is taken as the player id (the gateway makes one up
+/// from the session id for an empty one); `server:NAME` logs in as the game server `NAME`.
 #[derive(Debug, Default)]
 pub struct DevAuth;
 
 impl AuthProvider for DevAuth {
     fn authenticate(&self, token: &str) -> Result<Identity, AuthError> {
-        Ok(Identity { player_id: token.to_owned() })
+        let (player_id, role) = match token.strip_prefix(DEV_SERVER_PREFIX) {
+            Some(name) => (name, Role::Server),
+            None => (token, Role::Player),
+        };
+        if !player_id.is_empty() || role == Role::Server {
+            check_player_id(player_id)?;
+        }
+        Ok(Identity { player_id: player_id.to_owned(), role })
     }
 
     fn is_dev(&self) -> bool {
@@ -50,8 +93,10 @@ impl AuthProvider for DevAuth {
     }
 }
 
-/// Verifies JWTs signed with HS256 (shared secret) or RS256 (public key). `exp` is required;
-/// `sub` becomes the player id.
+/// Verifies JWTs signed with HS256 (shared secret) or RS256 (public key). `exp` and `sub` are
+/// required, and `iss` and `aud` when configured; `nbf` is honoured; clocks may differ by the
+/// configured leeway (5 s by default). `sub` becomes the player id; the optional `role` claim
+/// (`"player"` or `"server"`) the role.
 pub struct JwtAuth {
     key: DecodingKey,
     validation: Validation,
@@ -66,12 +111,19 @@ impl fmt::Debug for JwtAuth {
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    #[serde(default)]
+    role: Option<String>,
 }
+
+/// The default clock leeway for `exp` and `nbf`.
+pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 5;
 
 impl JwtAuth {
     pub fn new(key: DecodingKey, algorithm: Algorithm) -> JwtAuth {
         let mut validation = Validation::new(algorithm);
         validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.validate_nbf = true;
+        validation.leeway = DEFAULT_JWT_LEEWAY_SECS;
         JwtAuth { key, validation }
     }
 
@@ -100,12 +152,18 @@ impl JwtAuth {
             }
         };
         let mut auth = JwtAuth::new(key, algorithm);
+        auth.validation.leeway = config.jwt_leeway.as_secs();
+        let mut required = vec!["exp", "sub"];
         if let Some(iss) = &config.jwt_issuer {
             auth.validation.set_issuer(&[iss]);
+            required.push("iss");
         }
         if let Some(aud) = &config.jwt_audience {
             auth.validation.set_audience(&[aud]);
+            required.push("aud");
         }
+        // A configured issuer or audience must be present, not only right when present.
+        auth.validation.set_required_spec_claims(&required);
         Ok(auth)
     }
 }
@@ -116,10 +174,13 @@ impl AuthProvider for JwtAuth {
             return Err(AuthError::MissingToken);
         }
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)?;
-        if data.claims.sub.is_empty() {
-            return Err(AuthError::EmptySubject);
-        }
-        Ok(Identity { player_id: data.claims.sub })
+        check_player_id(&data.claims.sub)?;
+        let role = match data.claims.role.as_deref() {
+            None | Some("player") => Role::Player,
+            Some("server") => Role::Server,
+            Some(other) => return Err(AuthError::UnknownRole(other.to_owned())),
+        };
+        Ok(Identity { player_id: data.claims.sub, role })
     }
 }
 
@@ -150,14 +211,35 @@ mod tests {
         .unwrap()
     }
 
-    #[derive(serde::Serialize)]
+    #[derive(serde::Serialize, Default)]
     struct TestClaims {
         sub: String,
         exp: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        nbf: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        iss: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        aud: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        role: Option<String>,
     }
 
     fn serde_json_like(sub: &str, exp: i64) -> TestClaims {
-        TestClaims { sub: sub.into(), exp }
+        TestClaims { sub: sub.into(), exp, ..Default::default() }
+    }
+
+    fn now() -> i64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+    }
+
+    fn signed(secret: &str, claims: &TestClaims) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
     }
 
     fn hs256(secret: &str) -> JwtAuth {
@@ -184,6 +266,71 @@ mod tests {
         assert!(matches!(auth.authenticate(""), Err(AuthError::MissingToken)));
         assert!(matches!(auth.authenticate("not.a.jwt"), Err(AuthError::Invalid(_))));
         assert!(matches!(auth.authenticate(&token("s3cret", "", 60)), Err(AuthError::EmptySubject)));
+    }
+
+    #[test]
+    fn a_configured_issuer_and_audience_must_be_present() {
+        let auth = JwtAuth::from_config(&AuthConfig {
+            mode: AuthMode::Jwt,
+            jwt_secret: Some("k".into()),
+            jwt_issuer: Some("studio".into()),
+            jwt_audience: Some("game".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut claims = serde_json_like("p", now() + 60);
+        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "neither");
+        claims.iss = Some("studio".into());
+        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "no aud");
+        claims.aud = Some("game".into());
+        assert!(auth.authenticate(&signed("k", &claims)).is_ok());
+        claims.aud = Some("other".into());
+        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "wrong aud");
+    }
+
+    #[test]
+    fn leeway_is_seconds_and_nbf_is_honoured() {
+        let auth = hs256("k");
+        // Expired 30 s ago: past the 5 s default leeway (the library's own default is 60 s).
+        assert!(matches!(auth.authenticate(&token("k", "p", -30)), Err(AuthError::Invalid(_))));
+        assert!(auth.authenticate(&token("k", "p", -2)).is_ok(), "within the leeway");
+        let mut early = serde_json_like("p", now() + 600);
+        early.nbf = Some(now() + 300);
+        assert!(
+            matches!(auth.authenticate(&signed("k", &early)), Err(AuthError::Invalid(_))),
+            "not yet valid"
+        );
+    }
+
+    #[test]
+    fn the_subject_is_bounded_and_the_role_comes_from_the_token() {
+        let auth = hs256("k");
+        let long = "x".repeat(MAX_PLAYER_ID_BYTES + 1);
+        assert!(matches!(auth.authenticate(&token("k", &long, 60)), Err(AuthError::BadSubject(_))));
+        assert!(matches!(auth.authenticate(&token("k", "a b", 60)), Err(AuthError::BadSubject(_))));
+        assert!(matches!(auth.authenticate(&token("k", "p\u{e9}", 60)), Err(AuthError::BadSubject(_))));
+        assert_eq!(auth.authenticate(&token("k", "auth0|42", 60)).unwrap().role, Role::Player);
+        let mut server = serde_json_like("zone-1", now() + 60);
+        server.role = Some("server".into());
+        assert_eq!(auth.authenticate(&signed("k", &server)).unwrap().role, Role::Server);
+        server.role = Some("admin".into());
+        assert!(matches!(auth.authenticate(&signed("k", &server)), Err(AuthError::UnknownRole(_))));
+    }
+
+    #[test]
+    fn dev_mode_says_server_with_a_prefix() {
+        let dev = DevAuth;
+        assert_eq!(
+            dev.authenticate("alice").unwrap(),
+            Identity { player_id: "alice".into(), role: Role::Player }
+        );
+        assert_eq!(
+            dev.authenticate("server:zone-1").unwrap(),
+            Identity { player_id: "zone-1".into(), role: Role::Server }
+        );
+        assert_eq!(dev.authenticate("").unwrap().role, Role::Player, "anonymous player");
+        assert!(dev.authenticate("server:").is_err(), "a server needs a name");
+        assert!(dev.authenticate("bad name").is_err());
     }
 
     #[test]

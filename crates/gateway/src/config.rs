@@ -91,7 +91,7 @@ pub struct LimitsConfig {
 }
 
 /// How clients prove who they are.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     pub mode: AuthMode,
@@ -104,6 +104,23 @@ pub struct AuthConfig {
     pub jwt_issuer: Option<String>,
     /// Required `aud` claim, if set.
     pub jwt_audience: Option<String>,
+    /// How far the token issuer's clock may be from ours, for `exp` and `nbf`.
+    #[serde(with = "humantime_serde")]
+    pub jwt_leeway: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            mode: AuthMode::default(),
+            jwt_algorithm: JwtAlgorithm::default(),
+            jwt_secret: None,
+            jwt_public_key_file: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+            jwt_leeway: Duration::from_secs(crate::auth::DEFAULT_JWT_LEEWAY_SECS),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -128,7 +128,7 @@ pub(crate) async fn handshake_with(shared: Arc<Shared>, mut conn: Conn, mut buf:
     } else {
         identity.player_id
     };
-    SessionTask::spawn(shared, conn, buf, id, token, player_id);
+    SessionTask::spawn(shared, conn, buf, id, token, player_id, identity.role);
 }
 
 /// Passes a resume to the worker process that owns the session, with the Hello re-encoded in

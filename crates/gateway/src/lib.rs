@@ -21,7 +21,10 @@ mod shared;
 mod stats;
 mod workers;
 
-pub use auth::{AuthError, AuthProvider, DevAuth, Identity, JwtAuth};
+pub use auth::{
+    AuthError, AuthProvider, DEV_SERVER_PREFIX, DevAuth, Identity, JwtAuth, MAX_PLAYER_ID_BYTES, Role,
+    check_player_id,
+};
 pub use channel::{
     Access, ChannelConfigError, ChannelFigures, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset,
 };

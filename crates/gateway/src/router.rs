@@ -12,6 +12,8 @@ use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Statu
 
 use tokio::sync::mpsc;
 
+use crate::auth::Role;
+
 /// A way to send to one session from anywhere: a bounded outbox in front of its task.
 #[derive(Debug, Clone)]
 pub struct SessionHandle {
@@ -19,6 +21,8 @@ pub struct SessionHandle {
     /// A small number naming this session inside the gateway (servers see it on messages).
     pub(crate) conn_id: u64,
     pub(crate) player_id: Arc<str>,
+    /// From the credential: a player or a game server.
+    pub(crate) role: Role,
     pub(crate) outbox: mpsc::Sender<Bytes>,
     /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
     /// task checks it after every step; a full outbox always has a message to wake the task.
@@ -45,6 +49,10 @@ impl SessionHandle {
 
     pub fn conn_id(&self) -> u64 {
         self.conn_id
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     /// Answers a request later, from another task. Like [`SessionHandle::push`], a full outbox

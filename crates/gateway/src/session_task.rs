@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tickwire_session::{Received, ResumeToken, Role, Session, SessionError, SessionId, Timeout};
+use tickwire_session::{Received, ResumeToken, Session, SessionError, SessionId, Timeout};
 use tickwire_transport::Conn;
 use tickwire_wire::proto::{CloseReason, Control, Envelope, Welcome, control, envelope};
 use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_message};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
+use crate::auth::Role;
 use crate::close::send_close;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
@@ -88,6 +89,7 @@ impl SessionTask {
         id: SessionId,
         token: ResumeToken,
         player_id: String,
+        role: Role,
     ) {
         let now = Instant::now();
         let limits = &shared.config.limits;
@@ -100,11 +102,12 @@ impl SessionTask {
                 id,
                 conn_id: shared.next_conn_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 player_id: player_id.into(),
+                role,
                 outbox: outbox_tx,
                 slow: Arc::new(AtomicBool::new(false)),
             },
             token,
-            session: Session::new(Role::Server, shared.session_config.clone(), now),
+            session: Session::new(tickwire_session::Role::Server, shared.session_config.clone(), now),
             conn: None,
             rbuf,
             wbuf: BytesMut::new(),

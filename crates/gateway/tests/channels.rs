@@ -4,90 +4,24 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
 use tickwire_client::{Client, ClientError, ConnectOptions, Connection};
 use tickwire_gateway::RunningGateway;
-use tickwire_state::{Key, Replica, Schema, SchemaDef, Value};
+use tickwire_state::{Key, Replica, SchemaDef, Value};
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelRef, ChannelSend, ChannelType,
-    ChannelUpdate, CreateChannel, CreateChannelResult, DataAccess, Status, Subscribe, SubscribeResult,
-    SubscriptionOptions, UpdateChannel,
+    ChannelUpdate, CreateChannel, DataAccess, Status, Subscribe, SubscriptionOptions,
 };
 
-const SCHEMA: &str = r#"{"fields": [
-    {"name": "round", "type": "int"},
-    {"name": "players", "player_keyed": true, "type": {"map": {"key": "string", "value": {"struct": [{"name": "hp", "type": "int"}]}}}},
-    {"name": "hands", "sync": "owner_only", "type": {"map": {"key": "string", "value": {"list": "int"}}}}
-]}"#;
-
-const WAIT: Duration = Duration::from_secs(5);
-
-async fn client(gw: &RunningGateway, player: &str) -> Client {
-    let mut opts = ConnectOptions::new(common::tcp_target(gw));
-    opts.token = player.into();
-    Client::connect(opts).await.unwrap()
-}
-
-async fn create(server: &Client, ty: ChannelType) -> Result<CreateChannelResult, ClientError> {
-    let req = CreateChannel { r#type: ty as i32, name: "test".into(), schema_json: SCHEMA.into() };
-    let body = server.call("channel.create", req.encode_to_vec().into()).await?;
-    Ok(CreateChannelResult::decode(body).unwrap())
-}
-
-async fn subscribe(
-    c: &Client,
-    channel_id: u64,
-    options: SubscriptionOptions,
-) -> Result<SubscribeResult, ClientError> {
-    let req = Subscribe { channel_id, options: Some(options) };
-    let body = c.call("channel.subscribe", req.encode_to_vec().into()).await?;
-    Ok(SubscribeResult::decode(body).unwrap())
-}
-
-async fn update(c: &Client, channel_id: u64, patch: &str) -> Result<Bytes, ClientError> {
-    let req = UpdateChannel { channel_id, patch: Bytes::copy_from_slice(patch.as_bytes()) };
-    c.call("channel.update", req.encode_to_vec().into()).await
-}
-
-/// The next push on `topic`, skipping others.
-/// The next push of any topic (no timeout of its own).
-async fn next_any(c: &Client) -> (String, Bytes) {
-    let push = c.next_push().await.expect("session open");
-    (push.topic, push.body)
-}
-
-async fn next(c: &Client, topic: &str) -> Bytes {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let push = c.next_push().await.expect("session open");
-            if push.topic == topic {
-                return push.body;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no {topic} push within {WAIT:?}"))
-}
-
-fn status(r: Result<impl std::fmt::Debug, ClientError>) -> Status {
-    match r {
-        Err(ClientError::Status { status, .. }) => status,
-        other => panic!("expected an error status, got {other:?}"),
-    }
-}
-
-fn schema() -> Arc<Schema> {
-    Schema::new(SchemaDef::parse(SCHEMA, "s.json").unwrap()).unwrap()
-}
+use common::channels::{WAIT, client, create, next, next_any, schema, status, subscribe, update};
 
 #[tokio::test]
 async fn subscribers_rebuild_what_they_may_see() {
     let gw = common::start(&[]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let created = create(&server, ChannelType::Global).await.unwrap();
     assert!(created.master);
     let ch = created.channel_id;
@@ -125,7 +59,7 @@ async fn subscribers_rebuild_what_they_may_see() {
 #[tokio::test]
 async fn access_rules_and_bad_input_are_refused_with_a_reason() {
     let gw = common::start(&[]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
     let alice = client(&gw, "alice").await;
     subscribe(&alice, ch, SubscriptionOptions::default()).await.unwrap();
@@ -137,7 +71,11 @@ async fn access_rules_and_bad_input_are_refused_with_a_reason() {
     );
     let remove = ChannelRef { channel_id: ch }.encode_to_vec();
     assert_eq!(status(alice.call("channel.remove", remove.clone().into()).await), Status::PermissionDenied);
-    assert_eq!(status(create(&alice, ChannelType::Global).await), Status::AlreadyExists);
+    assert_eq!(
+        status(create(&alice, ChannelType::Global).await),
+        Status::PermissionDenied,
+        "players never create channels"
+    );
     let write = SubscriptionOptions { access: DataAccess::Write as i32, ..Default::default() };
     assert_eq!(status(subscribe(&alice, ch, write).await), Status::PermissionDenied);
     assert_eq!(status(create(&alice, ChannelType::Spatial).await), Status::InvalidArgument);
@@ -185,7 +123,7 @@ async fn access_rules_and_bad_input_are_refused_with_a_reason() {
 #[tokio::test]
 async fn messages_route_between_clients_and_the_owner() {
     let gw = common::start(&[]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
     let alice = client(&gw, "alice").await;
     let bob = client(&gw, "bob").await;
@@ -240,7 +178,7 @@ async fn messages_route_between_clients_and_the_owner() {
     server.close().await;
     let event = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
     assert_eq!(event.kind(), ChannelEventKind::OwnerLost);
-    let successor = client(&gw, "game-server-2").await;
+    let successor = client(&gw, "server:game-server-2").await;
     let claim = ChannelRef { channel_id: ch }.encode_to_vec();
     successor.call("channel.claim", claim.clone().into()).await.unwrap();
     let event = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
@@ -253,7 +191,7 @@ async fn messages_route_between_clients_and_the_owner() {
 #[tokio::test]
 async fn a_frozen_subscriber_stalls_nobody() {
     let gw = common::start(&["metrics.listen=\"127.0.0.1:0\""]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
     // A fat entry so that the frozen client's socket and outbox fill quickly.
     let big =
@@ -323,7 +261,7 @@ async fn futures_join(gw: &RunningGateway, ch: u64) -> Vec<Client> {
 #[tokio::test]
 async fn field_filters_and_option_changes_take_effect_at_the_next_fan_out() {
     let gw = common::start(&[]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
     update(
         &server,
@@ -364,7 +302,7 @@ async fn field_filters_and_option_changes_take_effect_at_the_next_fan_out() {
 #[tokio::test]
 async fn private_channels_rates_and_skipping_the_first_state() {
     let gw = common::start(&[]).await;
-    let server = client(&gw, "game-server").await;
+    let server = client(&gw, "server:game-server").await;
     let private = create(&server, ChannelType::Private).await.unwrap().channel_id;
     let alice = client(&gw, "alice").await;
     // Only the owner may subscribe to a private channel.

@@ -74,7 +74,7 @@ impl GameServer {
     /// Connects to the gateway and creates the global channel.
     pub async fn connect(target: Target) -> anyhow::Result<GameServer> {
         let mut opts = ConnectOptions::new(target);
-        opts.token = "game-server".into();
+        opts.token = "server:game-server".into();
         opts.client_name = "tickwire-sim-server".into();
         let client = Client::connect(opts).await.context("connecting the game server")?;
         let create = CreateChannel {

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,6 +28,7 @@ use tickwire_wire::proto::{
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
+use super::Registry;
 use crate::router::{PushError, SessionHandle, error_response, push_envelope};
 
 /// Figures every channel adds to, read by the metrics endpoint. All are cumulative: a scrape
@@ -112,6 +113,12 @@ pub(crate) struct Channel {
     cache: PreparedCache,
     /// This channel's share of `figures.subscribers`.
     counted: u64,
+    /// The registry (to remove this channel from it when it expires) and how long the channel
+    /// lives without an owner.
+    registry: Weak<Mutex<Registry>>,
+    orphan_ttl: Duration,
+    /// When the owner's session ended, while nobody has claimed the channel since.
+    orphaned_at: Option<Instant>,
 }
 
 /// Whether the actor goes on after a message.
@@ -133,6 +140,7 @@ impl Channel {
         default_fanout: Duration,
         max_subscribers: usize,
         figures: Arc<Figures>,
+        (registry, orphan_ttl): (Weak<Mutex<Registry>>, Duration),
     ) -> Channel {
         Channel {
             id,
@@ -149,6 +157,9 @@ impl Channel {
             due: Vec::new(),
             cache: PreparedCache::default(),
             counted: 0,
+            registry,
+            orphan_ttl,
+            orphaned_at: None,
         }
     }
 
@@ -163,13 +174,40 @@ impl Channel {
                     None => break,
                 },
                 _ = ticker.tick() => {
+                    let now = Instant::now();
                     self.figures.ticks.fetch_add(1, Ordering::Relaxed);
-                    self.on_tick(Instant::now());
+                    self.on_tick(now);
+                    if self.orphan_expired(now) {
+                        self.expire();
+                        break;
+                    }
                 }
             }
         }
         self.subscribers.clear();
         self.count_subscribers();
+    }
+
+    /// Whether the channel has been without an owner for longer than its type allows.
+    fn orphan_expired(&self, now: Instant) -> bool {
+        self.orphaned_at.is_some_and(|since| now.saturating_duration_since(since) >= self.orphan_ttl)
+    }
+
+    /// Removes the ownerless channel: from the registry (unless a claim got there first, in
+    /// which case it stays), then tells its subscribers.
+    fn expire(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            let mut reg = super::lock(&registry);
+            if reg.channels.get(&self.id).is_some_and(|e| e.owner.is_some()) {
+                // Claimed in the registry; the Claim message is on its way. Keep going.
+                self.orphaned_at = None;
+                return;
+            }
+            reg.forget(self.id);
+        }
+        let reason =
+            format!("no game server claimed the channel within {:?} of its owner leaving", self.orphan_ttl);
+        self.event_to_all(ChannelEventKind::Removed, &reason);
     }
 
     /// Keeps this channel's share of the subscriber count current.
@@ -221,6 +259,7 @@ impl Channel {
             Msg::Claim { owner, request_id } => {
                 let _ = owner.respond(ok(request_id, Bytes::new()));
                 self.owner = Some(owner);
+                self.orphaned_at = None;
                 self.event_to_all(ChannelEventKind::OwnerRecovered, "a new owner took the channel");
             }
             Msg::Left { conn_id } => {
@@ -231,6 +270,7 @@ impl Channel {
                         self.event_to_all(ChannelEventKind::Removed, "the owner left");
                         return Flow::Stop;
                     }
+                    self.orphaned_at = Some(now);
                     self.event_to_all(ChannelEventKind::OwnerLost, "the owner's session ended");
                 }
             }

@@ -66,6 +66,8 @@ pub struct ChannelTypeConfig {
     pub schema_file: Option<PathBuf>,
     /// Subscribers one channel accepts.
     pub max_subscribers: usize,
+    /// Players (not only game servers) may create, claim and remove channels of this type.
+    pub players_may_own: bool,
 }
 
 impl ChannelTypeConfig {
@@ -80,6 +82,7 @@ impl ChannelTypeConfig {
             remove_when_owner_lost: false,
             schema_file: None,
             max_subscribers: 10_000,
+            players_may_own: false,
         }
     }
 
@@ -110,6 +113,14 @@ pub struct ChannelsConfig {
     pub max_channels: usize,
     /// Requests queued for one channel before callers get UNAVAILABLE.
     pub inbox_capacity: usize,
+    /// Channels one game server's session may own at once (RESOURCE_EXHAUSTED past it).
+    pub max_owned_per_server: usize,
+    /// Channels one player's session may own at once, where a type lets players own them.
+    pub max_owned_per_player: usize,
+    /// A channel whose owner's session ended, and that no server claims within this time, is
+    /// removed (its subscribers get REMOVED).
+    #[serde(with = "humantime_serde")]
+    pub orphan_ttl: Duration,
 }
 
 impl Default for ChannelsConfig {
@@ -121,6 +132,9 @@ impl Default for ChannelsConfig {
             entity: ChannelTypeConfig::new(Preset::Hifi, Access::Any, Access::OwnerOrMaster),
             max_channels: 100_000,
             inbox_capacity: 1024,
+            max_owned_per_server: 10_000,
+            max_owned_per_player: 16,
+            orphan_ttl: Duration::from_secs(60),
         }
     }
 }

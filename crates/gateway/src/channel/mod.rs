@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
 
+use crate::auth::Role;
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
 use actor::{Channel, Figures, Msg};
 
@@ -84,8 +85,6 @@ struct Entry {
 
 #[derive(Default)]
 struct Member {
-    /// Created a channel: a game server.
-    server: bool,
     owned: HashSet<u64>,
     subscribed: HashSet<u64>,
 }
@@ -99,12 +98,36 @@ struct Registry {
     global: Option<u64>,
 }
 
+impl Registry {
+    /// Drops a channel and the bookkeeping that names it (its owner's set, the global slot).
+    fn forget(&mut self, channel_id: u64) -> Option<Entry> {
+        let entry = self.channels.remove(&channel_id)?;
+        if self.global == Some(channel_id) {
+            self.global = None;
+            self.master = None;
+        }
+        if let Some(owner) = entry.owner.and_then(|o| self.members.get_mut(&o)) {
+            owner.owned.remove(&channel_id);
+        }
+        Some(entry)
+    }
+}
+
+/// The registry, shared with the channel actors (an orphaned channel removes itself).
+type SharedRegistry = Arc<Mutex<Registry>>;
+
+fn lock(registry: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
+    // A panic while holding the lock cannot leave the maps half-updated in a way that matters
+    // more than stopping every channel call would; keep serving.
+    registry.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Serves the `channel.*` methods.
 pub struct ChannelRouter {
     config: ChannelsConfig,
     /// Per type: the configured schema (its text, for subscribers, and compiled).
     schemas: HashMap<i32, (Arc<str>, Arc<Schema>)>,
-    registry: Mutex<Registry>,
+    registry: SharedRegistry,
     next_id: AtomicU64,
     figures: Arc<Figures>,
     fallback: Arc<dyn Router>,
@@ -140,7 +163,7 @@ impl ChannelRouter {
         Ok(ChannelRouter {
             config,
             schemas,
-            registry: Mutex::new(Registry::default()),
+            registry: Arc::new(Mutex::new(Registry::default())),
             next_id: AtomicU64::new(1),
             figures: Arc::new(Figures {
                 pass_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
@@ -173,9 +196,34 @@ impl ChannelRouter {
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        // A panic while holding the lock cannot leave the maps half-updated in a way that
-        // matters more than stopping every channel call would; keep serving.
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.registry)
+    }
+
+    /// Refuses `what` unless `session` is a game server or the type lets players own channels,
+    /// and unless the session has room in its quota of owned channels.
+    fn check_owner(
+        &self,
+        reg: &Registry,
+        session: &SessionHandle,
+        id: u64,
+        ty: ChannelType,
+        what: &str,
+    ) -> Option<Response> {
+        let server = session.role() == Role::Server;
+        if !server && !self.type_config(ty).players_may_own {
+            let msg = format!(
+                "only game servers may {what} {} channels (log in with a server credential)",
+                ty.as_str_name()
+            );
+            return Some(error_response(id, Status::PermissionDenied, msg));
+        }
+        let quota = if server { self.config.max_owned_per_server } else { self.config.max_owned_per_player };
+        let owned = reg.members.get(&session.conn_id()).map_or(0, |m| m.owned.len());
+        if owned >= quota {
+            let msg = format!("this session owns {owned} channels, its quota");
+            return Some(error_response(id, Status::ResourceExhausted, msg));
+        }
+        None
     }
 
     fn create(&self, session: &SessionHandle, id: u64, body: Bytes) -> Response {
@@ -210,6 +258,9 @@ impl ChannelRouter {
         let cfg = self.type_config(ty);
         let channel_id = {
             let mut reg = self.registry();
+            if let Some(refused) = self.check_owner(&reg, session, id, ty, "create") {
+                return refused;
+            }
             if reg.channels.len() >= self.config.max_channels {
                 let msg = format!("the gateway holds its maximum of {} channels", self.config.max_channels);
                 return error_response(id, Status::Unavailable, msg);
@@ -229,6 +280,7 @@ impl ChannelRouter {
                 cfg.fanout(),
                 cfg.max_subscribers,
                 self.figures.clone(),
+                (Arc::downgrade(&self.registry), self.config.orphan_ttl),
             );
             // Channels are dealt over the I/O threads, whoever creates them.
             match self.runtimes.get().filter(|r| !r.is_empty()) {
@@ -242,7 +294,6 @@ impl ChannelRouter {
             }
             reg.channels.insert(channel_id, Entry { inbox: tx, ty, owner: Some(session.conn_id()) });
             let member = reg.members.entry(session.conn_id()).or_default();
-            member.server = true;
             member.owned.insert(channel_id);
             if ty == ChannelType::Global {
                 reg.global = Some(channel_id);
@@ -289,16 +340,16 @@ impl ChannelRouter {
             return Some(error_response(id, Status::PermissionDenied, msg));
         }
         let inbox = entry.inbox.clone();
+        if let Msg::Remove { .. } = &msg
+            && session.role() != Role::Server
+            && !cfg.players_may_own
+        {
+            let msg = format!("only game servers may remove {} channels", entry.ty.as_str_name());
+            return Some(error_response(id, Status::PermissionDenied, msg));
+        }
         match &msg {
             Msg::Remove { .. } => {
-                let entry = reg.channels.remove(&channel_id).expect("looked up above");
-                if reg.global == Some(channel_id) {
-                    reg.global = None;
-                    reg.master = None;
-                }
-                if let Some(owner) = entry.owner.and_then(|o| reg.members.get_mut(&o)) {
-                    owner.owned.remove(&channel_id);
-                }
+                reg.forget(channel_id);
             }
             Msg::Subscribe { .. } => {
                 reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
@@ -331,7 +382,7 @@ impl ChannelRouter {
                 };
                 let options = sub.options.unwrap_or_default();
                 let write = options.access() == DataAccess::Write;
-                let server = self.registry().members.get(&session.conn_id()).is_some_and(|m| m.server);
+                let server = session.role() == Role::Server;
                 let msg = Msg::Subscribe { member: session.clone(), server, options, request_id: id };
                 if write {
                     let rule =
@@ -401,10 +452,14 @@ impl ChannelRouter {
             let msg = format!("channel {channel_id} has an owner (connection {owner})");
             return Some(error_response(id, Status::AlreadyExists, msg));
         }
+        let ty = entry.ty;
+        if let Some(refused) = self.check_owner(&reg, session, id, ty, "claim") {
+            return Some(refused);
+        }
+        let entry = reg.channels.get_mut(&channel_id).expect("looked up above");
         entry.owner = Some(session.conn_id());
-        let (inbox, ty) = (entry.inbox.clone(), entry.ty);
+        let inbox = entry.inbox.clone();
         let member = reg.members.entry(session.conn_id()).or_default();
-        member.server = true;
         member.owned.insert(channel_id);
         if ty == ChannelType::Global {
             reg.master = Some(session.conn_id());

@@ -2,6 +2,8 @@
 //! sockets for sending malformed bytes, and a client factory.
 #![allow(dead_code)]
 
+pub mod channels;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,0 +1,94 @@
+//! Players and game servers are different principals: what a player tried in the outside probe
+//! (become master by creating the global channel first, remove a server's channel, claim and
+//! write a channel after its server left, create channels by the thousand) is refused with a
+//! status, quotas hold per role, and a channel nobody claims after its owner left goes away.
+
+mod common;
+
+use prost::Message;
+use tickwire_wire::proto::{
+    ChannelEvent, ChannelEventKind, ChannelRef, ChannelType, Status, SubscriptionOptions,
+};
+
+use common::channels::{client, create, next, status, subscribe, update};
+
+#[tokio::test]
+async fn players_cannot_create_claim_or_remove_channels() {
+    let gw = common::start(&[]).await;
+    let alice = client(&gw, "alice").await;
+    // First to ask, but a player: no global channel, no master.
+    for ty in [ChannelType::Global, ChannelType::Subworld, ChannelType::Private, ChannelType::Entity] {
+        assert_eq!(status(create(&alice, ty).await), Status::PermissionDenied, "{ty:?}");
+    }
+    let server = client(&gw, "server:zone-1").await;
+    let global = create(&server, ChannelType::Global).await.unwrap();
+    assert!(global.master, "the server is the master");
+    let sub = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    subscribe(&alice, sub, SubscriptionOptions::default()).await.unwrap();
+    let remove = ChannelRef { channel_id: sub }.encode_to_vec();
+    assert_eq!(status(alice.call("channel.remove", remove.into()).await), Status::PermissionDenied);
+
+    // The server's session ends: a player can neither claim the channel nor write to it.
+    server.close().await;
+    let event = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
+    assert_eq!(event.kind(), ChannelEventKind::OwnerLost);
+    let claim = ChannelRef { channel_id: sub }.encode_to_vec();
+    assert_eq!(status(alice.call("channel.claim", claim.clone().into()).await), Status::PermissionDenied);
+    let patch = r#"{"op":"set","path":"/round","value":1}"#;
+    assert_eq!(status(update(&alice, sub, patch).await), Status::PermissionDenied);
+    // Another game server may.
+    let successor = client(&gw, "server:zone-2").await;
+    successor.call("channel.claim", claim.into()).await.unwrap();
+    update(&successor, sub, patch).await.unwrap();
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}
+
+#[tokio::test]
+async fn owned_channels_are_counted_against_a_quota_per_role() {
+    let gw = common::start(&[
+        "channels.entity.players_may_own=true",
+        "channels.max_owned_per_player=2",
+        "channels.max_owned_per_server=3",
+    ])
+    .await;
+    let alice = client(&gw, "alice").await;
+    let mut mine = Vec::new();
+    for _ in 0..2 {
+        mine.push(create(&alice, ChannelType::Entity).await.unwrap().channel_id);
+    }
+    assert_eq!(status(create(&alice, ChannelType::Entity).await), Status::ResourceExhausted);
+    assert_eq!(
+        status(create(&alice, ChannelType::Subworld).await),
+        Status::PermissionDenied,
+        "not that type"
+    );
+    let server = client(&gw, "server:zone-1").await;
+    for _ in 0..3 {
+        create(&server, ChannelType::Subworld).await.unwrap();
+    }
+    assert_eq!(status(create(&server, ChannelType::Entity).await), Status::ResourceExhausted);
+    // Removing one frees its place.
+    let remove = ChannelRef { channel_id: mine[0] }.encode_to_vec();
+    alice.call("channel.remove", remove.into()).await.unwrap();
+    create(&alice, ChannelType::Entity).await.unwrap();
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}
+
+#[tokio::test]
+async fn a_channel_nobody_claims_after_its_owner_left_is_removed() {
+    let gw = common::start(&["channels.orphan_ttl=\"200ms\""]).await;
+    let server = client(&gw, "server:zone-1").await;
+    let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    let alice = client(&gw, "alice").await;
+    subscribe(&alice, ch, SubscriptionOptions::default()).await.unwrap();
+    server.close().await;
+    let lost = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
+    assert_eq!(lost.kind(), ChannelEventKind::OwnerLost);
+    let removed = ChannelEvent::decode(next(&alice, "channel.event").await).unwrap();
+    assert_eq!(removed.kind(), ChannelEventKind::Removed, "{removed:?}");
+    // Gone from the registry too: a late server cannot claim it.
+    let late = client(&gw, "server:zone-2").await;
+    let claim = ChannelRef { channel_id: ch }.encode_to_vec();
+    assert_eq!(status(late.call("channel.claim", claim.into()).await), Status::NotFound);
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}
