@@ -10,7 +10,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use serde_json::json;
 use tokio_util::io::{ReaderStream, StreamReader};
 
@@ -25,6 +25,9 @@ pub struct Ddc {
     pub auth: Auth,
     /// Largest blob accepted, in bytes.
     pub max_blob_bytes: u64,
+    /// The longest wait for the next piece of a request body; a body that stalls longer gets
+    /// 408 and is stored nowhere.
+    pub body_timeout: std::time::Duration,
 }
 
 /// Why a request failed, and the status it gets.
@@ -44,6 +47,8 @@ pub enum ApiError {
     NotFound,
     #[error("storage I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the {0} header is not valid UTF-8")]
+    BadHeader(&'static str),
 }
 
 impl IntoResponse for ApiError {
@@ -51,8 +56,12 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::Auth(AuthError::Unauthorized) => StatusCode::UNAUTHORIZED,
             ApiError::Auth(AuthError::Forbidden(_)) => StatusCode::FORBIDDEN,
-            ApiError::Name(_) | ApiError::Hash(_) | ApiError::HeaderMismatch { .. } => {
-                StatusCode::BAD_REQUEST
+            ApiError::Name(_)
+            | ApiError::Hash(_)
+            | ApiError::HeaderMismatch { .. }
+            | ApiError::BadHeader(_) => StatusCode::BAD_REQUEST,
+            ApiError::Store(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                StatusCode::REQUEST_TIMEOUT
             }
             ApiError::Store(StoreError::HashMismatch { .. }) => StatusCode::BAD_REQUEST,
             ApiError::Store(StoreError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -88,11 +97,32 @@ fn authorize(ddc: &Ddc, headers: &HeaderMap, ns: &str, action: Action) -> Result
 }
 
 /// The request body as a reader. A body that breaks off (the client stopped sending) reads as
-/// `UnexpectedEof`, which is the client's fault (400), not the disk's.
-fn body_reader(body: Body) -> impl tokio::io::AsyncRead + Unpin {
-    StreamReader::new(
-        body.into_data_stream().map_err(|e| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e)),
-    )
+/// `UnexpectedEof`, and one whose next piece takes longer than `timeout` as `TimedOut`: both
+/// the client's fault (400 and 408), not the disk's.
+fn body_reader(body: Body, timeout: std::time::Duration) -> impl tokio::io::AsyncRead + Unpin {
+    let chunks =
+        body.into_data_stream().map_err(|e| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e));
+    let paced = futures_util::stream::unfold(Some(chunks), move |chunks| async move {
+        let mut chunks = chunks?;
+        match tokio::time::timeout(timeout, chunks.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(chunks))),
+            Ok(None) => None,
+            Err(_) => {
+                let stalled = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no body data for {} ms", timeout.as_millis()),
+                );
+                // End the stream after the error.
+                Some((Err(stalled), None))
+            }
+        }
+    });
+    StreamReader::new(Box::pin(paced))
+}
+
+/// The `X-Jupiter-IoHash` header, if present; 400 if it is not text.
+fn iohash_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers.get(IOHASH_HEADER).map(|v| v.to_str().map_err(|_| ApiError::BadHeader(IOHASH_HEADER))).transpose()
 }
 
 async fn get_blob(
@@ -129,7 +159,7 @@ async fn put_blob(
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let ns = authorize(&ddc, &headers, &ns, Action::WriteObject)?;
     let id: IoHash = id.parse()?;
-    if let Some(claimed) = headers.get(IOHASH_HEADER).and_then(|v| v.to_str().ok())
+    if let Some(claimed) = iohash_header(&headers)?
         && claimed.parse::<IoHash>().ok() != Some(id)
     {
         return Err(ApiError::HeaderMismatch { header: claimed.chars().take(64).collect(), url: id });
@@ -144,7 +174,7 @@ async fn post_blob(
     body: Body,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     let ns = authorize(&ddc, &headers, &ns, Action::WriteObject)?;
-    let expected = match headers.get(IOHASH_HEADER).and_then(|v| v.to_str().ok()) {
+    let expected = match iohash_header(&headers)? {
         Some(h) => Some(h.parse::<IoHash>()?),
         None => None,
     };
@@ -158,7 +188,8 @@ async fn store_body(
     expected: Option<IoHash>,
     body: Body,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
-    let (stored, _) = ddc.store.put(ns, expected, body_reader(body), ddc.max_blob_bytes).await?;
+    let (stored, _) =
+        ddc.store.put(ns, expected, body_reader(body, ddc.body_timeout), ddc.max_blob_bytes).await?;
     Ok(axum::Json(json!({ "identifier": stored.to_hex() })))
 }
 

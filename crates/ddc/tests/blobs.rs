@@ -1,59 +1,11 @@
 //! The blob endpoints over real HTTP: round trips, and every kind of bad request getting its
 //! 4xx, storing nothing, and leaving the server serving.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use tickwire_ddc::IoHash;
 
-use tickwire_ddc::http::{Ddc, router};
-use tickwire_ddc::{Auth, BlobStore, IoHash};
+mod common;
 
-const TOKENS: &str = r#"
-[[tokens]]
-token = "writer"
-namespaces = ["ue.ddc"]
-actions = ["ReadObject", "WriteObject", "DeleteObject"]
-
-[[tokens]]
-token = "reader"
-namespaces = ["ue.ddc"]
-actions = ["ReadObject"]
-"#;
-
-struct Server {
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-/// A server on its own thread and runtime, so the tests can use a blocking client.
-fn start() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_owned();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let store = BlobStore::open(root).await.unwrap();
-            let ddc =
-                Arc::new(Ddc { store, auth: Auth::from_toml(TOKENS).unwrap(), max_blob_bytes: 1 << 20 });
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, router(ddc)).await.unwrap();
-        });
-    });
-    Server { addr: rx.recv().unwrap(), _dir: dir }
-}
-
-fn url(s: &Server, path: &str) -> String {
-    format!("http://{}{path}", s.addr)
-}
-
-fn status(r: Result<ureq::Response, ureq::Error>) -> u16 {
-    match r {
-        Ok(resp) => resp.status(),
-        Err(ureq::Error::Status(code, _)) => code,
-        Err(e) => panic!("transport error: {e}"),
-    }
-}
+use common::{Server, start, status, url};
 
 fn put(s: &Server, ns: &str, id: &str, token: &str, body: &[u8]) -> u16 {
     status(

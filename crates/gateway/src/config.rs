@@ -88,6 +88,11 @@ pub struct LimitsConfig {
     pub message_burst: u32,
     /// Pushes queued for one session before it counts as a slow consumer.
     pub outbox_capacity: usize,
+    /// Connections that may be waiting for their Hello at once, in all; more are closed with
+    /// OVERLOADED.
+    pub max_pending_handshakes: usize,
+    /// The same, from one IP address.
+    pub max_pending_per_ip: usize,
 }
 
 /// How clients prove who they are.
@@ -172,6 +177,8 @@ impl Default for LimitsConfig {
             messages_per_second: 200,
             message_burst: 400,
             outbox_capacity: 256,
+            max_pending_handshakes: 4096,
+            max_pending_per_ip: 256,
         }
     }
 }

@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use tickwire_transport::{Conn, WsLimits, accept_ws};
 use tickwire_wire::FrameDecoder;
+use tickwire_wire::proto::CloseReason;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{Admission, Refused};
 use crate::auth::{AuthProvider, provider_from_config};
 use crate::channel::{ChannelConfigError, ChannelRouter};
+use crate::close::send_close;
 use crate::config::{ConfigError, GatewayConfig};
 use crate::handshake::handshake;
 use crate::handshake::handshake_with;
@@ -99,6 +102,10 @@ impl Gateway {
             tracker: TaskTracker::new(),
             workers: self.workers,
             next_conn_id: std::sync::atomic::AtomicU64::new(1),
+            admission: Admission::new(
+                self.config.limits.max_pending_handshakes,
+                self.config.limits.max_pending_per_ip,
+            ),
             config: self.config,
         });
         shared.router.on_start(runtimes);
@@ -208,8 +215,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             () = shared.cancel.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -217,8 +224,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             }
         };
         let _ = stream.set_nodelay(true);
+        let pending = match shared.admission.admit(peer.ip()) {
+            Ok(pending) => pending,
+            Err(refused) => {
+                refuse(&shared, stream, ws, refused);
+                continue;
+            }
+        };
         let task_shared = shared.clone();
         shared.tracker.spawn(async move {
+            // Holds this connection's place in the pre-login budget until the handshake ends.
+            let _pending = pending;
             let conn = if ws {
                 let limit = task_shared.config.limits.auth_timeout;
                 let limits = WsLimits::for_frames(task_shared.config.limits.max_frame_bytes);
@@ -233,6 +249,21 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
                 () = task_shared.cancel.cancelled() => {}
                 () = handshake(task_shared.clone(), conn) => {}
             }
+        });
+    }
+}
+
+/// Closes a connection the pre-login budget has no room for: over TCP with an OVERLOADED Close
+/// (written off the accept loop, bounded in time); over WebSocket, before the upgrade, by
+/// dropping it.
+fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream, ws: bool, refused: Refused) {
+    tracing::debug!(%refused, "connection refused");
+    Stats::add(&shared.stats.connections_rejected, 1);
+    shared.stats.closed(CloseReason::Overloaded);
+    if !ws {
+        let message = refused.to_string();
+        shared.tracker.spawn(async move {
+            send_close(&mut Conn::Tcp(stream), CloseReason::Overloaded, &message).await;
         });
     }
 }

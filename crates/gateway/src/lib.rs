@@ -6,6 +6,7 @@
 //! state is ever copied between tasks. Application messages go to a [`Router`]; the built-in
 //! [`EchoRouter`] answers the `echo` method that the ping-pong bench uses.
 
+mod admission;
 mod auth;
 mod channel;
 mod close;

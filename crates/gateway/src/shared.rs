@@ -8,6 +8,7 @@ use tickwire_wire::FrameDecoder;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Admission;
 use crate::auth::AuthProvider;
 use crate::config::GatewayConfig;
 use crate::registry::Registry;
@@ -27,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) workers: Option<WorkerSet>,
+    /// Connections waiting for their Hello, in all and per address.
+    pub(crate) admission: Arc<Admission>,
     /// The next SessionHandle::conn_id (starts at 1; 0 means "none" on the wire).
     pub(crate) next_conn_id: std::sync::atomic::AtomicU64,
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use tickwire_wire::proto::CloseReason;
 
 /// Close reasons are counted by their protobuf number, 0 to this bound.
-pub(crate) const CLOSE_REASONS: usize = 13;
+pub(crate) const CLOSE_REASONS: usize = 14;
 
 /// Live counters of one gateway.
 #[derive(Debug, Default)]

@@ -1,14 +1,16 @@
-//! What one peer that has not logged in can make the gateway buffer, tried as an attacker
-//! would, over real sockets against a gateway in this process: a WebSocket ping flood from a
-//! client that never reads, an unfinished WebSocket message far larger than a frame, and TCP length prefixes that
-//! announce 1 MiB frames. Each attacker is cut off, memory stays bounded (the process's RSS,
-//! with a generous bound), and a well-behaved client beside it is still answered.
+//! What peers that have not logged in can take from the gateway, tried as an attacker would,
+//! over real sockets against a gateway in this process: a WebSocket ping flood from a client
+//! that never reads, an unfinished WebSocket message far larger than a frame, TCP length
+//! prefixes that announce 1 MiB frames, and silent sockets that hold the pre-login budget.
+//! Each attacker is cut off, memory stays bounded (the process's RSS, with a generous bound),
+//! and a well-behaved client beside it is still answered.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use futures_util::SinkExt;
+use tickwire_client::{ConnectOptions, Connection};
 use tickwire_gateway::RunningGateway;
 use tickwire_wire::proto::CloseReason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -122,4 +124,53 @@ async fn a_large_length_prefix_before_the_hello_is_refused_at_once() {
     assert!(grown < 100 * MIB, "RSS grew by {} MiB", grown / MIB);
     let rtt = healthy_round_trip(&gw).await;
     assert!(rtt < Duration::from_secs(5), "a healthy client waited {rtt:?}");
+}
+
+/// Opens `n` sockets from `source` that never send a Hello.
+async fn silent(addr: std::net::SocketAddr, source: [u8; 4], n: usize) -> Vec<TcpStream> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((std::net::Ipv4Addr::from(source), 0).into()).unwrap();
+        out.push(socket.connect(addr).await.unwrap());
+    }
+    out
+}
+
+/// The Close each socket got, as reasons.
+async fn reasons(mut sockets: Vec<TcpStream>) -> Vec<Option<CloseReason>> {
+    let reads = sockets.iter_mut().map(|s| async move { common::reason(&common::read_close(s).await) });
+    futures_util::future::join_all(reads).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_from_one_address_cannot_starve_the_others() {
+    let gw = common::start(&["limits.max_pending_per_ip=8", "limits.auth_timeout=\"2s\""]).await;
+    let addr = gw.tcp_addrs()[0];
+    // Nine silent sockets from 127.0.0.1: the address's budget is eight.
+    let attackers = silent(addr, [127, 0, 0, 1], 9).await;
+    // Meanwhile a player from another address logs in and is answered.
+    let mut opts = ConnectOptions::new(common::tcp_target(&gw));
+    opts.local_addr = Some([127, 0, 0, 2].into());
+    let mut conn = Connection::connect(opts).await.unwrap();
+    assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
+    let got = reasons(attackers).await;
+    let overloaded = got.iter().filter(|r| **r == Some(CloseReason::Overloaded)).count();
+    let timed_out = got.iter().filter(|r| **r == Some(CloseReason::AuthTimeout)).count();
+    assert_eq!((overloaded, timed_out), (1, 8), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pre_login_budget_holds_across_addresses() {
+    let gw = common::start(&["limits.max_pending_handshakes=4", "limits.auth_timeout=\"2s\""]).await;
+    let addr = gw.tcp_addrs()[0];
+    let mut sockets = silent(addr, [127, 0, 0, 3], 2).await;
+    sockets.extend(silent(addr, [127, 0, 0, 4], 2).await);
+    sockets.extend(silent(addr, [127, 0, 0, 5], 1).await);
+    let got = reasons(sockets).await;
+    let overloaded = got.iter().filter(|r| **r == Some(CloseReason::Overloaded)).count();
+    assert_eq!(overloaded, 1, "{got:?}");
+    // Once they are gone, the budget is free again.
+    let mut conn = common::connect(&gw).await;
+    assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
 }

@@ -111,6 +111,16 @@ struct DdcArgs {
     /// Largest blob accepted, in MiB.
     #[arg(long, default_value_t = 1024)]
     max_blob_mib: u64,
+    /// Connections open at once; more get 503 and are closed.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// The longest a client may take to send a request's headers (and so how long a
+    /// keep-alive connection may sit idle).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_timeout: std::time::Duration,
+    /// The longest wait for the next piece of a request body; longer gets 408.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    body_timeout: std::time::Duration,
 }
 
 #[derive(Subcommand)]
@@ -241,16 +251,24 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     };
     let store =
         BlobStore::open(&args.root).await.with_context(|| format!("opening {}", args.root.display()))?;
-    let ddc = std::sync::Arc::new(http::Ddc { store, auth, max_blob_bytes: args.max_blob_mib << 20 });
+    let ddc = std::sync::Arc::new(http::Ddc {
+        store,
+        auth,
+        max_blob_bytes: args.max_blob_mib << 20,
+        body_timeout: args.body_timeout,
+    });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     println!("{LISTENING_PREFIX}http://{}/ (blobs in {})", listener.local_addr()?, args.root.display());
-    axum::serve(listener, http::router(ddc))
-        .with_graceful_shutdown(async {
-            let _ = wait_for_signal().await;
-        })
-        .await?;
+    let limits = tickwire_ddc::serve::ServeLimits {
+        max_connections: args.max_connections,
+        header_timeout: args.header_timeout,
+    };
+    tickwire_ddc::serve::serve(listener, http::router(ddc), limits, async {
+        let _ = wait_for_signal().await;
+    })
+    .await?;
     Ok(())
 }
 

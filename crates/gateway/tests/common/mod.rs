@@ -91,6 +91,11 @@ async fn raw_exchange(addr: SocketAddr, bytes: &[u8], eof: bool) -> Option<Close
     if eof {
         stream.shutdown().await.unwrap();
     }
+    read_close(&mut stream).await
+}
+
+/// Reads until the gateway closes `stream` (10 s at most) and returns the Close it sent, if any.
+pub async fn read_close(stream: &mut TcpStream) -> Option<Close> {
     let mut data = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut data)).await;
     assert!(read.is_ok(), "gateway did not close the connection");

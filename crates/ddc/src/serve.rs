@@ -1,0 +1,82 @@
+//! Serving the DDC's routes over HTTP/1.1 with the limits a public cache needs and
+//! `axum::serve` does not set: a cap on open connections, a deadline for each request's
+//! headers (which also closes keep-alive connections that sit idle), and, in `http.rs`, a
+//! deadline between body chunks. So idle or trickling sockets cannot hold the server.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Connection limits of the HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Connections open at once; a connection past it gets `503` and is closed.
+    pub max_connections: usize,
+    /// The longest a client may take to send a request's headers, counted from when the
+    /// server starts waiting for them: so also how long a keep-alive connection may sit idle.
+    pub header_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits { max_connections: 1024, header_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// What a connection past the cap gets before it is closed.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+/// Serves `app` on `listener` until `shutdown` completes; then stops accepting (open
+/// connections finish their current request on their own tasks).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, for example: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tokio::spawn(turn_away(stream));
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn turn_away(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(BUSY)).await;
+}

@@ -1,0 +1,67 @@
+//! A DDC server for the integration tests: a temporary root, two tokens, on its own thread.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tickwire_ddc::http::{Ddc, router};
+use tickwire_ddc::serve::{ServeLimits, serve};
+use tickwire_ddc::{Auth, BlobStore};
+
+pub const TOKENS: &str = r#"
+[[tokens]]
+token = "writer"
+namespaces = ["ue.ddc"]
+actions = ["ReadObject", "WriteObject", "DeleteObject"]
+
+[[tokens]]
+token = "reader"
+namespaces = ["ue.ddc"]
+actions = ["ReadObject"]
+"#;
+
+pub struct Server {
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// A server with the default limits.
+pub fn start() -> Server {
+    start_with(ServeLimits::default(), Duration::from_secs(30))
+}
+
+/// A server on its own thread and runtime, so the tests can use a blocking client.
+pub fn start_with(limits: ServeLimits, body_timeout: Duration) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let store = BlobStore::open(root).await.unwrap();
+            let ddc = Arc::new(Ddc {
+                store,
+                auth: Auth::from_toml(TOKENS).unwrap(),
+                max_blob_bytes: 1 << 20,
+                body_timeout,
+            });
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            serve(listener, router(ddc), limits, std::future::pending()).await.unwrap();
+        });
+    });
+    Server { addr: rx.recv().unwrap(), _dir: dir }
+}
+
+pub fn url(s: &Server, path: &str) -> String {
+    format!("http://{}{path}", s.addr)
+}
+
+pub fn status(r: Result<ureq::Response, ureq::Error>) -> u16 {
+    match r {
+        Ok(resp) => resp.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("transport error: {e}"),
+    }
+}
