@@ -137,8 +137,16 @@ impl Gateway {
             (Some(addr), Some(runtime)) => {
                 // Worker processes share the listeners but not their figures: one port each.
                 let offset = shared.workers.as_ref().map_or(0, |w| u16::from(w.index));
-                let addr =
-                    SocketAddr::new(addr.ip(), if addr.port() == 0 { 0 } else { addr.port() + offset });
+                let port = match addr.port() {
+                    0 => 0,
+                    base => base.checked_add(offset).ok_or_else(|| GatewayError::Bind {
+                        addr,
+                        source: io::Error::other(format!(
+                            "metrics port {base} + worker {offset} is past 65535"
+                        )),
+                    })?,
+                };
+                let addr = SocketAddr::new(addr.ip(), port);
                 let _guard = runtime.enter();
                 let listener = std::net::TcpListener::bind(addr)
                     .and_then(|l| l.set_nonblocking(true).map(|()| l))

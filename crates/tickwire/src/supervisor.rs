@@ -22,6 +22,33 @@ use tokio::sync::mpsc;
 const WORKER_START: Duration = Duration::from_secs(15);
 const WORKER_STOP: Duration = Duration::from_secs(15);
 
+/// Worker `i` serves metrics on the configured port + `i`: checks, before any worker starts,
+/// that every one of those ports exists and is free, and names the first that is not.
+fn check_metrics_ports(config: &GatewayConfig, processes: u8) -> anyhow::Result<()> {
+    let Some(base) = config.metrics.listen else { return Ok(()) };
+    if base.port() == 0 {
+        return Ok(());
+    }
+    for index in 0..processes {
+        let port = base.port().checked_add(u16::from(index)).with_context(|| {
+            format!(
+                "metrics port {} + worker {index} is past 65535; pick a lower metrics.listen port",
+                base.port()
+            )
+        })?;
+        let addr = SocketAddr::new(base.ip(), port);
+        std::net::TcpListener::bind(addr).with_context(|| {
+            format!(
+                "metrics port {port} for worker {index} (metrics.listen {base} + {index}) is not free; \
+                 with --processes {processes}, ports {}..={} must be",
+                base.port(),
+                u32::from(base.port()) + u32::from(processes) - 1
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Binds (without listening) so the port stays ours while the workers bind it too.
 fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, Socket)> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
@@ -49,6 +76,7 @@ pub async fn run(
             out.push(local);
         }
     }
+    check_metrics_ports(config, processes)?;
     let dir = std::env::temp_dir().join(format!("tickwire-gateway-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
