@@ -12,7 +12,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -77,6 +77,22 @@ pub async fn serve(
     }
 }
 
+/// Answers 503 and closes gracefully: the client's request is read and dropped (up to a
+/// second and 64 KiB) so that closing does not reset the connection before the client has
+/// read the answer.
 async fn turn_away(mut stream: TcpStream) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(BUSY)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(BUSY).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => left = left.saturating_sub(n),
+            }
+        }
+        io::Result::Ok(())
+    })
+    .await;
 }

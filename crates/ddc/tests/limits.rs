@@ -19,7 +19,6 @@ fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<String> 
     let mut out = Vec::new();
     match stream.read_to_end(&mut out) {
         Ok(_) => Some(String::from_utf8_lossy(&out).into_owned()),
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(String::new()),
         Err(_) => None,
     }
 }
@@ -30,11 +29,12 @@ fn health(s: &common::Server) -> u16 {
 
 #[test]
 fn idle_and_surplus_connections_cannot_hold_the_server() {
-    let limits = ServeLimits { max_connections: 20, header_timeout: Duration::from_millis(500) };
+    let limits = ServeLimits { max_connections: 20, header_timeout: Duration::from_secs(2) };
     let s = start_with(limits, Duration::from_secs(30));
     // 30 sockets that never send a request: 20 take every slot and are closed (with nothing
-    // sent) once their header deadline passes; the other 10 get 503 at once. Which ones is up
-    // to the order the server accepts them in.
+    // sent) once their header deadline passes; the other 10 get 503 at once (a whole answer
+    // and a clean close, not a reset). Which ones is up to the order the server accepts them
+    // in. The 2 s deadline leaves a loaded machine ample time to accept all 30 first.
     let mut sockets: Vec<TcpStream> = (0..30).map(|_| TcpStream::connect(s.addr).unwrap()).collect();
     let answers: Vec<String> = sockets
         .iter_mut()

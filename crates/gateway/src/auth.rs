@@ -8,7 +8,7 @@ use std::fmt;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::config::{AuthConfig, AuthMode, ConfigError, JwtAlgorithm};
+use crate::config::{AuthConfig, AuthMode, ConfigError, DEFAULT_JWT_LEEWAY_SECS, JwtAlgorithm};
 
 /// The identity an accepted token stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,9 +114,6 @@ struct Claims {
     #[serde(default)]
     role: Option<String>,
 }
-
-/// The default clock leeway for `exp` and `nbf`.
-pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 5;
 
 impl JwtAuth {
     pub fn new(key: DecodingKey, algorithm: Algorithm) -> JwtAuth {

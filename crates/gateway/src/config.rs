@@ -114,6 +114,9 @@ pub struct AuthConfig {
     pub jwt_leeway: Duration,
 }
 
+/// The default clock leeway for a JWT's `exp` and `nbf`, in seconds.
+pub const DEFAULT_JWT_LEEWAY_SECS: u64 = 5;
+
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
@@ -123,7 +126,7 @@ impl Default for AuthConfig {
             jwt_public_key_file: None,
             jwt_issuer: None,
             jwt_audience: None,
-            jwt_leeway: Duration::from_secs(crate::auth::DEFAULT_JWT_LEEWAY_SECS),
+            jwt_leeway: Duration::from_secs(DEFAULT_JWT_LEEWAY_SECS),
         }
     }
 }

@@ -243,10 +243,10 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
         shared.tracker.spawn(async move {
             // Holds this connection's place in the pre-login budget until the handshake ends.
             let _pending = pending;
+            // One auth timeout from accept to Hello, WebSocket upgrade included.
+            let deadline = tokio::time::Instant::now() + task_shared.config.limits.auth_timeout;
             let conn = if ws {
-                let limit = task_shared.config.limits.auth_timeout;
-                let limits = WsLimits::for_frames(task_shared.config.limits.max_frame_bytes);
-                match tokio::time::timeout(limit, accept_ws(stream, limits)).await {
+                match tokio::time::timeout_at(deadline, accept_ws(stream, WsLimits::chunked())).await {
                     Ok(Ok(conn)) => conn,
                     _ => return,
                 }
@@ -255,7 +255,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             };
             tokio::select! {
                 () = task_shared.cancel.cancelled() => {}
-                () = handshake(task_shared.clone(), conn) => {}
+                () = handshake(task_shared.clone(), conn, deadline) => {}
             }
         });
     }
@@ -288,7 +288,8 @@ fn listen_for_handoffs(shared: Arc<Shared>, workers: &WorkerSet, runtime: Handle
             }) {
                 Ok((stream, buf)) => {
                     Stats::add(&shared.stats.handoffs_received, 1);
-                    runtime.spawn(handshake_with(shared.clone(), Conn::Tcp(stream), buf));
+                    let deadline = tokio::time::Instant::now() + shared.config.limits.auth_timeout;
+                    runtime.spawn(handshake_with(shared.clone(), Conn::Tcp(stream), buf, deadline));
                 }
                 Err(e) => tracing::warn!(error = %e, "handoff failed"),
             }

@@ -73,17 +73,23 @@ async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: S
     send_close(&mut conn, reason, &message).await;
 }
 
-/// Runs the handshake on a freshly accepted connection.
-pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn) {
-    handshake_with(shared, conn, BytesMut::new()).await;
+/// Runs the handshake on a freshly accepted connection; the Hello must arrive by `deadline`
+/// (set at accept, so a WebSocket upgrade and the Hello share one auth timeout).
+pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn, deadline: tokio::time::Instant) {
+    handshake_with(shared, conn, BytesMut::new(), deadline).await;
 }
 
 /// Runs the handshake on a connection of which `buf` was already read (a handoff from another
 /// worker process).
-pub(crate) async fn handshake_with(shared: Arc<Shared>, mut conn: Conn, mut buf: BytesMut) {
+pub(crate) async fn handshake_with(
+    shared: Arc<Shared>,
+    mut conn: Conn,
+    mut buf: BytesMut,
+    deadline: tokio::time::Instant,
+) {
     let limit = shared.config.limits.auth_timeout;
     let pre_login = FrameDecoder::new(MAX_HELLO_FRAME_BYTES.min(shared.decoder.max_frame_bytes()));
-    let hello = match tokio::time::timeout(limit, read_hello(&mut conn, &mut buf, &pre_login)).await {
+    let hello = match tokio::time::timeout_at(deadline, read_hello(&mut conn, &mut buf, &pre_login)).await {
         Err(_) => {
             let msg = format!("no Hello within {} ms", limit.as_millis());
             return reject(&shared, conn, CloseReason::AuthTimeout, msg).await;

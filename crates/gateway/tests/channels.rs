@@ -231,10 +231,10 @@ async fn a_frozen_subscriber_stalls_nobody() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    // Every healthy subscriber reaches the last round (each `next` waits at most WAIT): the
-    // frozen one held nobody up.
-    let (counts, ()) = tokio::join!(futures_util::future::join_all(reading), writer);
-    assert!(counts.iter().all(|&n| n >= 1), "{counts:?}");
+    // Every healthy subscriber reaches the last round: `next` panics if any waits longer than
+    // WAIT for an update, so getting past this line is the check that the frozen one held
+    // nobody up.
+    let (_updates, ()) = tokio::join!(futures_util::future::join_all(reading), writer);
     // The frozen subscriber cost bounded memory: its updates were coalesced while its outbox
     // was full, or its session hit the retransmit bound (1 MiB unacknowledged) and was closed.
     let metrics = common::scrape(gw.metrics_addr().unwrap()).await;

@@ -38,8 +38,12 @@ async fn healthy_round_trip(gw: &RunningGateway) -> Duration {
 
 const MIB: u64 = 1024 * 1024;
 
+/// The tests that measure this process's memory take turns, so one's figure is not another's.
+static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_ping_flood_from_a_client_that_never_reads_is_cut_off() {
+    let _turn = MEMORY.lock().await;
     let gw = common::start(&[]).await;
     let addr = gw.ws_addrs()[0];
     let before = rss_bytes();
@@ -76,6 +80,7 @@ fn fragment(first: bool, len: u64) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinished_fragmented_websocket_message_is_refused_past_one_frame() {
+    let _turn = MEMORY.lock().await;
     let gw = common::start(&[]).await;
     let addr = gw.ws_addrs()[0];
     let before = rss_bytes();
@@ -107,6 +112,7 @@ async fn an_unfinished_fragmented_websocket_message_is_refused_past_one_frame() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_length_prefix_before_the_hello_is_refused_at_once() {
+    let _turn = MEMORY.lock().await;
     let gw = common::start(&[]).await;
     let addr = gw.tcp_addrs()[0];
     let before = rss_bytes();

@@ -92,3 +92,22 @@ async fn a_channel_nobody_claims_after_its_owner_left_is_removed() {
     assert_eq!(status(late.call("channel.claim", claim.into()).await), Status::NotFound);
     assert!(gw.shutdown(common::channels::WAIT).await);
 }
+
+#[tokio::test]
+async fn subscriptions_per_session_are_bounded() {
+    let gw = common::start(&["channels.max_subscriptions_per_session=2"]).await;
+    let server = client(&gw, "server:zone-1").await;
+    let mut channels = Vec::new();
+    for _ in 0..3 {
+        channels.push(create(&server, ChannelType::Subworld).await.unwrap().channel_id);
+    }
+    let alice = client(&gw, "alice").await;
+    subscribe(&alice, channels[0], SubscriptionOptions::default()).await.unwrap();
+    subscribe(&alice, channels[1], SubscriptionOptions::default()).await.unwrap();
+    let third = subscribe(&alice, channels[2], SubscriptionOptions::default()).await;
+    assert_eq!(status(third), Status::ResourceExhausted);
+    // Subscribing again to change options is not a new subscription.
+    let slower = SubscriptionOptions { fanout_interval_ms: 100, ..Default::default() };
+    subscribe(&alice, channels[0], slower).await.unwrap();
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}

@@ -42,6 +42,13 @@ impl WsLimits {
         WsLimits { max_message: (max_frame_bytes as usize + 4).max(WS_WRITE_CHUNK) }
     }
 
+    /// Messages of at most 64 KiB, the size this side writes: what a server accepts from a
+    /// peer it does not know yet, so that no peer can make it buffer more than that per
+    /// message, before login or after. Longer writes span messages (frames are a byte stream).
+    pub fn chunked() -> WsLimits {
+        WsLimits { max_message: WS_WRITE_CHUNK }
+    }
+
     fn config(self) -> WebSocketConfig {
         // Writes are flushed in chunks of WS_WRITE_CHUNK; a peer that does not read can make
         // this side hold at most a few of them. With the buffer bounded, tungstenite keeps at
@@ -59,7 +66,23 @@ impl WsLimits {
 #[derive(Debug)]
 pub enum Conn {
     Tcp(TcpStream),
-    Ws(Box<WebSocketStream<TcpStream>>),
+    Ws(Box<WsConn>),
+}
+
+/// A WebSocket connection and what its peer has sent without data lately.
+#[derive(Debug)]
+pub struct WsConn {
+    stream: WebSocketStream<TcpStream>,
+    /// Ping, pong and empty messages in a row since the last data. Kept here, not in a read
+    /// future, so that a read cancelled by other work (the session task's `select!`) does not
+    /// reset it.
+    control_run: u32,
+}
+
+impl WsConn {
+    fn new(stream: WebSocketStream<TcpStream>) -> Box<WsConn> {
+        Box::new(WsConn { stream, control_run: 0 })
+    }
 }
 
 impl Conn {
@@ -98,34 +121,32 @@ impl Conn {
                     Err(e) => return Err(e),
                 }
             },
-            Conn::Ws(ws) => {
-                let mut control_run = 0u32;
-                loop {
-                    match ws.next().await {
-                        None | Some(Ok(Message::Close(_))) => return Ok(0),
-                        Some(Ok(Message::Binary(data))) if !data.is_empty() => {
-                            buf.extend_from_slice(&data);
-                            return Ok(data.len());
-                        }
-                        Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {
-                            control_run += 1;
-                            if control_run > MAX_CONTROL_RUN {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::InvalidData,
-                                    "too many WebSocket control messages without data",
-                                ));
-                            }
-                        }
-                        Some(Ok(Message::Text(_) | Message::Frame(_))) => {
+            Conn::Ws(ws) => loop {
+                match ws.stream.next().await {
+                    None | Some(Ok(Message::Close(_))) => return Ok(0),
+                    Some(Ok(Message::Binary(data))) if !data.is_empty() => {
+                        ws.control_run = 0;
+                        buf.extend_from_slice(&data);
+                        return Ok(data.len());
+                    }
+                    Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {
+                        ws.control_run += 1;
+                        if ws.control_run > MAX_CONTROL_RUN {
                             return Err(io::Error::new(
                                 io::ErrorKind::InvalidData,
-                                "tickwire frames travel in binary WebSocket messages only",
+                                "too many WebSocket control messages without data",
                             ));
                         }
-                        Some(Err(e)) => return Err(io::Error::other(e)),
                     }
+                    Some(Ok(Message::Text(_) | Message::Frame(_))) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "tickwire frames travel in binary WebSocket messages only",
+                        ));
+                    }
+                    Some(Err(e)) => return Err(io::Error::other(e)),
                 }
-            }
+            },
         }
     }
 
@@ -136,11 +157,12 @@ impl Conn {
             Conn::Tcp(stream) => tokio::io::AsyncWriteExt::write_all(stream, data).await,
             Conn::Ws(ws) => {
                 for chunk in data.chunks(WS_WRITE_CHUNK) {
-                    ws.feed(Message::Binary(Bytes::copy_from_slice(chunk)))
+                    ws.stream
+                        .feed(Message::Binary(Bytes::copy_from_slice(chunk)))
                         .await
                         .map_err(io::Error::other)?;
                 }
-                SinkExt::flush(ws.as_mut()).await.map_err(io::Error::other)
+                SinkExt::flush(&mut ws.stream).await.map_err(io::Error::other)
             }
         }
     }
@@ -153,7 +175,7 @@ impl Conn {
                 let _ = tokio::io::AsyncWriteExt::shutdown(stream).await;
             }
             Conn::Ws(ws) => {
-                let _ = SinkExt::close(ws.as_mut()).await;
+                let _ = SinkExt::close(&mut ws.stream).await;
             }
         }
     }
@@ -180,7 +202,7 @@ pub async fn connect_ws(url: &str, addr: SocketAddr, limits: WsLimits) -> io::Re
     let (ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
-    Ok(Conn::Ws(Box::new(ws)))
+    Ok(Conn::Ws(WsConn::new(ws)))
 }
 
 /// Completes the server side of a WebSocket handshake on an accepted TCP connection.
@@ -188,7 +210,7 @@ pub async fn accept_ws(stream: TcpStream, limits: WsLimits) -> io::Result<Conn> 
     let ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
-    Ok(Conn::Ws(Box::new(ws)))
+    Ok(Conn::Ws(WsConn::new(ws)))
 }
 
 fn set_bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {

@@ -170,7 +170,14 @@ async fn bot_session(
                             _ => None,
                         }
                     }
-                    BotMode::Count => peeked.ts,
+                    BotMode::Count => match peeked.ts {
+                        // Every frame of the simulated server sets the timestamp, snapshots too.
+                        Some(ts) => Some(ts),
+                        None => {
+                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    },
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(ts) = ts

@@ -214,6 +214,13 @@ fn run_suite(args: &SyncArgs, machine: &Machine) -> anyhow::Result<SuiteResult> 
         bytes_per_sync,
         bytes_per_player: bytes_per_sync / args.players as f64,
         rooms_estimate: rooms_estimate(machine.cores, mean_ms, 0.5, 20.0, 1.0),
+        rooms_estimate_with_writes: rooms_estimate(
+            machine.cores,
+            mean_ms + mutate_ns as f64 / syncs as f64 / 1e6,
+            0.5,
+            20.0,
+            1.0,
+        ),
         rooms_estimate_with_flags: rooms_estimate(
             machine.cores,
             mean_ms,

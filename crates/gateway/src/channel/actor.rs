@@ -85,6 +85,23 @@ pub(crate) enum Msg {
     },
 }
 
+impl Msg {
+    /// The session waiting for an answer to this message, and its request id.
+    fn caller(&self) -> Option<(&SessionHandle, u64)> {
+        match self {
+            Msg::Subscribe { member, request_id, .. } | Msg::Unsubscribe { member, request_id } => {
+                Some((member, *request_id))
+            }
+            Msg::Update { from, request_id, .. } | Msg::Send { from, request_id, .. } => {
+                Some((from, *request_id))
+            }
+            Msg::Remove { by, request_id } => Some((by, *request_id)),
+            Msg::Claim { owner, request_id } => Some((owner, *request_id)),
+            Msg::Left { .. } => None,
+        }
+    }
+}
+
 struct Subscriber {
     handle: SessionHandle,
     player: Key,
@@ -177,8 +194,7 @@ impl Channel {
                     let now = Instant::now();
                     self.figures.ticks.fetch_add(1, Ordering::Relaxed);
                     self.on_tick(now);
-                    if self.orphan_expired(now) {
-                        self.expire();
+                    if self.orphan_expired(now) && self.expire() {
                         break;
                     }
                 }
@@ -186,6 +202,15 @@ impl Channel {
         }
         self.subscribers.clear();
         self.count_subscribers();
+        // Whatever was still queued will never be handled: answer it rather than leave the
+        // callers waiting.
+        inbox.close();
+        while let Ok(msg) = inbox.try_recv() {
+            if let Some((who, request_id)) = msg.caller() {
+                let gone = format!("channel {} is gone", self.id);
+                let _ = who.respond(error_response(request_id, Status::NotFound, gone));
+            }
+        }
     }
 
     /// Whether the channel has been without an owner for longer than its type allows.
@@ -193,21 +218,22 @@ impl Channel {
         self.orphaned_at.is_some_and(|since| now.saturating_duration_since(since) >= self.orphan_ttl)
     }
 
-    /// Removes the ownerless channel: from the registry (unless a claim got there first, in
-    /// which case it stays), then tells its subscribers.
-    fn expire(&mut self) {
+    /// Removes the ownerless channel: from the registry, then tells its subscribers. Returns
+    /// `false` (and removes nothing) if a claim got into the registry first: its Claim message
+    /// is on its way, and the channel goes on.
+    fn expire(&mut self) -> bool {
         if let Some(registry) = self.registry.upgrade() {
             let mut reg = super::lock(&registry);
             if reg.channels.get(&self.id).is_some_and(|e| e.owner.is_some()) {
-                // Claimed in the registry; the Claim message is on its way. Keep going.
                 self.orphaned_at = None;
-                return;
+                return false;
             }
             reg.forget(self.id);
         }
         let reason =
             format!("no game server claimed the channel within {:?} of its owner leaving", self.orphan_ttl);
         self.event_to_all(ChannelEventKind::Removed, &reason);
+        true
     }
 
     /// Keeps this channel's share of the subscriber count current.

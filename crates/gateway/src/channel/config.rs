@@ -117,6 +117,8 @@ pub struct ChannelsConfig {
     pub max_owned_per_server: usize,
     /// Channels one player's session may own at once, where a type lets players own them.
     pub max_owned_per_player: usize,
+    /// Channels one session may be subscribed to at once (RESOURCE_EXHAUSTED past it).
+    pub max_subscriptions_per_session: usize,
     /// A channel whose owner's session ended, and that no server claims within this time, is
     /// removed (its subscribers get REMOVED).
     #[serde(with = "humantime_serde")]
@@ -134,6 +136,7 @@ impl Default for ChannelsConfig {
             inbox_capacity: 1024,
             max_owned_per_server: 10_000,
             max_owned_per_player: 16,
+            max_subscriptions_per_session: 1_000,
             orphan_ttl: Duration::from_secs(60),
         }
     }

@@ -347,6 +347,21 @@ impl ChannelRouter {
             let msg = format!("only game servers may remove {} channels", entry.ty.as_str_name());
             return Some(error_response(id, Status::PermissionDenied, msg));
         }
+        if let Msg::Subscribe { .. } = &msg {
+            let member = reg.members.get(&session.conn_id());
+            let subscribed = member.map_or(0, |m| m.subscribed.len());
+            let again = member.is_some_and(|m| m.subscribed.contains(&channel_id));
+            if subscribed >= self.config.max_subscriptions_per_session && !again {
+                let msg = format!("this session has {subscribed} subscriptions, its quota");
+                return Some(error_response(id, Status::ResourceExhausted, msg));
+            }
+        }
+        // A place in the actor's inbox first: the registry changes only for a message that
+        // will reach the actor.
+        let permit = match reserve(&inbox, id, channel_id) {
+            Ok(permit) => permit,
+            Err(refused) => return Some(refused),
+        };
         match &msg {
             Msg::Remove { .. } => {
                 reg.forget(channel_id);
@@ -357,15 +372,8 @@ impl ChannelRouter {
             _ => {}
         }
         drop(reg);
-        match inbox.try_send(msg) {
-            Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                Some(error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry")))
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                Some(error_response(id, Status::NotFound, format!("channel {channel_id} is gone")))
-            }
-        }
+        permit.send(msg);
+        None
     }
 
     fn on_channel_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
@@ -457,20 +465,20 @@ impl ChannelRouter {
             return Some(refused);
         }
         let entry = reg.channels.get_mut(&channel_id).expect("looked up above");
-        entry.owner = Some(session.conn_id());
         let inbox = entry.inbox.clone();
+        let permit = match reserve(&inbox, id, channel_id) {
+            Ok(permit) => permit,
+            Err(refused) => return Some(refused),
+        };
+        entry.owner = Some(session.conn_id());
         let member = reg.members.entry(session.conn_id()).or_default();
         member.owned.insert(channel_id);
         if ty == ChannelType::Global {
             reg.master = Some(session.conn_id());
         }
         drop(reg);
-        match inbox.try_send(Msg::Claim { owner: session.clone(), request_id: id }) {
-            Ok(()) => None,
-            Err(_) => {
-                Some(error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry")))
-            }
-        }
+        permit.send(Msg::Claim { owner: session.clone(), request_id: id });
+        None
     }
 
     /// The channel figures the metrics endpoint exports, read directly.
@@ -503,6 +511,18 @@ impl ChannelRouter {
             format!("{what} on channel {channel_id} ({}) needs {rule:?} access", entry.ty.as_str_name());
         Some(error_response(id, Status::PermissionDenied, msg))
     }
+}
+
+/// A place in a channel actor's inbox, or the answer for a caller when there is none.
+fn reserve(inbox: &mpsc::Sender<Msg>, id: u64, channel_id: u64) -> Result<mpsc::Permit<'_, Msg>, Response> {
+    inbox.try_reserve().map_err(|e| match e {
+        mpsc::error::TrySendError::Full(()) => {
+            error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry"))
+        }
+        mpsc::error::TrySendError::Closed(()) => {
+            error_response(id, Status::NotFound, format!("channel {channel_id} is gone"))
+        }
+    })
 }
 
 fn ok(id: u64, body: Bytes) -> Response {
