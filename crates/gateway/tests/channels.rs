@@ -190,7 +190,8 @@ async fn messages_route_between_clients_and_the_owner() {
 
 #[tokio::test]
 async fn a_frozen_subscriber_stalls_nobody() {
-    let gw = common::start(&["metrics.listen=\"127.0.0.1:0\""]).await;
+    // Hands of 10,001 numbers: over the default list limit, on purpose.
+    let gw = common::start(&["metrics.listen=\"127.0.0.1:0\"", "channels.max_list_len=20000"]).await;
     let server = client(&gw, "server:game-server").await;
     let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
     // A fat entry so that the frozen client's socket and outbox fill quickly.

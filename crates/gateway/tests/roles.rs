@@ -111,3 +111,25 @@ async fn subscriptions_per_session_are_bounded() {
     subscribe(&alice, channels[0], slower).await.unwrap();
     assert!(gw.shutdown(common::channels::WAIT).await);
 }
+
+#[tokio::test]
+async fn patches_and_lists_past_their_limits_are_refused_whole() {
+    let gw = common::start(&["channels.max_patch_bytes=200", "channels.max_list_len=3"]).await;
+    let server = client(&gw, "server:zone-1").await;
+    let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    let long = format!(r#"{{"op":"set","path":"/round","value":1}}{}"#, " ".repeat(200));
+    assert_eq!(status(update(&server, ch, &long).await), Status::ResourceExhausted);
+    let hand = r#"{"op":"set","path":"/hands/a","value":[1,2,3]}"#;
+    update(&server, ch, hand).await.unwrap();
+    // One more item, in a patch that also changes the round: refused whole.
+    let grow = "{\"op\":\"set\",\"path\":\"/round\",\"value\":7}\n{\"op\":\"push\",\"path\":\"/hands/a\",\"value\":4}";
+    assert_eq!(status(update(&server, ch, grow).await), Status::ResourceExhausted);
+    let alice = client(&gw, "alice").await;
+    subscribe(&alice, ch, SubscriptionOptions::default()).await.unwrap();
+    let mut replica = tickwire_state::Replica::new(common::channels::schema());
+    let first = tickwire_wire::proto::ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap();
+    replica.apply(&first.update).unwrap();
+    let tickwire_state::Value::Struct(fields) = replica.value() else { panic!("a struct") };
+    assert_eq!(fields[0], tickwire_state::Value::Int(0), "the round did not change either");
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}

@@ -49,6 +49,8 @@ pub enum StateError {
     Unsealed,
     #[error("prepared at version {prepared} but the state is now at {current} (or has unsealed writes)")]
     Stale { prepared: u64, current: u64 },
+    #[error("a list or map of {len} items is longer than this state allows ({max})")]
+    TooLong { len: usize, max: usize },
 }
 
 /// Bytes a replica could not apply. After one, the replica needs a snapshot.

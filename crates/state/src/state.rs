@@ -20,19 +20,37 @@ pub enum Step<'a> {
     Index(u32),
 }
 
-/// How much removal history a state keeps for lagging subscribers.
+/// How much removal history a state keeps for lagging subscribers, and how large its
+/// containers may grow.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Tombstones kept per map; older removals force lagging subscribers onto a snapshot.
     pub max_tombstones: usize,
     /// Versions of removal history kept.
     pub history: u64,
+    /// Items one list, or entries one map, may hold; a write past it is refused
+    /// ([`StateError::TooLong`]) and changes nothing.
+    pub max_len: usize,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_tombstones: 1024, history: 1200 }
+        Limits { max_tombstones: 1024, history: 1200, max_len: usize::MAX }
     }
+}
+
+/// Refuses a value holding a list or map longer than `max`, at any depth.
+fn check_lengths(value: &Value, max: usize) -> Result<(), StateError> {
+    let (len, children): (usize, Box<dyn Iterator<Item = &Value>>) = match value {
+        Value::List(items) => (items.len(), Box::new(items.iter())),
+        Value::Map(entries) => (entries.len(), Box::new(entries.values())),
+        Value::Struct(fields) => (0, Box::new(fields.iter())),
+        _ => return Ok(()),
+    };
+    if len > max {
+        return Err(StateError::TooLong { len, max });
+    }
+    children.into_iter().try_for_each(|v| check_lengths(v, max))
 }
 
 /// A versioned state tree.
@@ -107,7 +125,15 @@ impl State {
     /// Sets the value at `path`: a struct field, a list item, or a map entry (inserted if absent).
     pub fn set(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
-        let (Target::Slot(ty) | Target::Absent(ty)) = self.check(path)?;
+        let target = self.check(path)?;
+        check_lengths(&value, self.limits.max_len)?;
+        if let Target::Absent(_) = target {
+            let len = self.len(parent)?;
+            if len >= self.limits.max_len {
+                return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
+            }
+        }
+        let (Target::Slot(ty) | Target::Absent(ty)) = target;
         let v = self.version + 1;
         let node = Node::from_value(&self.schema, ty, value, v)?;
         let v = self.pending();
@@ -141,6 +167,11 @@ impl State {
     /// Appends to the list at `path`.
     pub fn push(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
         let item = self.list_item_type(path)?;
+        check_lengths(&value, self.limits.max_len)?;
+        let len = self.len(path)?;
+        if len >= self.limits.max_len {
+            return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
+        }
         let node = Node::from_value(&self.schema, item, value, self.version + 1)?;
         let v = self.pending();
         let slot = descend(&mut self.root, path, v)?;

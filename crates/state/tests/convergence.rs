@@ -31,7 +31,8 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
     let def = random_schema(&mut rng);
     let schema = compile(&def);
     // Small limits, so old removals fall out of history and lagging players need snapshots.
-    let limits = Limits { max_tombstones: 1 + rng.below(4) as usize, history: 1 + rng.below(12) };
+    let limits =
+        Limits { max_tombstones: 1 + rng.below(4) as usize, history: 1 + rng.below(12), ..Limits::default() };
     let mut state = State::with_limits(schema.clone(), limits);
     let mut subs: Vec<Subscriber> = (0..PLAYERS.len())
         .map(|i| Subscriber {

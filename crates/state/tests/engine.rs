@@ -152,7 +152,8 @@ fn owner_only_and_server_only_never_reach_others() {
 #[test]
 fn lost_removal_history_means_a_snapshot() {
     let schema = room();
-    let mut state = State::with_limits(schema, Limits { max_tombstones: 2, history: 1000 });
+    let mut state =
+        State::with_limits(schema, Limits { max_tombstones: 2, history: 1000, ..Limits::default() });
     let keys: Vec<Key> = (0..5).map(|i| Key::Int(i).to_string()).map(|s| Key::str(&s)).collect();
     for k in &keys {
         state.set(&[Step::Field(PLAYERS), Step::Key(k)], player_value("x", 1)).unwrap();
@@ -207,4 +208,37 @@ fn views_cut_owner_only_maps_to_the_own_entry() {
     assert_eq!(fields[3], Value::Int(0), "server-only fields stay at their default");
     let Value::Map(players) = &fields[PLAYERS as usize] else { panic!("players is a map") };
     assert_eq!(players.len(), 3);
+}
+
+#[test]
+fn lists_and_maps_past_the_length_limit_are_refused_and_change_nothing() {
+    let limits = Limits { max_len: 3, ..Limits::default() };
+    let mut state = State::with_limits(room(), limits);
+    let keys: Vec<Key> = (0..3).map(|i| Key::str(&format!("p{i}"))).collect();
+    for k in &keys {
+        state.set(&[Step::Field(PLAYERS), Step::Key(k)], player_value("n", 1)).unwrap();
+    }
+    let hand = [Step::Field(HANDS), Step::Key(&keys[0])];
+    state.set(&hand, Value::List(vec![Value::Int(1); 3])).unwrap();
+    let v = state.seal();
+    let before = state.view_for(&keys[0]);
+    let fourth = Key::str("p3");
+    assert_eq!(
+        state.set(&[Step::Field(PLAYERS), Step::Key(&fourth)], player_value("n", 1)),
+        Err(StateError::TooLong { len: 4, max: 3 }),
+        "a fourth map entry"
+    );
+    assert_eq!(state.push(&hand, Value::Int(2)), Err(StateError::TooLong { len: 4, max: 3 }));
+    assert_eq!(
+        state.set(&hand, Value::List(vec![Value::Int(1); 4])),
+        Err(StateError::TooLong { len: 4, max: 3 })
+    );
+    // Replacing an existing entry is not growth.
+    state.set(&[Step::Field(PLAYERS), Step::Key(&keys[1])], player_value("m", 2)).unwrap();
+    state.remove(&[Step::Field(PLAYERS), Step::Key(&keys[2])]).unwrap();
+    state.set(&[Step::Field(PLAYERS), Step::Key(&fourth)], player_value("n", 1)).unwrap();
+    assert!(state.seal() > v);
+    let Value::Struct(fields) = state.view_for(&keys[0]) else { panic!("a struct") };
+    let Value::Struct(old) = before else { panic!("a struct") };
+    assert_eq!(fields[HANDS as usize], old[HANDS as usize], "the refused writes left the hand alone");
 }

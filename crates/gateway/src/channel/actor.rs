@@ -20,7 +20,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use prost::Message;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler};
-use tickwire_state::{Codec, FieldMask, Key, Patch, PreparedCache, State, Version};
+use tickwire_state::{Codec, FieldMask, Key, Patch, PatchError, PreparedCache, State, StateError, Version};
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
     DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
@@ -388,7 +388,14 @@ impl Channel {
         match applied {
             Ok(()) => ok(request_id, Bytes::new()),
             Err(e) => {
-                error_response(request_id, Status::InvalidArgument, format!("channel {}: {e}", self.id))
+                // Past a size limit is a quota, not a malformed request.
+                let (status, key) = match &e {
+                    PatchError::Rejected { source: StateError::TooLong { .. }, .. } => {
+                        (Status::ResourceExhausted, " (channels.max_list_len)")
+                    }
+                    _ => (Status::InvalidArgument, ""),
+                };
+                error_response(request_id, status, format!("channel {}: {e}{key}", self.id))
             }
         }
     }

@@ -119,6 +119,11 @@ pub struct ChannelsConfig {
     pub max_owned_per_player: usize,
     /// Channels one session may be subscribed to at once (RESOURCE_EXHAUSTED past it).
     pub max_subscriptions_per_session: usize,
+    /// The largest `channel.update` patch, in bytes (RESOURCE_EXHAUSTED past it).
+    pub max_patch_bytes: usize,
+    /// Items one list, or entries one map, of a channel's state may hold (a patch that would
+    /// grow one past it is refused whole with RESOURCE_EXHAUSTED).
+    pub max_list_len: usize,
     /// A channel whose owner's session ended, and that no server claims within this time, is
     /// removed (its subscribers get REMOVED).
     #[serde(with = "humantime_serde")]
@@ -137,6 +142,8 @@ impl Default for ChannelsConfig {
             max_owned_per_server: 10_000,
             max_owned_per_player: 16,
             max_subscriptions_per_session: 1_000,
+            max_patch_bytes: 512 * 1024,
+            max_list_len: 10_000,
             orphan_ttl: Duration::from_secs(60),
         }
     }

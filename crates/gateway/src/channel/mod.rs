@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use prost::Message;
-use tickwire_state::{Schema, SchemaDef, State};
+use tickwire_state::{Limits, Schema, SchemaDef, State};
 use tickwire_wire::proto::{
     ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess, Request, Response,
     Status, Subscribe, UpdateChannel,
@@ -272,7 +272,7 @@ impl ChannelRouter {
             let (tx, rx) = mpsc::channel(self.config.inbox_capacity);
             let channel = Channel::new(
                 channel_id,
-                State::new(schema),
+                State::with_limits(schema, Limits { max_len: self.config.max_list_len, ..Limits::default() }),
                 schema_json,
                 session.clone(),
                 cfg.remove_when_owner_lost,
@@ -419,6 +419,14 @@ impl ChannelRouter {
                     Ok(u) => u,
                     Err(e) => return bad(e),
                 };
+                if u.patch.len() > self.config.max_patch_bytes {
+                    let msg = format!(
+                        "a patch of {} bytes is over the limit of {} (channels.max_patch_bytes)",
+                        u.patch.len(),
+                        self.config.max_patch_bytes
+                    );
+                    return Some(error_response(id, Status::ResourceExhausted, msg));
+                }
                 let msg = Msg::Update { from: session.clone(), patch: u.patch, request_id: id };
                 self.forward(session, id, u.channel_id, msg)
             }
