@@ -199,8 +199,21 @@ impl ChannelRouter {
         lock(&self.registry)
     }
 
-    /// Refuses `what` unless `session` is a game server or the type lets players own channels,
-    /// and unless the session has room in its quota of owned channels.
+    /// Refuses `what` (create, claim, remove) unless `session` is a game server or the type
+    /// lets players own channels.
+    fn check_role(&self, session: &SessionHandle, id: u64, ty: ChannelType, what: &str) -> Option<Response> {
+        if session.role() == Role::Server || self.type_config(ty).players_may_own {
+            return None;
+        }
+        let msg = format!(
+            "only game servers may {what} {} channels (log in with a server credential)",
+            ty.as_str_name()
+        );
+        Some(error_response(id, Status::PermissionDenied, msg))
+    }
+
+    /// [`ChannelRouter::check_role`], and refuses unless the session has room in its quota of
+    /// owned channels.
     fn check_owner(
         &self,
         reg: &Registry,
@@ -209,14 +222,10 @@ impl ChannelRouter {
         ty: ChannelType,
         what: &str,
     ) -> Option<Response> {
-        let server = session.role() == Role::Server;
-        if !server && !self.type_config(ty).players_may_own {
-            let msg = format!(
-                "only game servers may {what} {} channels (log in with a server credential)",
-                ty.as_str_name()
-            );
-            return Some(error_response(id, Status::PermissionDenied, msg));
+        if let Some(refused) = self.check_role(session, id, ty, what) {
+            return Some(refused);
         }
+        let server = session.role() == Role::Server;
         let quota = if server { self.config.max_owned_per_server } else { self.config.max_owned_per_player };
         let owned = reg.members.get(&session.conn_id()).map_or(0, |m| m.owned.len());
         if owned >= quota {
@@ -341,11 +350,9 @@ impl ChannelRouter {
         }
         let inbox = entry.inbox.clone();
         if let Msg::Remove { .. } = &msg
-            && session.role() != Role::Server
-            && !cfg.players_may_own
+            && let Some(refused) = self.check_role(session, id, entry.ty, "remove")
         {
-            let msg = format!("only game servers may remove {} channels", entry.ty.as_str_name());
-            return Some(error_response(id, Status::PermissionDenied, msg));
+            return Some(refused);
         }
         if let Msg::Subscribe { .. } = &msg {
             let member = reg.members.get(&session.conn_id());
@@ -572,11 +579,7 @@ impl Router for ChannelRouter {
                 if entry.owner == Some(conn_id) {
                     entry.owner = None;
                     if self.type_config(entry.ty).remove_when_owner_lost {
-                        let ty = entry.ty;
-                        reg.channels.remove(channel_id);
-                        if ty == ChannelType::Global {
-                            reg.global = None;
-                        }
+                        reg.forget(*channel_id);
                     }
                 }
             }
