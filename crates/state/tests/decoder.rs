@@ -70,10 +70,7 @@ proptest! {
             }
             bytes.truncate(cut % (bytes.len() + 1));
             let mut replica = Replica::new(schema.clone());
-            let _ = match codec {
-                Codec::Binary => replica.apply(&bytes),
-                Codec::Json => replica.apply_json(&bytes),
-            };
+            let _ = replica.apply_codec(codec, &bytes);
         }
     }
 }

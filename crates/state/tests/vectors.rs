@@ -207,11 +207,7 @@ fn state_vectors() {
             Some(base) => replicas[base].clone(),
             None => Replica::new(schema.clone()),
         };
-        match codec {
-            Codec::Binary => replica.apply(&bytes),
-            Codec::Json => replica.apply_json(&bytes),
-        }
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        replica.apply_codec(codec, &bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = value_to_json(&root, &replica.value());
         if !skip {
             // (A subscriber skipping its own entries keeps the copy of its entry it last had.)

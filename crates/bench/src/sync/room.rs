@@ -252,11 +252,7 @@ impl Room {
             return Err(VerifyError::NotStarted);
         }
         for ((player, replica), update) in self.players.iter().zip(&mut self.replicas).zip(&self.sent) {
-            let bytes = update.to_vec();
-            let applied = match codec {
-                Codec::Binary => replica.apply(&bytes),
-                Codec::Json => replica.apply_json(&bytes),
-            };
+            let applied = replica.apply_codec(codec, &update.to_vec());
             applied.map_err(|e| VerifyError::Decode { player: player.to_string(), error: e.to_string() })?;
             if replica.value() != self.state.view_for(player) {
                 return Err(VerifyError::Mismatch { player: player.to_string(), version: replica.version() });
@@ -273,11 +269,7 @@ impl Room {
         for player in &self.players {
             let mut replica = Replica::new(self.state.schema().clone());
             let bytes = snapshot.update_for(&self.state, player, false)?.to_vec();
-            let applied = match codec {
-                Codec::Binary => replica.apply(&bytes),
-                Codec::Json => replica.apply_json(&bytes),
-            };
-            applied.expect("a fresh replica applies the state's own snapshot");
+            replica.apply_codec(codec, &bytes).expect("a fresh replica applies the state's own snapshot");
             self.replicas.push(replica);
         }
         Ok(())

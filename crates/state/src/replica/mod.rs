@@ -16,6 +16,7 @@ mod json;
 
 use crate::error::DecodeError;
 use crate::schema::{ROOT, Schema, TypeId};
+use crate::sync::Codec;
 use crate::tree::Version;
 use crate::value::{Key, Value};
 
@@ -88,6 +89,14 @@ impl Replica {
     pub fn apply_json(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
         let (header, body) = json::header(update)?;
         self.apply_with(header, |schema, root| json::apply(schema, root, body))
+    }
+
+    /// Applies one update encoded with `codec`: [`Replica::apply`] or [`Replica::apply_json`].
+    pub fn apply_codec(&mut self, codec: Codec, update: &[u8]) -> Result<Version, DecodeError> {
+        match codec {
+            Codec::Binary => self.apply(update),
+            Codec::Json => self.apply_json(update),
+        }
     }
 
     fn apply_with(
