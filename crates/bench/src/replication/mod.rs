@@ -106,22 +106,38 @@ impl Scrape {
     }
 }
 
-/// The `q` quantile of the passes between two scrapes, in milliseconds: the upper bound of the
-/// bucket it falls in (so "p99 2 ms" reads "99% of passes took at most 2 ms"). `q = 1.0` gives
-/// the bound of the slowest pass's bucket. 0 when there were no passes; infinite when a pass
-/// exceeded the largest finite bucket.
-fn window_quantile(before: &Scrape, after: &Scrape, q: f64) -> f64 {
-    let (b0, b1) = (before.tick_buckets(), after.tick_buckets());
-    let counts: Vec<(f64, f64)> = b1
-        .iter()
-        .map(|&(bound, n)| (bound, n - b0.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, m)| *m)))
-        .collect();
-    let total = counts.last().map_or(0.0, |(_, n)| *n);
-    if total <= 0.0 {
-        return 0.0;
+/// The fan-out passes between two scrapes: (bucket upper bound in seconds, cumulative count),
+/// `+Inf` last. Built once per pair of scrapes; each quantile is then a lookup.
+struct TickWindow(Vec<(f64, f64)>);
+
+impl TickWindow {
+    fn between(before: &Scrape, after: &Scrape) -> TickWindow {
+        let b0 = before.tick_buckets();
+        let counts = after
+            .tick_buckets()
+            .into_iter()
+            .map(|(bound, n)| (bound, n - b0.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, m)| *m)))
+            .collect();
+        TickWindow(counts)
     }
-    let rank = (q * total).ceil().max(1.0);
-    counts.iter().find(|(_, n)| *n >= rank).map_or(f64::INFINITY, |(bound, _)| bound * 1e3)
+
+    /// The `q` quantile, in milliseconds: the upper bound of the bucket it falls in (so "p99
+    /// 2 ms" reads "99% of passes took at most 2 ms"). `q = 1.0` gives the bound of the
+    /// slowest pass's bucket. 0 when there were no passes; infinite when a pass exceeded the
+    /// largest finite bucket.
+    fn quantile(&self, q: f64) -> f64 {
+        let total = self.0.last().map_or(0.0, |(_, n)| *n);
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let rank = (q * total).ceil().max(1.0);
+        self.0.iter().find(|(_, n)| *n >= rank).map_or(f64::INFINITY, |(bound, _)| bound * 1e3)
+    }
+
+    /// p50, p99 and max, as the report shows them.
+    fn tick(&self) -> report::Tick {
+        report::Tick { p50: self.quantile(0.5), p99: self.quantile(0.99), max: self.quantile(1.0) }
+    }
 }
 
 /// Runs `tickwire bench replication`.
@@ -286,11 +302,7 @@ async fn hold(
                     p5: second.get(second.len() / 20).copied().unwrap_or(0.0),
                 },
                 latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
-                tick_ms: report::Tick {
-                    p50: window_quantile(&prev, &s, 0.5),
-                    p99: window_quantile(&prev, &s, 0.99),
-                    max: window_quantile(&prev, &s, 1.0),
-                },
+                tick_ms: TickWindow::between(&prev, &s).tick(),
                 gateway_cpu_pct: cpu.cpu_pct_since(&prev_cpu),
                 gateway_rss_bytes: cpu.rss_bytes,
                 msgs_in_per_s: rate("messages_in"),
@@ -313,11 +325,7 @@ async fn hold(
     let fanout_mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
     let fanout_p5 = rates.get(rates.len() / 20).copied().unwrap_or(0.0);
     let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
-    let tick_ms = report::Tick {
-        p50: window_quantile(&first_totals, &last, 0.5),
-        p99: window_quantile(&first_totals, &last, 0.99),
-        max: window_quantile(&first_totals, &last, 1.0),
-    };
+    let tick_ms = TickWindow::between(&first_totals, &last).tick();
     let channel_tick_hz = per_s("channel_ticks") / last.get("channel_num").max(1.0);
     // Every server frame changes every character, so a client can get at most one update per
     // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
@@ -378,12 +386,13 @@ mod tests {
         let before = scrape(&[("0.001", 90.0), ("0.002", 95.0), ("0.02", 100.0), ("+Inf", 100.0)]);
         // 100 passes in the window: 10 under 1 ms, 89 more under 2 ms, 1 at 20 ms.
         let after = scrape(&[("0.001", 100.0), ("0.002", 184.0), ("0.02", 200.0), ("+Inf", 200.0)]);
-        assert_eq!(window_quantile(&before, &after, 0.05), 1.0);
-        assert_eq!(window_quantile(&before, &after, 0.5), 2.0);
-        assert_eq!(window_quantile(&before, &after, 0.99), 20.0);
-        assert_eq!(window_quantile(&before, &after, 1.0), 20.0);
-        assert_eq!(window_quantile(&after, &after, 0.99), 0.0, "no passes");
+        let window = TickWindow::between(&before, &after);
+        assert_eq!(window.quantile(0.05), 1.0);
+        assert_eq!(window.quantile(0.5), 2.0);
+        assert_eq!(window.quantile(0.99), 20.0);
+        assert_eq!(window.quantile(1.0), 20.0);
+        assert_eq!(TickWindow::between(&after, &after).quantile(0.99), 0.0, "no passes");
         let slow = scrape(&[("0.001", 100.0), ("0.002", 184.0), ("0.02", 200.0), ("+Inf", 201.0)]);
-        assert!(window_quantile(&before, &slow, 1.0).is_infinite(), "past the last bucket");
+        assert!(TickWindow::between(&before, &slow).quantile(1.0).is_infinite(), "past the last bucket");
     }
 }
