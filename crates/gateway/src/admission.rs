@@ -53,11 +53,12 @@ impl Admission {
         if counts.total >= self.max_total {
             return Err(Refused::Total(counts.total));
         }
-        let from_ip = counts.per_ip.entry(ip).or_insert(0);
-        if *from_ip >= self.max_per_ip {
-            return Err(Refused::PerIp(ip, *from_ip));
+        // Looked up, not inserted: a refused address leaves nothing behind in the map.
+        let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
+        if from_ip >= self.max_per_ip {
+            return Err(Refused::PerIp(ip, from_ip));
         }
-        *from_ip += 1;
+        *counts.per_ip.entry(ip).or_insert(0) += 1;
         counts.total += 1;
         Ok(Pending { admission: self.clone(), ip })
     }
@@ -110,5 +111,9 @@ mod tests {
         drop(a.admit(ip(9)).unwrap());
         assert!(a.counts().per_ip.is_empty());
         assert_eq!(a.pending(), 0);
+        // A refused address is not remembered either.
+        let none = Admission::new(10, 0);
+        assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(ip(9), 0));
+        assert!(none.counts().per_ip.is_empty());
     }
 }
