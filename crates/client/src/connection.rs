@@ -156,9 +156,15 @@ impl Connection {
         let id = SessionId::from_slice(&welcome.session_id).ok_or_else(bad)?;
         let token = ResumeToken::from_slice(&welcome.resume_token).ok_or_else(bad)?;
         let heartbeat = Duration::from_millis(u64::from(welcome.heartbeat_ms.max(1)));
+        let defaults = SessionConfig::default().with_heartbeat(heartbeat);
         let config = SessionConfig {
             resume_window: Duration::from_millis(u64::from(welcome.resume_window_ms)),
-            ..SessionConfig::default().with_heartbeat(heartbeat)
+            // An older server sends 0: no bound of its own, keep ours.
+            ack_delay: match welcome.ack_delay_ms {
+                0 => defaults.ack_delay,
+                ms => Duration::from_millis(u64::from(ms)),
+            },
+            ..defaults
         };
         let now = Instant::now();
         let session = Session::new(Role::Client, config, now);

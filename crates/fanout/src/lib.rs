@@ -18,12 +18,19 @@
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
 //!   later one: a change made between the join and its first update is in that update.
-//! - An update the session could not take (its outbox is full) leaves the base alone: the next
-//!   one is a single merged delta from the same base. State coalesces; it is never queued.
+//! - An update the session could not take (its [`Window`] of updates in flight, or its outbox,
+//!   is full) leaves the base alone: the next one is a single merged delta from the same base.
+//!   State coalesces; it is never queued.
+//! - After a resume dropped updates the client never received, the subscriber is *rewound* to
+//!   the version its replica holds ([`Scheduler::rewind`]), so it gets one merged delta.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
+
+mod window;
+
+pub use window::{Window, WindowLimits};
 
 /// A channel's state version (`tickwire_state::Version`): it goes up by one per sealed change.
 pub type Version = u64;
@@ -53,7 +60,8 @@ pub struct Due<K> {
 pub enum Outcome {
     /// Queued for the subscriber; it will hold version `to` once it has read it.
     Sent { to: Version },
-    /// The subscriber's outbox was full: nothing was queued, and the next update merges this one.
+    /// The subscriber had no room (its window of updates in flight, or its outbox, was full):
+    /// nothing was queued, and the next update merges this one.
     Refused,
     /// The delta from the subscriber's base carries nothing for it (for example every change
     /// was in fields it filters out). Nothing was sent; its base and schedule stay as they were.
@@ -113,6 +121,15 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
     pub fn resnapshot(&mut self, id: K) {
         if let Some(sub) = self.subscribers.get_mut(&id) {
             sub.base = None;
+        }
+    }
+
+    /// The subscriber's replica holds `base` after all (`None`: nothing usable), not the
+    /// version of the updates it was offered since: those were dropped undelivered. Its next
+    /// update starts from there.
+    pub fn rewind(&mut self, id: K, base: Option<Version>) {
+        if let Some(sub) = self.subscribers.get_mut(&id) {
+            sub.base = base;
         }
     }
 
@@ -244,6 +261,21 @@ mod tests {
         s.record(1, t0, Outcome::Empty);
         assert_eq!(s.base(1), Some(3));
         assert_eq!(due(&s, t0, 5), vec![Due { id: 1, from: Some(3) }]);
+    }
+
+    #[test]
+    fn a_rewound_subscriber_gets_a_delta_from_what_it_holds() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new();
+        s.join(1, opts(10, 0, false), t0, 0);
+        s.record(1, t0, Outcome::Sent { to: 3 });
+        s.record(1, t0 + 10 * MS, Outcome::Sent { to: 5 });
+        // Nothing changed since version 5, but the update to 5 was dropped on a resume.
+        assert_eq!(due(&s, t0 + 20 * MS, 5), vec![]);
+        s.rewind(1, Some(3));
+        assert_eq!(due(&s, t0 + 20 * MS, 5), vec![Due { id: 1, from: Some(3) }]);
+        s.rewind(1, None);
+        assert_eq!(due(&s, t0 + 20 * MS, 5), vec![Due { id: 1, from: None }]);
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct SessionSettings {
     pub max_unacked_messages: usize,
     pub max_unacked_bytes: usize,
     pub ack_every: u64,
+    /// Clients acknowledge what they received within this time (sent in the Welcome).
+    #[serde(with = "humantime_serde")]
+    pub ack_delay: Duration,
 }
 
 /// Per-connection limits.
@@ -167,6 +170,7 @@ impl Default for SessionSettings {
             max_unacked_messages: d.max_unacked_messages,
             max_unacked_bytes: d.max_unacked_bytes,
             ack_every: d.ack_every,
+            ack_delay: d.ack_delay,
         }
     }
 }
@@ -196,6 +200,7 @@ impl SessionSettings {
             max_unacked_messages: self.max_unacked_messages,
             max_unacked_bytes: self.max_unacked_bytes,
             ack_every: self.ack_every,
+            ack_delay: self.ack_delay,
         }
     }
 }
@@ -235,6 +240,20 @@ impl GatewayConfig {
         }
         if self.session.ack_every == 0 {
             return invalid("session.ack_every must be above zero");
+        }
+        let window = &self.channels.update_window;
+        if window.max_bytes >= self.session.max_unacked_bytes
+            || window.max_updates >= self.session.max_unacked_messages
+        {
+            return invalid(
+                "channels.update_window.max_bytes and max_updates must be below session.max_unacked_bytes \
+                 and session.max_unacked_messages: channel updates must never fill the session's window",
+            );
+        }
+        if window.max_updates == 0 || window.target.is_zero() || window.min_bytes > window.max_bytes {
+            return invalid(
+                "channels.update_window: max_updates and target must be above zero, min_bytes at most max_bytes",
+            );
         }
         Ok(())
     }

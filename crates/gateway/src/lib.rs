@@ -11,6 +11,7 @@ mod auth;
 mod channel;
 mod close;
 mod config;
+mod flow;
 mod gateway;
 mod handshake;
 mod metrics;
@@ -28,6 +29,7 @@ pub use auth::{
 };
 pub use channel::{
     Access, ChannelConfigError, ChannelFigures, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset,
+    UpdateWindowConfig,
 };
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};

@@ -2,10 +2,12 @@
 //! the gateway ships [`EchoRouter`], which answers `echo` for the ping-pong bench and tests.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use prost::Message;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tickwire_fanout::Version;
 use tickwire_session::SessionId;
 use tickwire_wire::encode_message;
 use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
@@ -13,6 +15,17 @@ use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Statu
 use tokio::sync::mpsc;
 
 use crate::auth::Role;
+use crate::flow::UpdateFlow;
+
+/// What waits in a session's outbox.
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// Delivered exactly once, in order, across resumes.
+    Message(Bytes),
+    /// A channel update: counted in the session's [`UpdateFlow`], and dropped on a resume if
+    /// the client never got it (its channel then sends one merged delta instead).
+    Update(Bytes),
+}
 
 /// A way to send to one session from anywhere: a bounded outbox in front of its task.
 #[derive(Debug, Clone)]
@@ -23,10 +36,12 @@ pub struct SessionHandle {
     pub(crate) player_id: Arc<str>,
     /// From the credential: a player or a game server.
     pub(crate) role: Role,
-    pub(crate) outbox: mpsc::Sender<Bytes>,
+    pub(crate) outbox: mpsc::Sender<Outgoing>,
     /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
     /// task checks it after every step; a full outbox always has a message to wake the task.
     pub(crate) slow: Arc<AtomicBool>,
+    /// Channel updates in flight to this session.
+    pub(crate) flow: Arc<UpdateFlow>,
 }
 
 /// A push could not be queued.
@@ -71,18 +86,34 @@ impl SessionHandle {
         )
     }
 
-    /// [`SessionHandle::offer`] for a message already encoded with [`push_envelope`], so that
-    /// one encoding can go to many sessions.
-    pub(crate) fn offer_envelope(&self, envelope: Bytes) -> Result<(), PushError> {
-        self.enqueue(envelope, false)
+    /// Queues a channel update (encoded with [`push_envelope`], so that one encoding can go to
+    /// many sessions) from version `from` of `channel`, and counts it in the session's window
+    /// of updates in flight. `Full` if the outbox is full, or if a resume dropped earlier
+    /// updates of this channel since the caller chose `from` (the next pass rewinds it).
+    pub(crate) fn offer_update(
+        &self,
+        now: Instant,
+        channel: u64,
+        from: Option<Version>,
+        envelope: Bytes,
+    ) -> Result<(), PushError> {
+        let mut window = self.flow.lock();
+        if window.has_rewind(channel) {
+            return Err(PushError::Full);
+        }
+        let len = envelope.len();
+        // Queued under the lock, so the window lists updates in the order the outbox holds them.
+        self.try_send(Outgoing::Update(envelope), false)?;
+        window.queued(now, channel, from, len);
+        Ok(())
     }
 
     fn queue(&self, envelope: Envelope, full_is_slow: bool) -> Result<(), PushError> {
-        self.enqueue(encode_message(&envelope), full_is_slow)
+        self.try_send(Outgoing::Message(encode_message(&envelope)), full_is_slow)
     }
 
-    fn enqueue(&self, encoded: Bytes, full_is_slow: bool) -> Result<(), PushError> {
-        self.outbox.try_send(encoded).map_err(|e| match e {
+    fn try_send(&self, item: Outgoing, full_is_slow: bool) -> Result<(), PushError> {
+        self.outbox.try_send(item).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 if full_is_slow {
                     self.slow.store(true, Ordering::Relaxed);
@@ -103,7 +134,7 @@ impl SessionHandle {
     }
 }
 
-/// A Push envelope, encoded once (for [`SessionHandle::offer_envelope`]).
+/// A Push envelope, encoded once (for [`SessionHandle::offer_update`]).
 pub(crate) fn push_envelope(topic: &str, body: Bytes) -> Bytes {
     encode_message(&Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) })
 }

@@ -18,9 +18,10 @@ use tokio::time::sleep_until;
 
 use crate::auth::Role;
 use crate::close::send_close;
+use crate::flow::UpdateFlow;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
-use crate::router::SessionHandle;
+use crate::router::{Outgoing, SessionHandle};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -68,9 +69,11 @@ pub(crate) struct SessionTask {
     conn: Option<Conn>,
     rbuf: BytesMut,
     wbuf: BytesMut,
-    outbox: mpsc::Receiver<Bytes>,
+    outbox: mpsc::Receiver<Outgoing>,
     takeovers: mpsc::Receiver<Takeover>,
     bucket: TokenBucket,
+    /// The client's acknowledgement last reported to the update window.
+    acked: u64,
 }
 
 /// Reads from the connection if there is one; otherwise never completes.
@@ -105,6 +108,7 @@ impl SessionTask {
                 role,
                 outbox: outbox_tx,
                 slow: Arc::new(AtomicBool::new(false)),
+                flow: Arc::new(UpdateFlow::new(shared.config.channels.update_window.limits())),
             },
             token,
             session: Session::new(tickwire_session::Role::Server, shared.session_config.clone(), now),
@@ -114,6 +118,7 @@ impl SessionTask {
             outbox,
             takeovers,
             bucket: TokenBucket::new(limits.messages_per_second, limits.message_burst, now),
+            acked: 0,
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -147,6 +152,7 @@ impl SessionTask {
                 resume_window_ms: millis(cfg.resume_window),
                 max_frame_bytes: self.shared.decoder.max_frame_bytes(),
                 player_id: self.handle.player_id.to_string(),
+                ack_delay_ms: millis(cfg.ack_delay),
             })),
         })
     }
@@ -196,7 +202,7 @@ impl SessionTask {
                     }
                 },
                 Some(msg) = self.outbox.recv(), if attached => self.on_outbox(msg).await,
-                () = &mut deadline => self.on_deadline(),
+                () = &mut deadline => self.on_deadline().await,
             };
             if let Err(end) = step {
                 return end;
@@ -221,9 +227,14 @@ impl SessionTask {
         }
     }
 
-    fn on_deadline(&mut self) -> Result<(), End> {
+    async fn on_deadline(&mut self) -> Result<(), End> {
         match self.session.on_timeout(Instant::now()) {
-            Timeout::Nothing | Timeout::Transmit(_) => Ok(()),
+            Timeout::Nothing => Ok(()),
+            Timeout::Transmit(frame) => {
+                frame.encode(&mut self.wbuf);
+                self.flush().await;
+                Ok(())
+            }
             Timeout::LinkDead => {
                 self.drop_link();
                 Ok(())
@@ -247,8 +258,8 @@ impl SessionTask {
             send_close(&mut old, CloseReason::Replaced, "session resumed on another connection").await;
         }
         let mut conn = takeover.conn;
-        let resend = match self.session.attach(now, takeover.last_received) {
-            Ok(resend) => resend,
+        let (resend, queued) = match self.attach(now, takeover.last_received) {
+            Ok(attached) => attached,
             Err(e) => {
                 // The client claims to have lost what it acknowledged: the session cannot go on.
                 let end = End::new(CloseReason::ResumeFailed, e.to_string());
@@ -264,8 +275,32 @@ impl SessionTask {
         for frame in resend {
             frame.encode(&mut self.wbuf);
         }
+        for message in queued {
+            self.send(now, message)?;
+        }
         self.flush().await;
         self.on_input(now).await
+    }
+
+    /// Carries the session on over a new connection whose client holds every message up to
+    /// `last_received`. Channel updates it never got are dropped, from the session's resend
+    /// buffer and from the outbox alike, and their channels rewound, so that each sends one
+    /// merged delta instead of the backlog; all under the update window's lock, so no channel
+    /// queues an update on a base that was just dropped. Returns the frames to resend and the
+    /// messages that were waiting in the outbox, to send after them.
+    fn attach(&mut self, now: Instant, last_received: u64) -> Result<(Vec<Frame>, Vec<Bytes>), SessionError> {
+        let flow = self.handle.flow.clone();
+        let mut window = flow.lock();
+        let mut queued = Vec::new();
+        while let Ok(item) = self.outbox.try_recv() {
+            if let Outgoing::Message(message) = item {
+                queued.push(message);
+            }
+        }
+        let resend = self.session.attach(now, last_received)?;
+        flow.resumed(&mut window, last_received);
+        self.acked = self.session.peer_acked();
+        Ok((resend, queued))
     }
 
     /// Decodes and handles every complete frame in the read buffer, then writes the replies.
@@ -303,6 +338,11 @@ impl SessionTask {
         if let Some(frame) = self.session.poll_transmit(now) {
             frame.encode(&mut self.wbuf);
         }
+        let acked = self.session.peer_acked();
+        if acked != self.acked {
+            self.acked = acked;
+            self.handle.flow.lock().acked(now, acked);
+        }
         if self.rbuf.is_empty() {
             // Idle sessions hold no read buffer.
             self.rbuf = BytesMut::new();
@@ -336,13 +376,28 @@ impl SessionTask {
         Ok(())
     }
 
-    async fn on_outbox(&mut self, first: Bytes) -> Result<(), End> {
+    async fn on_outbox(&mut self, first: Outgoing) -> Result<(), End> {
         let now = Instant::now();
-        self.send(now, first)?;
-        for _ in 1..OUTBOX_BATCH {
-            match self.outbox.try_recv() {
-                Ok(msg) => self.send(now, msg)?,
-                Err(_) => break,
+        // Sequence numbers of the channel updates in this batch, told to the window at once.
+        let mut updates = Vec::new();
+        let mut item = Some(first);
+        for _ in 0..OUTBOX_BATCH {
+            let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
+            match next {
+                Outgoing::Message(message) => self.send(now, message)?,
+                Outgoing::Update(update) => {
+                    updates.push(self.session.next_seq());
+                    if let Some(frame) = self.session.send_replaceable(now, update)? {
+                        frame.encode(&mut self.wbuf);
+                        Stats::add(&self.shared.stats.messages_out, 1);
+                    }
+                }
+            }
+        }
+        if !updates.is_empty() {
+            let mut window = self.handle.flow.lock();
+            for seq in updates {
+                window.sent(seq);
             }
         }
         self.flush().await;

@@ -17,6 +17,9 @@ pub struct SessionConfig {
     pub max_unacked_bytes: usize,
     /// Send a standalone ACK once this many messages arrived without one going back.
     pub ack_every: u64,
+    /// ... or once the oldest of them arrived this long ago. The sender sizes its flow of
+    /// superseding messages (channel state) from how fast acknowledgements come back.
+    pub ack_delay: Duration,
 }
 
 impl Default for SessionConfig {
@@ -29,6 +32,7 @@ impl Default for SessionConfig {
             max_unacked_messages: 1024,
             max_unacked_bytes: 1 << 20,
             ack_every: 16,
+            ack_delay: Duration::from_millis(100),
         }
     }
 }

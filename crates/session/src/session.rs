@@ -68,8 +68,9 @@ pub struct Session {
     next_seq: u64,
     /// Highest sequence number the peer acknowledged.
     peer_acked: u64,
-    /// Payloads `peer_acked + 1 ..next_seq`, oldest first.
-    unacked: VecDeque<Bytes>,
+    /// Payloads `peer_acked + 1 ..next_seq`, oldest first, each with whether a later message
+    /// supersedes it (see [`Session::send_replaceable`]).
+    unacked: VecDeque<(Bytes, bool)>,
     unacked_bytes: usize,
     /// Highest sequence number delivered to our application.
     last_received: u64,
@@ -77,6 +78,8 @@ pub struct Session {
     ack_sent: u64,
     /// A heartbeat answer is owed (server role).
     heartbeat_owed: bool,
+    /// When the oldest message delivered and not yet acknowledged arrived.
+    unacked_since: Option<Instant>,
 }
 
 impl Session {
@@ -93,6 +96,7 @@ impl Session {
             last_received: 0,
             ack_sent: 0,
             heartbeat_owed: false,
+            unacked_since: None,
         }
     }
 
@@ -114,9 +118,37 @@ impl Session {
         (self.unacked.len(), self.unacked_bytes)
     }
 
+    /// Highest sequence number the peer acknowledged.
+    pub fn peer_acked(&self) -> u64 {
+        self.peer_acked
+    }
+
+    /// The sequence number the next message sent gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Queues an application message. Returns the DATA frame to write now, or `None` while
     /// detached (the message goes out on resume).
     pub fn send(&mut self, now: Instant, payload: Bytes) -> Result<Option<Frame>, SessionError> {
+        self.send_as(now, payload, false)
+    }
+
+    /// [`Session::send`] for a message that a later one supersedes (a state update that the
+    /// next update merges into). It is delivered exactly once in order like any other while the
+    /// connection lasts; but if the connection is replaced before the peer received it, it is
+    /// dropped on [`Session::attach`] instead of resent, and the messages after it are
+    /// renumbered. The caller then sends what replaces it.
+    pub fn send_replaceable(&mut self, now: Instant, payload: Bytes) -> Result<Option<Frame>, SessionError> {
+        self.send_as(now, payload, true)
+    }
+
+    fn send_as(
+        &mut self,
+        now: Instant,
+        payload: Bytes,
+        replaceable: bool,
+    ) -> Result<Option<Frame>, SessionError> {
         let messages = self.unacked.len() + 1;
         let bytes = self.unacked_bytes + payload.len();
         if messages > self.config.max_unacked_messages || bytes > self.config.max_unacked_bytes {
@@ -124,13 +156,13 @@ impl Session {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.unacked.push_back(payload.clone());
+        self.unacked.push_back((payload.clone(), replaceable));
         self.unacked_bytes = bytes;
         let Link::Attached { last_tx, .. } = &mut self.link else {
             return Ok(None);
         };
         *last_tx = now;
-        self.ack_sent = self.last_received;
+        self.acked_all();
         self.heartbeat_owed = false;
         Ok(Some(Frame::Data { seq, ack: self.last_received, payload }))
     }
@@ -166,6 +198,7 @@ impl Session {
                     Err(SessionError::SequenceGap { expected, got: seq })
                 } else {
                     self.last_received = seq;
+                    self.unacked_since.get_or_insert(now);
                     Ok(Received::Deliver(payload))
                 }
             }
@@ -178,11 +211,22 @@ impl Session {
             return Err(SessionError::AckOutOfRange { ack, sent });
         }
         while self.peer_acked < ack {
-            let payload = self.unacked.pop_front().expect("unacked holds every unacked message");
+            let (payload, _) = self.unacked.pop_front().expect("unacked holds every unacked message");
             self.unacked_bytes -= payload.len();
             self.peer_acked += 1;
         }
         Ok(())
+    }
+
+    /// Everything delivered so far is being acknowledged in the frame going out.
+    fn acked_all(&mut self) {
+        self.ack_sent = self.last_received;
+        self.unacked_since = None;
+    }
+
+    /// When a standalone ACK becomes due, if anything delivered is unacknowledged.
+    fn ack_deadline(&self) -> Option<Instant> {
+        self.unacked_since.map(|since| since + self.config.ack_delay)
     }
 
     /// A frame the session wants sent now that no application message carries: a heartbeat
@@ -192,16 +236,18 @@ impl Session {
         let Link::Attached { last_tx, .. } = &mut self.link else {
             return None;
         };
+        let ack_due = self.last_received - self.ack_sent >= self.config.ack_every
+            || self.unacked_since.is_some_and(|since| now >= since + self.config.ack_delay);
         let frame = if self.heartbeat_owed {
             Frame::Heartbeat { ack: self.last_received }
-        } else if self.last_received - self.ack_sent >= self.config.ack_every {
+        } else if ack_due {
             Frame::Ack { ack: self.last_received }
         } else {
             return None;
         };
         *last_tx = now;
         self.heartbeat_owed = false;
-        self.ack_sent = self.last_received;
+        self.acked_all();
         Some(frame)
     }
 
@@ -210,10 +256,11 @@ impl Session {
         match self.link {
             Link::Attached { last_rx, last_tx } => {
                 let dead = last_rx + self.config.read_timeout;
-                match self.role {
+                let next = match self.role {
                     Role::Client => dead.min(last_tx + self.config.heartbeat),
                     Role::Server => dead,
-                }
+                };
+                self.ack_deadline().map_or(next, |ack| next.min(ack))
             }
             Link::Detached { since } => since + self.config.resume_window,
         }
@@ -228,8 +275,15 @@ impl Session {
                 }
                 if self.role == Role::Client && now >= *last_tx + self.config.heartbeat {
                     *last_tx = now;
-                    self.ack_sent = self.last_received;
-                    return Timeout::Transmit(Frame::Heartbeat { ack: self.last_received });
+                    let ack = self.last_received;
+                    self.acked_all();
+                    return Timeout::Transmit(Frame::Heartbeat { ack });
+                }
+                if self.unacked_since.is_some_and(|since| now >= since + self.config.ack_delay) {
+                    *last_tx = now;
+                    let ack = self.last_received;
+                    self.acked_all();
+                    return Timeout::Transmit(Frame::Ack { ack });
                 }
                 Timeout::Nothing
             }
@@ -248,11 +302,14 @@ impl Session {
         if self.is_attached() {
             self.link = Link::Detached { since: now };
             self.heartbeat_owed = false;
+            self.unacked_since = None;
         }
     }
 
     /// A new connection carries on the session. `peer_last_received` comes from the resume
-    /// handshake. Returns the frames to resend, in order, before anything else.
+    /// handshake. Returns the frames to resend, in order, before anything else: every message
+    /// the peer lacks except replaceable ones, which are dropped (the peer never saw them or
+    /// their sequence numbers, so the rest are renumbered from `peer_last_received + 1`).
     pub fn attach(&mut self, now: Instant, peer_last_received: u64) -> Result<Vec<Frame>, SessionError> {
         if peer_last_received < self.peer_acked {
             return Err(SessionError::AckWentBackwards {
@@ -262,14 +319,17 @@ impl Session {
         }
         self.on_ack(peer_last_received)?;
         self.link = Link::Attached { last_rx: now, last_tx: now };
-        self.ack_sent = self.last_received;
+        self.acked_all();
         self.heartbeat_owed = false;
+        self.unacked.retain(|(_, replaceable)| !replaceable);
+        self.unacked_bytes = self.unacked.iter().map(|(p, _)| p.len()).sum();
+        self.next_seq = self.peer_acked + 1 + self.unacked.len() as u64;
         let first = self.peer_acked + 1;
         Ok(self
             .unacked
             .iter()
             .zip(first..)
-            .map(|(payload, seq)| Frame::Data { seq, ack: self.last_received, payload: payload.clone() })
+            .map(|(payload, seq)| Frame::Data { seq, ack: self.last_received, payload: payload.0.clone() })
             .collect())
     }
 }
@@ -393,5 +453,59 @@ mod tests {
         }
         assert_eq!(got, vec![1, 2, 3]);
         assert_eq!(s.attach(t, 0), Err(SessionError::AckWentBackwards { claimed: 0, acked: 1 }));
+    }
+
+    #[test]
+    fn an_ack_goes_out_within_the_ack_delay() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let delay = c.config().ack_delay;
+        let f = s.send(t, Bytes::from_static(b"x")).unwrap().unwrap();
+        c.on_frame(t + delay, f).unwrap();
+        assert_eq!(c.poll_transmit(t + delay), None, "one message is not yet worth an ACK");
+        assert_eq!(c.poll_timeout(), t + delay * 2);
+        let f = s.send(t, Bytes::from_static(b"y")).unwrap().unwrap();
+        c.on_frame(t + delay + delay / 2, f).unwrap();
+        assert_eq!(c.poll_timeout(), t + delay * 2, "the oldest unacknowledged arrival sets it");
+        assert_eq!(c.on_timeout(t + delay * 2), Timeout::Transmit(Frame::Ack { ack: 2 }));
+        assert_eq!(c.poll_timeout(), t + delay * 2 + c.config().heartbeat, "back to the heartbeat");
+        // A message going out carries the ACK and cancels the timer.
+        let f = s.send(t, Bytes::from_static(b"z")).unwrap().unwrap();
+        c.on_frame(t + delay * 3, f).unwrap();
+        c.send(t + delay * 3, Bytes::from_static(b"reply")).unwrap();
+        assert_eq!(c.on_timeout(t + delay * 4), Timeout::Nothing);
+    }
+
+    #[test]
+    fn replaceable_messages_the_peer_lacks_are_dropped_on_resume_and_the_rest_renumbered() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let first = s.send_replaceable(t, Bytes::from_static(b"u1")).unwrap().unwrap();
+        s.send(t, Bytes::from_static(b"m2")).unwrap();
+        s.send_replaceable(t, Bytes::from_static(b"u3")).unwrap();
+        s.send(t, Bytes::from_static(b"m4")).unwrap();
+        // The client got only the first before the link dropped.
+        c.on_frame(t, first).unwrap();
+        s.detach(t);
+        c.detach(t);
+        let resent = s.attach(t, c.last_received()).unwrap();
+        let payloads: Vec<_> = resent
+            .iter()
+            .map(|f| match f {
+                Frame::Data { seq, payload, .. } => (*seq, payload.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(payloads, vec![(2, Bytes::from_static(b"m2")), (3, Bytes::from_static(b"m4"))]);
+        assert_eq!(s.unacked(), (2, 4));
+        assert_eq!(s.next_seq(), 4);
+        // The client takes them in order, then a new message follows without a gap.
+        c.attach(t, s.last_received()).unwrap();
+        for f in resent {
+            assert!(matches!(c.on_frame(t, f).unwrap(), Received::Deliver(_)));
+        }
+        let next = s.send(t, Bytes::from_static(b"m5")).unwrap().unwrap();
+        assert!(matches!(c.on_frame(t, next).unwrap(), Received::Deliver(_)));
+        assert_eq!(c.last_received(), 4);
     }
 }

@@ -5,11 +5,13 @@
 //! with the time of each event; the actor does the I/O: it encodes each due subscriber's
 //! update and offers it to the subscriber's session.
 //!
-//! The actor never waits on a peer. An update is offered to the session's bounded outbox; when
-//! the outbox is full the scheduler keeps the subscriber's old version and a later pass sends
-//! one merged delta (state coalesces). Messages and events use the outbox's limit: a session
-//! that lets them pile up is closed as a slow consumer by its own task. So one stuck subscriber
-//! costs the channel nothing.
+//! The actor never waits on a peer. An update is offered only while the session's window of
+//! updates in flight (queued, or sent and not yet acknowledged: `tickwire_fanout::Window`) has
+//! room, and then to its bounded outbox. Otherwise the scheduler keeps the subscriber's old
+//! version and a later pass sends one merged delta (state coalesces): a slow reader gets fresh
+//! merged updates at the pace it reads, never a backlog. Messages and events use the outbox's
+//! limit: a session that lets them pile up is closed as a slow consumer by its own task. So one
+//! stuck subscriber costs the channel nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +46,8 @@ pub(crate) struct Figures {
     pub fanouts: AtomicU64,
     /// Subscribers of every channel.
     pub subscribers: AtomicU64,
-    /// Updates not queued because the subscriber's outbox was full (a later one merges them).
+    /// Updates held back because the subscriber's window of updates in flight (or its outbox)
+    /// was full; a later update merges each one.
     pub coalesced: AtomicU64,
 }
 
@@ -248,7 +251,9 @@ impl Channel {
     }
 
     fn remove_subscriber(&mut self, conn_id: u64) {
-        self.subscribers.remove(&conn_id);
+        if let Some(sub) = self.subscribers.remove(&conn_id) {
+            sub.handle.flow.lock().forget(self.id);
+        }
         self.schedule.leave(conn_id);
     }
 
@@ -338,6 +343,10 @@ impl Channel {
             // New options take effect at the next fan-out. A new field filter changes what the
             // replica must hold, so it starts again from a snapshot.
             let resnapshot = sub.mask != mask;
+            if resnapshot {
+                // Updates of the old filter in flight must not rewind the new one.
+                sub.handle.flow.lock().forget(self.id);
+            }
             sub.options = options;
             sub.mask = mask;
             if !receives {
@@ -352,6 +361,8 @@ impl Channel {
                 let _ = member.respond(error_response(request_id, Status::Unavailable, msg));
                 return;
             }
+            // Updates of an earlier subscription still in flight must not rewind this one.
+            member.flow.lock().forget(self.id);
             let sub = Subscriber {
                 player: Key::str(member.player_id()),
                 mask,
@@ -462,12 +473,18 @@ impl Channel {
         }
     }
 
-    /// One fan-out pass at `now`: every subscriber the scheduler finds due gets one update
-    /// from its own version.
+    /// One fan-out pass at `now`: every subscriber the scheduler finds due, and whose session
+    /// has room in its window of updates in flight, gets one update from its own version.
     fn on_tick(&mut self, now: Instant) {
         let started = std::time::Instant::now();
         let to = self.state.seal();
         let Channel { id, state, subscribers, schedule, due, cache, figures, .. } = self;
+        // A resume dropped updates the client never received: start again from what it holds.
+        for (&conn_id, sub) in subscribers.iter() {
+            if let Some(base) = sub.handle.flow.take_rewind(*id) {
+                schedule.rewind(conn_id, base);
+            }
+        }
         due.clear();
         schedule.due(now, to, due);
         let mut gone = Vec::new();
@@ -477,6 +494,12 @@ impl Channel {
                 gone.push(conn_id);
                 continue;
             };
+            if !sub.handle.flow.has_room() {
+                // Still reading what it has: this change merges into its next update.
+                figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                schedule.record(conn_id, now, Outcome::Refused);
+                continue;
+            }
             let codec = match sub.options.codec() {
                 DeltaCodec::Binary => Codec::Binary,
                 DeltaCodec::Json => Codec::Json,
@@ -486,8 +509,8 @@ impl Channel {
                 .get_masked(state, base, codec, sub.mask.as_ref())
                 .and_then(|p| Ok((p.update_for(state, &sub.player, sub.options.skip_self)?, p.to())));
             let Ok((update, version)) = update else {
-                // Only a stale cache or an unsealed state could get here; both are impossible
-                // right after seal(). Resend a snapshot next time rather than guess.
+                // The state no longer holds the history for a delta from `from` (a subscriber
+                // far behind, or rewound after a resume): it gets a snapshot next pass.
                 schedule.resnapshot(conn_id);
                 continue;
             };
@@ -514,7 +537,7 @@ impl Channel {
                     bytes
                 }
             };
-            let outcome = match sub.handle.offer_envelope(envelope) {
+            let outcome = match sub.handle.offer_update(now, *id, from, envelope) {
                 Ok(()) => {
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
                     Outcome::Sent { to: version }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tickwire_fanout::WindowLimits;
 
 /// Who may do something to a channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +129,53 @@ pub struct ChannelsConfig {
     /// removed (its subscribers get REMOVED).
     #[serde(with = "humantime_serde")]
     pub orphan_ttl: Duration,
+    /// How much channel state one session may have in flight (docs/protocol.md 12.2).
+    pub update_window: UpdateWindowConfig,
+}
+
+/// `[channels.update_window]`: each session's window of channel updates queued or sent and not
+/// yet acknowledged. Past it, updates are held and merged into the next one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpdateWindowConfig {
+    /// The window holds what the client acknowledges in this time at its measured rate: about
+    /// how old an update gets behind the others in flight.
+    #[serde(with = "humantime_serde")]
+    pub target: Duration,
+    /// The window's floor, in bytes.
+    pub min_bytes: usize,
+    /// The window before the client's first acknowledgement, in bytes.
+    pub initial_bytes: usize,
+    /// The window's ceiling, in bytes: what one session's channel updates may hold in memory
+    /// (plus one update). Must be below `session.max_unacked_bytes`.
+    pub max_bytes: usize,
+    /// Updates in flight at most. Must be below `session.max_unacked_messages`.
+    pub max_updates: usize,
+}
+
+impl Default for UpdateWindowConfig {
+    fn default() -> Self {
+        let d = WindowLimits::default();
+        UpdateWindowConfig {
+            target: d.target,
+            min_bytes: d.min_bytes,
+            initial_bytes: d.initial_bytes,
+            max_bytes: d.max_bytes,
+            max_updates: d.max_messages,
+        }
+    }
+}
+
+impl UpdateWindowConfig {
+    pub fn limits(&self) -> WindowLimits {
+        WindowLimits {
+            target: self.target,
+            min_bytes: self.min_bytes,
+            initial_bytes: self.initial_bytes,
+            max_bytes: self.max_bytes,
+            max_messages: self.max_updates,
+        }
+    }
 }
 
 impl Default for ChannelsConfig {
@@ -145,6 +193,7 @@ impl Default for ChannelsConfig {
             max_patch_bytes: 512 * 1024,
             max_list_len: 10_000,
             orphan_ttl: Duration::from_secs(60),
+            update_window: UpdateWindowConfig::default(),
         }
     }
 }

@@ -22,7 +22,7 @@ use tickwire_wire::proto::{
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset};
+pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindowConfig};
 
 use crate::auth::Role;
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};

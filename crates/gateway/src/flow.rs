@@ -1,0 +1,54 @@
+//! The window of channel updates one session has in flight, shared by the session's task
+//! (which sends them, sees the client's acknowledgements and handles resumes) and the channel
+//! actors (which offer updates only while it has room). The rules are in
+//! [`tickwire_fanout::Window`]; this is the lock around it, and the one flag that lets a channel
+//! pass check for rewinds without taking the lock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use tickwire_fanout::{Version, Window, WindowLimits};
+
+/// A session's [`Window`], keyed by channel id.
+#[derive(Debug)]
+pub(crate) struct UpdateFlow {
+    /// Mirrors `window.has_rewinds()`.
+    rewound: AtomicBool,
+    window: Mutex<Window<u64>>,
+}
+
+impl UpdateFlow {
+    pub(crate) fn new(limits: WindowLimits) -> UpdateFlow {
+        UpdateFlow { rewound: AtomicBool::new(false), window: Mutex::new(Window::new(limits)) }
+    }
+
+    /// The window. Nothing that holds it waits on anything else; a panic while holding it
+    /// (there are none on these paths) would leave a consistent window, so poison is ignored.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Window<u64>> {
+        self.window.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether one more update may be queued now.
+    pub(crate) fn has_room(&self) -> bool {
+        self.lock().has_room()
+    }
+
+    /// After a resume dropped updates of `channel` the client never got: the version its
+    /// replica holds (`Some(None)`: it needs a snapshot).
+    pub(crate) fn take_rewind(&self, channel: u64) -> Option<Option<Version>> {
+        if !self.rewound.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut window = self.lock();
+        let rewind = window.take_rewind(channel);
+        self.rewound.store(window.has_rewinds(), Ordering::Release);
+        rewind
+    }
+
+    /// The connection was replaced; the client holds every message up to `delivered`. The
+    /// caller holds the lock, and has dropped the updates still in the outbox under it.
+    pub(crate) fn resumed(&self, window: &mut Window<u64>, delivered: u64) {
+        window.resume(delivered);
+        self.rewound.store(window.has_rewinds(), Ordering::Release);
+    }
+}
