@@ -83,7 +83,8 @@ pub struct Window<C> {
     bytes: usize,
     /// Entries at the front that have a sequence number.
     sent: usize,
-    /// Bytes of channel updates acknowledged since the start, and when the last of them was.
+    /// Bytes of channel updates acknowledged since the start, and when the last of them was
+    /// (before the first acknowledgement: when the first update was queued).
     delivered: u64,
     delivered_at: Option<Instant>,
     /// Estimated delivery rate in bytes per second, once there is a sample.
@@ -140,6 +141,7 @@ impl<C: Copy + Eq> Window<C> {
     /// An update of `bytes` for `channel`, from version `from` (`None`: a snapshot), was queued
     /// to the session at `now`.
     pub fn queued(&mut self, now: Instant, channel: C, from: Option<Version>, bytes: usize) {
+        let delivered_at = *self.delivered_at.get_or_insert(now);
         self.entries.push_back(Entry {
             channel: Some(channel),
             from,
@@ -147,7 +149,7 @@ impl<C: Copy + Eq> Window<C> {
             queued: now,
             seq: 0,
             delivered_before: self.delivered,
-            delivered_at: self.delivered_at.unwrap_or(now),
+            delivered_at,
         });
         self.bytes += bytes;
     }
