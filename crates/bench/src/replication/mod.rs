@@ -22,7 +22,8 @@ use crate::machine::{Machine, ProcSample};
 use crate::server::ChildGateway;
 use crate::sim::bots::{BotMode, BotStats, run_bot};
 use crate::sim::server::GameServer;
-pub use report::{ReplicationReport, Step};
+use crate::sim::slow_link::{Pace, SlowLink};
+pub use report::{GroupFigures, ReplicationReport, Step};
 
 fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
@@ -57,6 +58,56 @@ pub struct ReplicationArgs {
     /// Write PNG charts into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Besides the ramp, this many clients whose link carries the gateway's bytes at only
+    /// `--slow-read` bytes per second (their client reads and acknowledges what arrives at
+    /// once). They are reported apart and left out of the hold rule.
+    #[arg(long, default_value_t = 0)]
+    pub slow_clients: usize,
+    /// The slow clients' link speed, in bytes per second.
+    #[arg(long, default_value_t = 4096.0)]
+    pub slow_read: f64,
+    /// Besides the ramp, this many clients whose link carries nothing from the gateway for
+    /// `--freeze` at the start of each step's hold (their sessions drop and resume), then runs
+    /// at full speed. Reported apart, left out of the hold rule.
+    #[arg(long, default_value_t = 0)]
+    pub frozen_clients: usize,
+    /// How long the frozen clients' link stops at the start of each hold.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub freeze: Duration,
+}
+
+/// Clients outside the ramp: slow or frozen ones, with their own figures.
+struct Group {
+    clients: usize,
+    stats: Arc<BotStats>,
+    link: SlowLink,
+}
+
+impl Group {
+    /// Starts `clients` bots behind a [`SlowLink`] of `pace`; their indices start at `first`.
+    #[allow(clippy::too_many_arguments)]
+    async fn start(
+        clients: usize,
+        pace: Pace,
+        first: usize,
+        gateway: SocketAddr,
+        channel_id: u64,
+        runtimes: &[tokio::runtime::Handle],
+        stop: &CancellationToken,
+        bots: &mut Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    ) -> anyhow::Result<Option<Group>> {
+        if clients == 0 {
+            return Ok(None);
+        }
+        let link = SlowLink::start(gateway, pace, stop.clone()).await?;
+        let stats = Arc::new(BotStats::default());
+        for i in 0..clients {
+            let target = Target::Tcp(link.addr);
+            let bot = run_bot(target, first + i, channel_id, BotMode::Count, stats.clone(), stop.clone());
+            bots.push(runtimes[i % runtimes.len()].spawn(bot));
+        }
+        Ok(Some(Group { clients, stats, link }))
+    }
 }
 
 /// The gateway's `/metrics`, parsed to `name{labels} value` pairs.
@@ -158,6 +209,26 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let server_task = runtimes[0].spawn(server.run(7, stop.clone()));
     let bot_stats = Arc::new(BotStats::default());
     let mut bots = Vec::new();
+    // Slow and frozen clients join first and stay for every step. Their indices come after any
+    // ramp's, so their characters are their own.
+    let first = 1_000_000;
+    let slow = Pace::BytesPerSecond(args.slow_read);
+    let (gw, rt) = (gateway.tcp, &runtimes);
+    let mut others = Vec::new();
+    let slow = Group::start(args.slow_clients, slow, first, gw, channel_id, rt, &stop, &mut others).await?;
+    let frozen_first = first + args.slow_clients;
+    let frozen = Group::start(
+        args.frozen_clients,
+        Pace::Freezable,
+        frozen_first,
+        gw,
+        channel_id,
+        rt,
+        &stop,
+        &mut others,
+    )
+    .await?;
+    let groups = Groups { slow: slow.as_ref(), frozen: frozen.as_ref(), freeze: args.freeze };
 
     println!("machine: {}", machine.line());
     report::print_header();
@@ -178,7 +249,8 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         }
         // Let the last joiners get their snapshot before measuring.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let step = hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats).await?;
+        let step =
+            hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats, &groups).await?;
         report::print_row(&step);
         let held = step.held;
         steps.push(step);
@@ -187,7 +259,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         }
     }
     stop.cancel();
-    for bot in bots {
+    for bot in bots.into_iter().chain(others) {
         let _ = bot.await;
     }
     let _ = server_task.await;
@@ -236,6 +308,60 @@ const SERVER_FPS: f64 = 30.0;
 /// The longest a fan-out pass may take: one tick.
 const PASS_BUDGET_MS: f64 = 1e3 / TICK_HZ;
 
+/// The clients outside the ramp, if any.
+struct Groups<'a> {
+    slow: Option<&'a Group>,
+    frozen: Option<&'a Group>,
+    freeze: Duration,
+}
+
+/// A group's counters at the start of a hold.
+struct GroupStart {
+    counts: Vec<u64>,
+    errors: u64,
+}
+
+impl GroupStart {
+    fn read(group: &Group) -> GroupStart {
+        if let Ok(mut h) = group.stats.latency_us.lock() {
+            h.reset();
+        }
+        GroupStart {
+            counts: group.stats.updates_per_bot(),
+            errors: group.stats.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The group's figures over the `seconds` since `self` was read.
+    fn figures(&self, group: &Group, seconds: f64) -> GroupFigures {
+        let stats = &group.stats;
+        let mut rates: Vec<f64> = stats
+            .updates_per_bot()
+            .iter()
+            .zip(self.counts.iter().chain(std::iter::repeat(&0)))
+            .map(|(n, l)| (n - l) as f64 / seconds)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        let age = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+        let (p50, p99, max) = match stats.latency_us.lock() {
+            Ok(h) => (age(&h, 0.5), age(&h, 0.99), h.max() as f64 / 1e3),
+            Err(_) => (0.0, 0.0, 0.0),
+        };
+        GroupFigures {
+            clients: group.clients,
+            connected: stats.connected.load(Ordering::Relaxed) as usize,
+            updates_per_s: report::Rate {
+                mean: rates.iter().sum::<f64>() / rates.len().max(1) as f64,
+                p5: rates.get(rates.len() / 20).copied().unwrap_or(0.0),
+            },
+            age_ms: report::Tick { p50, p99, max },
+            errors: stats.errors.load(Ordering::Relaxed) - self.errors,
+            decode_errors: stats.decode_errors.load(Ordering::Relaxed),
+            version_gaps: stats.version_gaps.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Holds one step for `--step-hold`, sampling every second, and sums it up.
 async fn hold(
     args: &ReplicationArgs,
@@ -244,8 +370,14 @@ async fn hold(
     gateway_pid: u32,
     bots: &BotStats,
     server: &crate::sim::server::ServerStats,
+    groups: &Groups<'_>,
 ) -> anyhow::Result<Step> {
     let scrape = || tokio::task::spawn_blocking(move || Scrape::fetch(metrics_addr));
+    let slow0 = groups.slow.map(GroupStart::read);
+    let frozen0 = groups.frozen.map(GroupStart::read);
+    if let Some(frozen) = groups.frozen {
+        frozen.link.freeze(groups.freeze);
+    }
     let first = scrape().await??;
     let first_totals = Scrape(first.0.clone());
     let counts0 = BotCounts::read(bots);
@@ -365,6 +497,8 @@ async fn hold(
         decode_errors: counts1.decode_errors - counts0.decode_errors,
         version_gaps: counts1.gaps - counts0.gaps,
         version_repeats: counts1.repeats - counts0.repeats,
+        slow: groups.slow.zip(slow0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
+        frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         gateway_connections: last.get("connection_num") as u64,
         gateway_channels: last.get("channel_num") as u64,
         samples,

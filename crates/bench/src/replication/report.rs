@@ -81,11 +81,33 @@ pub struct Step {
     /// Deltas that skipped versions, or repeated versions, that a client had.
     pub version_gaps: u64,
     pub version_repeats: u64,
+    /// The slow clients (`--slow-clients`), apart from the ramp's.
+    pub slow: Option<GroupFigures>,
+    /// The frozen clients (`--frozen-clients`), apart from the ramp's.
+    pub frozen: Option<GroupFigures>,
     /// Connections (clients and the game server) and channels, from the gateway's metrics.
     pub gateway_connections: u64,
     pub gateway_channels: u64,
     /// The time series: one sample per second of the hold.
     pub samples: Vec<Sample>,
+}
+
+/// Slow or frozen clients over one hold.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupFigures {
+    pub clients: usize,
+    /// Connected and subscribed at the end of the hold.
+    pub connected: usize,
+    /// Updates each received per second over the hold (mean, and the slowest 5%).
+    pub updates_per_s: Rate,
+    /// Age of the updates they received, from server publish to client receipt.
+    pub age_ms: Tick,
+    /// Clients that stopped with an error during the hold (a closed session counts).
+    pub errors: u64,
+    /// Since the start of the run: updates they could not read, and deltas that skipped a
+    /// version.
+    pub decode_errors: u64,
+    pub version_gaps: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -131,6 +153,23 @@ pub(super) fn print_row(step: &Step) {
     );
     if !step.held {
         println!("  not held: {}", step.hold.failures());
+    }
+    for (name, group) in [("slow", &step.slow), ("frozen", &step.frozen)] {
+        if let Some(g) = group {
+            println!(
+                "  {name} clients: {} ({} connected), updates/s mean {:.1} p5 {:.1}, age p50 / p99 / max {:.0} / {:.0} / {:.0} ms, errors {}, decode errors {}, gaps {}",
+                g.clients,
+                g.connected,
+                g.updates_per_s.mean,
+                g.updates_per_s.p5,
+                g.age_ms.p50,
+                g.age_ms.p99,
+                g.age_ms.max,
+                g.errors,
+                g.decode_errors,
+                g.version_gaps,
+            );
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod bot;
 pub mod bots;
 pub mod demo;
 pub mod server;
+pub mod slow_link;
 mod world;
 
 pub use bot::Bot;
