@@ -339,7 +339,13 @@ impl Connection {
                         self.events.push_back(match decode_envelope(payload)? {
                             envelope::Kind::Request(r) => Event::Request(r),
                             envelope::Kind::Response(r) => Event::Response(r),
-                            envelope::Kind::Push(p) => Event::Push(p),
+                            envelope::Kind::Push(p) => {
+                                // The gateway paces channel state by these acknowledgements.
+                                if p.topic == "channel.update" {
+                                    self.session.ack_soon(now);
+                                }
+                                Event::Push(p)
+                            }
                         });
                     }
                 }

@@ -17,8 +17,9 @@ pub struct SessionConfig {
     pub max_unacked_bytes: usize,
     /// Send a standalone ACK once this many messages arrived without one going back.
     pub ack_every: u64,
-    /// ... or once the oldest of them arrived this long ago. The sender sizes its flow of
-    /// superseding messages (channel state) from how fast acknowledgements come back.
+    /// ... or, for a message the application marks with [`crate::Session::ack_soon`], once it
+    /// arrived this long ago. The gateway paces channel state by how fast acknowledgements of
+    /// its `channel.update` pushes come back.
     pub ack_delay: Duration,
 }
 

@@ -198,7 +198,6 @@ impl Session {
                     Err(SessionError::SequenceGap { expected, got: seq })
                 } else {
                     self.last_received = seq;
-                    self.unacked_since.get_or_insert(now);
                     Ok(Received::Deliver(payload))
                 }
             }
@@ -216,6 +215,15 @@ impl Session {
             self.peer_acked += 1;
         }
         Ok(())
+    }
+
+    /// The message just delivered asks for an acknowledgement within `ack_delay` (the peer
+    /// paces what it sends by them, as the gateway does channel state). Others are acknowledged
+    /// by the next frame that goes out, or after `ack_every` messages.
+    pub fn ack_soon(&mut self, now: Instant) {
+        if self.last_received > self.ack_sent {
+            self.unacked_since.get_or_insert(now);
+        }
     }
 
     /// Everything delivered so far is being acknowledged in the frame going out.
@@ -462,16 +470,20 @@ mod tests {
         let delay = c.config().ack_delay;
         let f = s.send(t, Bytes::from_static(b"x")).unwrap().unwrap();
         c.on_frame(t + delay, f).unwrap();
+        assert_eq!(c.poll_timeout(), t + c.config().heartbeat, "an ordinary message waits");
+        c.ack_soon(t + delay);
         assert_eq!(c.poll_transmit(t + delay), None, "one message is not yet worth an ACK");
         assert_eq!(c.poll_timeout(), t + delay * 2);
         let f = s.send(t, Bytes::from_static(b"y")).unwrap().unwrap();
         c.on_frame(t + delay + delay / 2, f).unwrap();
+        c.ack_soon(t + delay + delay / 2);
         assert_eq!(c.poll_timeout(), t + delay * 2, "the oldest unacknowledged arrival sets it");
         assert_eq!(c.on_timeout(t + delay * 2), Timeout::Transmit(Frame::Ack { ack: 2 }));
         assert_eq!(c.poll_timeout(), t + delay * 2 + c.config().heartbeat, "back to the heartbeat");
         // A message going out carries the ACK and cancels the timer.
         let f = s.send(t, Bytes::from_static(b"z")).unwrap().unwrap();
         c.on_frame(t + delay * 3, f).unwrap();
+        c.ack_soon(t + delay * 3);
         c.send(t + delay * 3, Bytes::from_static(b"reply")).unwrap();
         assert_eq!(c.on_timeout(t + delay * 4), Timeout::Nothing);
     }
