@@ -181,15 +181,17 @@ impl SessionTask {
     }
 
     async fn serve(&mut self) -> End {
-        let cancel = self.shared.cancel.clone();
+        // Made once: a `cancelled()` future made per wake-up registers and unregisters a waiter
+        // each time, a cost every idle session's heartbeat paid.
+        let cancelled = self.shared.cancel.clone().cancelled_owned();
         let half_timeout = self.session.config().read_timeout / 2;
         let deadline = sleep_until(self.session.poll_timeout().into());
-        tokio::pin!(deadline);
+        tokio::pin!(deadline, cancelled);
         loop {
             let attached = self.conn.is_some();
             let step = tokio::select! {
                 biased;
-                () = cancel.cancelled() => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
+                () = &mut cancelled => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
                 Some(takeover) = self.takeovers.recv() => self.on_takeover(takeover).await,
                 read = read_conn(&mut self.conn, &mut self.rbuf), if attached => match read {
                     Ok(0) | Err(_) => {
