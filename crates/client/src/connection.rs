@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tickwire_session::{Received, ResumeToken, Role, Session, SessionConfig, SessionId, Timeout};
-use tickwire_transport::Conn;
+use tickwire_transport::{Conn, TlsClient};
 use tickwire_wire::proto::{
     Close, CloseReason, Control, Envelope, Hello, Push, Request, Response, ResumeRequest, Welcome, control,
     envelope,
@@ -34,6 +34,8 @@ pub struct ConnectOptions {
     pub handshake_timeout: Duration,
     /// Largest frame accepted from the server.
     pub max_frame_bytes: u32,
+    /// The certificates to trust and the name to expect, for `tls://` and `wss://` targets.
+    pub tls: Option<TlsClient>,
 }
 
 impl ConnectOptions {
@@ -45,6 +47,7 @@ impl ConnectOptions {
             local_addr: None,
             handshake_timeout: Duration::from_secs(10),
             max_frame_bytes: tickwire_wire::DEFAULT_MAX_FRAME_BYTES,
+            tls: None,
         }
     }
 }
@@ -119,7 +122,7 @@ async fn handshake_inner(
     hello: Frame,
     decoder: &FrameDecoder,
 ) -> Result<(Conn, Welcome, BytesMut), ClientError> {
-    let mut conn = opts.target.connect(opts.local_addr, opts.max_frame_bytes).await?;
+    let mut conn = opts.target.connect(opts.local_addr, opts.max_frame_bytes, opts.tls.as_ref()).await?;
     let mut buf = BytesMut::new();
     hello.encode(&mut buf);
     conn.write_all(&buf).await?;

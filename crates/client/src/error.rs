@@ -28,6 +28,10 @@ pub enum ClientError {
     Status { status: Status, message: String },
     #[error("the client has shut down")]
     Shutdown,
-    #[error("invalid target `{0}`: expected host:port, tcp://host:port or ws://host:port/path")]
+    #[error(
+        "invalid target `{0}`: expected host:port, tcp://host:port, tls://host:port, ws://host:port/path or wss://host:port/path"
+    )]
     BadTarget(String),
+    #[error("{0} needs TLS settings (ConnectOptions::tls: the certificates to trust)")]
+    TlsNotConfigured(String),
 }

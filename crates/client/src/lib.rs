@@ -16,4 +16,5 @@ pub use client::Client;
 pub use connection::{ConnectOptions, Connection, Event};
 pub use error::ClientError;
 pub use target::Target;
+pub use tickwire_transport::{TlsClient, TlsError};
 pub use tickwire_wire::proto;

@@ -1,7 +1,9 @@
 //! Serving the DDC's routes over HTTP/1.1 with the limits a public cache needs and
 //! `axum::serve` does not set: a cap on open connections, a deadline for each request's
 //! headers (which also closes keep-alive connections that sit idle), and, in `http.rs`, a
-//! deadline between body chunks. So idle or trickling sockets cannot hold the server.
+//! deadline between body chunks. So idle or trickling sockets cannot hold the server. With
+//! TLS settings, every connection speaks HTTPS; its TLS handshake counts against the header
+//! deadline.
 
 use std::future::Future;
 use std::io;
@@ -12,6 +14,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tickwire_transport::TlsServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -37,11 +40,12 @@ const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 /// Serves `app` on `listener` until `shutdown` completes; then stops accepting (open
-/// connections finish their current request on their own tasks).
+/// connections finish their current request on their own tasks). With `tls`, over HTTPS.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServeLimits,
+    tls: Option<Arc<TlsServer>>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -60,17 +64,32 @@ pub async fn serve(
             },
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(turn_away(stream));
+            // Over TLS, a 503 would need a handshake first: the connection is just closed.
+            if tls.is_none() {
+                tokio::spawn(turn_away(stream));
+            }
             continue;
         };
         let service = TowerToHyperService::new(app.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let connection = http1::Builder::new()
+            let http = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
+                .clone();
+            let result = match tls {
+                None => http.serve_connection(TokioIo::new(stream), service).await,
+                Some(tls) => {
+                    let handshake = tickwire_transport::accept_tls(stream, &tls);
+                    match tokio::time::timeout(limits.header_timeout, handshake).await {
+                        Ok(Ok(stream)) => http.serve_connection(TokioIo::new(stream), service).await,
+                        Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => return tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

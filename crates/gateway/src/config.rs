@@ -33,8 +33,31 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     pub metrics: MetricsConfig,
     pub channels: crate::channel::ChannelsConfig,
+    pub tls: TlsConfig,
 }
 
+/// `[tls]`: TLS on every session listener (TCP and WebSocket), off by default. Either a
+/// certificate and key from PEM files (re-read on SIGHUP), or a self-signed certificate made at
+/// start, for demos and tests.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain, PEM, leaf first.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// Make a self-signed certificate for localhost, 127.0.0.1 and ::1 at start.
+    pub self_signed: bool,
+    /// With `self_signed`: write its certificate (PEM) here, for clients to trust.
+    pub self_signed_cert_out: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.self_signed || self.cert_file.is_some()
+    }
+}
 /// The Prometheus endpoint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -249,6 +272,16 @@ impl GatewayConfig {
                 "channels.update_window.max_bytes and max_updates must be below session.max_unacked_bytes \
                  and session.max_unacked_messages: channel updates must never fill the session's window",
             );
+        }
+        let tls = &self.tls;
+        if tls.cert_file.is_some() != tls.key_file.is_some() {
+            return invalid("tls.cert_file and tls.key_file go together");
+        }
+        if tls.self_signed && tls.cert_file.is_some() {
+            return invalid("tls: either cert_file and key_file, or self_signed, not both");
+        }
+        if tls.self_signed_cert_out.is_some() && !tls.self_signed {
+            return invalid("tls.self_signed_cert_out needs tls.self_signed = true");
         }
         if window.max_updates == 0 || window.target.is_zero() || window.min_bytes > window.max_bytes {
             return invalid(

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tickwire_transport::{Conn, WsLimits, accept_ws};
+use tickwire_transport::{Conn, TlsError, TlsServer, WsLimits, WsStream, accept_tls, accept_ws};
 use tickwire_wire::FrameDecoder;
 use tickwire_wire::proto::CloseReason;
 use tokio::net::{TcpListener, TcpSocket};
@@ -43,6 +43,10 @@ pub enum GatewayError {
     Bind { addr: SocketAddr, source: io::Error },
     #[error("cannot listen for handoffs in {path}: {source}")]
     Handoff { path: std::path::PathBuf, source: io::Error },
+    #[error("tls: {0}")]
+    Tls(#[from] TlsError),
+    #[error("tls: writing the self-signed certificate to {path}: {source}")]
+    TlsCertOut { path: std::path::PathBuf, source: io::Error },
 }
 
 /// A configured gateway, not yet listening.
@@ -51,6 +55,7 @@ pub struct Gateway {
     auth: Box<dyn AuthProvider>,
     router: Arc<dyn Router>,
     workers: Option<WorkerSet>,
+    tls: Option<Tls>,
 }
 
 impl Gateway {
@@ -59,7 +64,8 @@ impl Gateway {
     pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let auth = provider_from_config(&config.auth)?;
         let router = Arc::new(ChannelRouter::for_gateway(&config)?);
-        Ok(Gateway { config, auth, router, workers: None })
+        let tls = tls_from_config(&config)?;
+        Ok(Gateway { config, auth, router, workers: None, tls })
     }
 
     pub fn with_router(mut self, router: Arc<dyn Router>) -> Gateway {
@@ -91,7 +97,9 @@ impl Gateway {
         if self.auth.is_dev() {
             tracing::warn!("auth mode is `dev`: anyone can connect; set auth.mode = \"jwt\" in production");
         }
+        let (tls, tls_certificate_pem) = self.tls.map_or((None, None), |(server, pem)| (Some(server), pem));
         let shared = Arc::new(Shared {
+            tls,
             session_config: self.config.session.to_session_config(),
             decoder: FrameDecoder::new(self.config.limits.max_frame_bytes),
             auth: self.auth,
@@ -164,8 +172,30 @@ impl Gateway {
             }
             _ => None,
         };
-        Ok(RunningGateway { shared, tcp_addrs, ws_addrs, metrics_addr })
+        Ok(RunningGateway { shared, tcp_addrs, ws_addrs, metrics_addr, tls_certificate_pem })
     }
+}
+
+/// The TLS settings when `[tls]` is on, and a self-signed certificate's PEM.
+type Tls = (Arc<TlsServer>, Option<String>);
+
+/// The TLS settings `[tls]` asks for, if any; a self-signed certificate's PEM is written where
+/// `tls.self_signed_cert_out` says.
+fn tls_from_config(config: &GatewayConfig) -> Result<Option<Tls>, GatewayError> {
+    let tls = &config.tls;
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        return Ok(Some((TlsServer::from_files(cert, key)?, None)));
+    }
+    if !tls.self_signed {
+        return Ok(None);
+    }
+    let names = ["localhost", "127.0.0.1", "::1"].map(String::from);
+    let (server, pem) = TlsServer::self_signed(&names)?;
+    if let Some(path) = &tls.self_signed_cert_out {
+        std::fs::write(path, &pem)
+            .map_err(|source| GatewayError::TlsCertOut { path: path.clone(), source })?;
+    }
+    Ok(Some((server, Some(pem))))
 }
 
 /// A gateway that is accepting connections.
@@ -174,9 +204,27 @@ pub struct RunningGateway {
     tcp_addrs: Vec<SocketAddr>,
     ws_addrs: Vec<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
+    tls_certificate_pem: Option<String>,
 }
 
 impl RunningGateway {
+    /// Re-reads the TLS certificate and key files (`tickwire gateway` does on SIGHUP). New
+    /// connections get the new certificate; on error the old one stays. Nothing to do without
+    /// `[tls]` files.
+    pub fn reload_tls(&self) -> Result<(), TlsError> {
+        self.shared.tls.as_ref().map_or(Ok(()), |tls| tls.reload())
+    }
+
+    /// Whether the listeners speak TLS.
+    pub fn tls_enabled(&self) -> bool {
+        self.shared.tls.is_some()
+    }
+
+    /// With `tls.self_signed`: the certificate clients must trust, in PEM.
+    pub fn tls_certificate_pem(&self) -> Option<&str> {
+        self.tls_certificate_pem.as_deref()
+    }
+
     /// Where `GET /metrics` is served, if `metrics.listen` is set.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
@@ -243,15 +291,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
         shared.tracker.spawn(async move {
             // Holds this connection's place in the pre-login budget until the handshake ends.
             let _pending = pending;
-            // One auth timeout from accept to Hello, WebSocket upgrade included.
+            // One auth timeout from accept to Hello, TLS handshake and WebSocket upgrade
+            // included.
             let deadline = tokio::time::Instant::now() + task_shared.config.limits.auth_timeout;
-            let conn = if ws {
-                match tokio::time::timeout_at(deadline, accept_ws(stream, WsLimits::chunked())).await {
-                    Ok(Ok(conn)) => conn,
-                    _ => return,
-                }
-            } else {
-                Conn::Tcp(stream)
+            let Some(conn) =
+                tokio::time::timeout_at(deadline, open(&task_shared, stream, ws)).await.ok().flatten()
+            else {
+                return;
             };
             tokio::select! {
                 () = task_shared.cancel.cancelled() => {}
@@ -261,14 +307,30 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
     }
 }
 
-/// Closes a connection the pre-login budget has no room for: over TCP with an OVERLOADED Close
-/// (written off the accept loop, bounded in time); over WebSocket, before the upgrade, by
-/// dropping it.
+/// The TLS handshake (with `[tls]`) and the WebSocket upgrade (on a WebSocket listener) of an
+/// accepted connection; `None` if either failed (the peer is just dropped: it has not said who
+/// it is, and a malformed handshake gets no answer).
+async fn open(shared: &Shared, stream: tokio::net::TcpStream, ws: bool) -> Option<Conn> {
+    let result = match (&shared.tls, ws) {
+        (None, false) => Ok(Conn::Tcp(stream)),
+        (None, true) => accept_ws(WsStream::Plain(stream), WsLimits::chunked()).await,
+        (Some(tls), false) => accept_tls(stream, tls).await.map(Conn::Tls),
+        (Some(tls), true) => match accept_tls(stream, tls).await {
+            Ok(stream) => accept_ws(WsStream::Tls(stream), WsLimits::chunked()).await,
+            Err(e) => Err(e),
+        },
+    };
+    result.map_err(|e| tracing::debug!(error = %e, "TLS or WebSocket handshake failed")).ok()
+}
+
+/// Closes a connection the pre-login budget has no room for: over plain TCP with an OVERLOADED
+/// Close (written off the accept loop, bounded in time); over WebSocket or TLS, before their
+/// handshake, by dropping it.
 fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream, ws: bool, refused: Refused) {
     tracing::debug!(%refused, "connection refused");
     Stats::add(&shared.stats.connections_rejected, 1);
     shared.stats.closed(CloseReason::Overloaded);
-    if !ws {
+    if !ws && shared.tls.is_none() {
         let message = refused.to_string();
         shared.tracker.spawn(async move {
             send_close(&mut Conn::Tcp(stream), CloseReason::Overloaded, &message).await;

@@ -31,7 +31,7 @@ pub use channel::{
     Access, ChannelConfigError, ChannelFigures, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset,
     UpdateWindowConfig,
 };
-pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig};
+pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig, TlsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};
 pub use stats::{Stats, StatsSnapshot};

@@ -18,6 +18,8 @@ use crate::workers::WorkerSet;
 
 /// State every connection and session task shares.
 pub(crate) struct Shared {
+    /// With `[tls]`: every listener speaks TLS.
+    pub(crate) tls: Option<Arc<tickwire_transport::TlsServer>>,
     pub(crate) config: GatewayConfig,
     pub(crate) session_config: SessionConfig,
     pub(crate) decoder: FrameDecoder,

@@ -121,6 +121,12 @@ struct DdcArgs {
     /// The longest wait for the next piece of a request body; longer gets 408.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     body_timeout: std::time::Duration,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); re-read on SIGHUP.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -203,6 +209,14 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let config = GatewayConfig::load(args.config.as_deref(), &overrides).context("loading configuration")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = args.threads.unwrap_or_else(|| (cores / usize::from(args.processes)).max(1));
+    if args.processes > 1 && config.tls.enabled() {
+        // A resume is handed to the worker that owns its session as a raw socket; a TLS
+        // connection's state cannot follow it.
+        anyhow::bail!(
+            "--processes {} cannot be used with [tls]: run one process, or terminate TLS in front",
+            args.processes
+        );
+    }
     if args.processes > 1 && args.worker.is_none() {
         let mut passthrough = Vec::new();
         if let Some(path) = &args.config {
@@ -219,13 +233,20 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         gateway = gateway.with_workers(WorkerSet { index, count, dir });
     }
     let gateway = gateway.start_on(&runtimes)?;
+    // Listening for SIGHUP before the listening lines go out, so that a script that reacts to
+    // them cannot send one while its default action (exit) still applies.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let tls = gateway.tls_enabled();
     for addr in gateway.tcp_addrs() {
-        println!("{LISTENING_PREFIX}tcp://{addr}");
+        println!("{LISTENING_PREFIX}{}://{addr}", if tls { "tls" } else { "tcp" });
     }
     for addr in gateway.ws_addrs() {
-        println!("{LISTENING_PREFIX}ws://{addr}/");
+        println!("{LISTENING_PREFIX}{}://{addr}/", if tls { "wss" } else { "ws" });
     }
-    wait_for_signal().await?;
+    tokio::select! {
+        r = wait_for_signal() => r?,
+        () = reload_on_sighup(hangups, || gateway.reload_tls()) => {}
+    }
     tracing::info!(sessions = gateway.session_count(), "shutting down");
     if !gateway.shutdown(SHUTDOWN_GRACE).await {
         tracing::warn!("some sessions did not close within {}", humantime::format_duration(SHUTDOWN_GRACE));
@@ -257,16 +278,27 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         max_blob_bytes: args.max_blob_mib << 20,
         body_timeout: args.body_timeout,
     });
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tickwire_transport::TlsServer::from_files(cert, key)?),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    println!("{LISTENING_PREFIX}http://{}/ (blobs in {})", listener.local_addr()?, args.root.display());
+    // Before the listening line, as for the gateway.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("{LISTENING_PREFIX}{scheme}://{}/ (blobs in {})", listener.local_addr()?, args.root.display());
     let limits = tickwire_ddc::serve::ServeLimits {
         max_connections: args.max_connections,
         header_timeout: args.header_timeout,
     };
-    tickwire_ddc::serve::serve(listener, http::router(ddc), limits, async {
-        let _ = wait_for_signal().await;
+    let reload = tls.clone();
+    tickwire_ddc::serve::serve(listener, http::router(ddc), limits, tls, async move {
+        tokio::select! {
+            _ = wait_for_signal() => {}
+            () = reload_on_sighup(hangups, || reload.as_ref().map_or(Ok(()), |tls| tls.reload())) => {}
+        }
     })
     .await?;
     Ok(())
@@ -290,6 +322,21 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         print: true,
     };
     tickwire_bench::sim::demo::run(opts, &runtimes).await.map(drop)
+}
+
+/// Calls `reload` on every SIGHUP in `hangups`, logging the outcome.
+async fn reload_on_sighup<E: std::fmt::Display>(
+    mut hangups: tokio::signal::unix::Signal,
+    reload: impl Fn() -> Result<(), E>,
+) {
+    while hangups.recv().await.is_some() {
+        match reload() {
+            Ok(()) => tracing::info!("SIGHUP: TLS certificate reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: TLS reload failed; the old certificate stays in use")
+            }
+        }
+    }
 }
 
 pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {

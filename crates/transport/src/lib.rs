@@ -1,12 +1,20 @@
-//! The byte pipes under a session: TCP, or WebSocket binary messages.
+//! The byte pipes under a session: TCP, or WebSocket binary messages, each with or without TLS.
 //!
-//! The protocol is the same stream of frames on both; this crate hides the difference so the
-//! gateway and the client each have one connection loop. Reads are cancel-safe (they can sit in
-//! a `select!`), and an idle TCP connection holds no read buffer: the loop waits for readiness
-//! before it reserves memory.
+//! The protocol is the same stream of frames on all of them; this crate hides the difference so
+//! the gateway and the client each have one connection loop. Reads are cancel-safe (they can
+//! sit in a `select!`), and an idle plain TCP connection holds no read buffer: the loop waits
+//! for readiness before it reserves memory.
+
+mod tls;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub use tls::{TlsClient, TlsError, TlsServer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_rustls::TlsStream;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
@@ -62,17 +70,57 @@ impl WsLimits {
     }
 }
 
-/// One live connection, TCP or WebSocket.
+/// One live connection: TCP, TLS over TCP, or WebSocket (over either).
 #[derive(Debug)]
 pub enum Conn {
     Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
     Ws(Box<WsConn>),
+}
+
+/// What a WebSocket runs over: TCP, or TLS over TCP (`wss://`).
+#[derive(Debug)]
+pub enum WsStream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for WsStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WsStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            WsStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for WsStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            WsStream::Plain(s) => Pin::new(s).poll_write(cx, data),
+            WsStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WsStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            WsStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WsStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            WsStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// A WebSocket connection and what its peer has sent without data lately.
 #[derive(Debug)]
 pub struct WsConn {
-    stream: WebSocketStream<TcpStream>,
+    stream: WebSocketStream<WsStream>,
     /// Ping, pong and empty messages in a row since the last data. Kept here, not in a read
     /// future, so that a read cancelled by other work (the session task's `select!`) does not
     /// reset it.
@@ -80,7 +128,7 @@ pub struct WsConn {
 }
 
 impl WsConn {
-    fn new(stream: WebSocketStream<TcpStream>) -> Box<WsConn> {
+    fn new(stream: WebSocketStream<WsStream>) -> Box<WsConn> {
         Box::new(WsConn { stream, control_run: 0 })
     }
 }
@@ -90,6 +138,7 @@ impl Conn {
     pub fn kind(&self) -> &'static str {
         match self {
             Conn::Tcp(_) => "tcp",
+            Conn::Tls(_) => "tls",
             Conn::Ws(_) => "ws",
         }
     }
@@ -121,6 +170,13 @@ impl Conn {
                     Err(e) => return Err(e),
                 }
             },
+            Conn::Tls(stream) => {
+                if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                    buf.reserve(READ_CHUNK);
+                }
+                // Cancel-safe: bytes are only ever moved into `buf` by a completed poll.
+                tokio::io::AsyncReadExt::read_buf(stream.as_mut(), buf).await
+            }
             Conn::Ws(ws) => loop {
                 match ws.stream.next().await {
                     None | Some(Ok(Message::Close(_))) => return Ok(0),
@@ -155,6 +211,10 @@ impl Conn {
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         match self {
             Conn::Tcp(stream) => tokio::io::AsyncWriteExt::write_all(stream, data).await,
+            Conn::Tls(stream) => {
+                tokio::io::AsyncWriteExt::write_all(stream.as_mut(), data).await?;
+                tokio::io::AsyncWriteExt::flush(stream.as_mut()).await
+            }
             Conn::Ws(ws) => {
                 for chunk in data.chunks(WS_WRITE_CHUNK) {
                     ws.stream
@@ -173,6 +233,10 @@ impl Conn {
         match self {
             Conn::Tcp(stream) => {
                 let _ = tokio::io::AsyncWriteExt::shutdown(stream).await;
+            }
+            Conn::Tls(stream) => {
+                // Sends the TLS close_notify, then the FIN.
+                let _ = tokio::io::AsyncWriteExt::shutdown(stream.as_mut()).await;
             }
             Conn::Ws(ws) => {
                 let _ = SinkExt::close(&mut ws.stream).await;
@@ -196,17 +260,43 @@ pub async fn connect_tcp(addr: SocketAddr, local: Option<IpAddr>) -> io::Result<
     Ok(stream)
 }
 
-/// Opens a WebSocket connection to `url` (`ws://host:port/path`) over a fresh TCP connection.
-pub async fn connect_ws(url: &str, addr: SocketAddr, limits: WsLimits) -> io::Result<Conn> {
-    let stream = connect_tcp(addr, None).await?;
+/// Opens a TLS connection over a fresh TCP connection and completes the TLS handshake.
+pub async fn connect_tls(addr: SocketAddr, local: Option<IpAddr>, tls: &TlsClient) -> io::Result<Conn> {
+    let stream = connect_tcp(addr, local).await?;
+    let stream = tls.connector.connect(tls.server_name.clone(), stream).await?;
+    Ok(Conn::Tls(Box::new(TlsStream::Client(stream))))
+}
+
+/// Completes the server side of a TLS handshake on an accepted TCP connection.
+pub async fn accept_tls(stream: TcpStream, tls: &TlsServer) -> io::Result<Box<TlsStream<TcpStream>>> {
+    let stream = tls.acceptor().accept(stream).await.map_err(tls::io_error)?;
+    Ok(Box::new(TlsStream::Server(stream)))
+}
+
+/// Opens a WebSocket connection to `url` (`ws://host:port/path`, or `wss://` with `tls`) over
+/// a fresh TCP connection.
+pub async fn connect_ws(
+    url: &str,
+    addr: SocketAddr,
+    limits: WsLimits,
+    tls: Option<&TlsClient>,
+) -> io::Result<Conn> {
+    let tcp = connect_tcp(addr, None).await?;
+    let stream = match tls {
+        Some(tls) => {
+            let stream = tls.connector.connect(tls.server_name.clone(), tcp).await?;
+            WsStream::Tls(Box::new(TlsStream::Client(stream)))
+        }
+        None => WsStream::Plain(tcp),
+    };
     let (ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
     Ok(Conn::Ws(WsConn::new(ws)))
 }
 
-/// Completes the server side of a WebSocket handshake on an accepted TCP connection.
-pub async fn accept_ws(stream: TcpStream, limits: WsLimits) -> io::Result<Conn> {
+/// Completes the server side of a WebSocket handshake on an accepted connection.
+pub async fn accept_ws(stream: WsStream, limits: WsLimits) -> io::Result<Conn> {
     let ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;

@@ -50,6 +50,7 @@ fn control_from(v: &Value) -> Control {
             resume_window_ms: n(w, "resume_window_ms") as u32,
             max_frame_bytes: n(w, "max_frame_bytes") as u32,
             player_id: s(w, "player_id"),
+            ack_delay_ms: n(w, "ack_delay_ms") as u32,
         })
     } else if let Some(c) = v.get("close") {
         control::Kind::Close(Close { reason: n(c, "reason") as i32, message: s(c, "message") })

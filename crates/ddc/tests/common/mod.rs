@@ -33,6 +33,15 @@ pub fn start() -> Server {
 
 /// A server on its own thread and runtime, so the tests can use a blocking client.
 pub fn start_with(limits: ServeLimits, body_timeout: Duration) -> Server {
+    start_full(limits, body_timeout, None)
+}
+
+/// [`start_with`], serving HTTPS with `tls`.
+pub fn start_full(
+    limits: ServeLimits,
+    body_timeout: Duration,
+    tls: Option<Arc<tickwire_transport::TlsServer>>,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -48,7 +57,7 @@ pub fn start_with(limits: ServeLimits, body_timeout: Duration) -> Server {
             });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            serve(listener, router(ddc), limits, std::future::pending()).await.unwrap();
+            serve(listener, router(ddc), limits, tls, std::future::pending()).await.unwrap();
         });
     });
     Server { addr: rx.recv().unwrap(), _dir: dir }
