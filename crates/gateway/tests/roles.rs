@@ -133,3 +133,26 @@ async fn patches_and_lists_past_their_limits_are_refused_whole() {
     assert_eq!(fields[0], tickwire_state::Value::Int(0), "the round did not change either");
     assert!(gw.shutdown(common::channels::WAIT).await);
 }
+
+#[tokio::test]
+async fn a_channel_state_past_its_byte_limit_is_refused_and_the_writer_is_told_why() {
+    let gw = common::start(&["channels.max_state_bytes=4000"]).await;
+    let server = client(&gw, "server:zone-1").await;
+    let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    // Hands of 100 ints weigh about 800 bytes each: the fifth one does not fit.
+    let hand =
+        |who: &str| format!(r#"{{"op":"set","path":"/hands/{who}","value":[{}]}}"#, vec!["7"; 100].join(","));
+    for who in ["a", "b", "c", "d"] {
+        update(&server, ch, &hand(who)).await.unwrap();
+    }
+    match update(&server, ch, &hand("e")).await {
+        Err(tickwire_client::ClientError::Status { status: Status::ResourceExhausted, message }) => {
+            assert!(message.contains("channels.max_state_bytes"), "{message}")
+        }
+        other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+    }
+    // Replacing with less is fine, and the session goes on.
+    update(&server, ch, r#"{"op":"set","path":"/hands/a","value":[1]}"#).await.unwrap();
+    update(&server, ch, &hand("e")).await.unwrap();
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}

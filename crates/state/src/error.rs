@@ -51,6 +51,8 @@ pub enum StateError {
     Stale { prepared: u64, current: u64 },
     #[error("a list or map of {len} items is longer than this state allows ({max})")]
     TooLong { len: usize, max: usize },
+    #[error("the state would hold about {bytes} bytes, more than it allows ({max})")]
+    TooBig { bytes: usize, max: usize },
 }
 
 /// Bytes a replica could not apply. After one, the replica needs a snapshot.

@@ -31,11 +31,14 @@ pub struct Limits {
     /// Items one list, or entries one map, may hold; a write past it is refused
     /// ([`StateError::TooLong`]) and changes nothing.
     pub max_len: usize,
+    /// About how many bytes the whole state may hold (see [`State::bytes`]); a write past it
+    /// is refused ([`StateError::TooBig`]) and changes nothing.
+    pub max_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_tombstones: 1024, history: 1200, max_len: usize::MAX }
+        Limits { max_tombstones: 1024, history: 1200, max_len: usize::MAX, max_bytes: usize::MAX }
     }
 }
 
@@ -62,6 +65,8 @@ pub struct State {
     /// Deltas can be produced from this version on.
     pub(crate) floor: Version,
     limits: Limits,
+    /// The root's [`Node::weight`], kept up to date by every write.
+    bytes: usize,
 }
 
 impl std::fmt::Debug for State {
@@ -86,7 +91,36 @@ impl State {
     pub fn with_limits(schema: Arc<Schema>, limits: Limits) -> State {
         let root = Node::from_value(&schema, ROOT, schema.default_value(ROOT), 0)
             .expect("a schema's default value fits the schema");
-        State { schema, root: Slot::new(root, 0), version: 0, dirty: false, floor: 0, limits }
+        let bytes = root.weight();
+        State { schema, root: Slot::new(root, 0), version: 0, dirty: false, floor: 0, limits, bytes }
+    }
+
+    /// About how many bytes the state holds: strings and byte strings at their length, every
+    /// number, key, list item and map entry at 8. What [`Limits::max_bytes`] bounds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Checks that the state may go from its size by `minus` and `plus` bytes, and returns the
+    /// new size.
+    fn resize(&self, minus: usize, plus: usize) -> Result<usize, StateError> {
+        let bytes = (self.bytes - minus).saturating_add(plus);
+        if plus > minus && bytes > self.limits.max_bytes {
+            return Err(StateError::TooBig { bytes, max: self.limits.max_bytes });
+        }
+        Ok(bytes)
+    }
+
+    /// The weight of the slot at a checked `path`.
+    fn weight_at(&self, path: &[Step<'_>]) -> usize {
+        let mut slot = &self.root;
+        for (i, step) in path.iter().enumerate() {
+            match step_into(slot, step, i) {
+                Ok(next) => slot = next,
+                Err(_) => return 0,
+            }
+        }
+        slot.node.weight()
     }
 
     pub fn schema(&self) -> &Arc<Schema> {
@@ -133,9 +167,17 @@ impl State {
                 return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
             }
         }
-        let (Target::Slot(ty) | Target::Absent(ty)) = target;
+        let (old, ty) = match target {
+            Target::Slot(ty) => (self.weight_at(path), ty),
+            Target::Absent(ty) => (0, ty),
+        };
         let v = self.version + 1;
         let node = Node::from_value(&self.schema, ty, value, v)?;
+        let key = match (&target, last) {
+            (Target::Absent(_), Step::Key(key)) => crate::tree::key_weight(key),
+            _ => 0,
+        };
+        self.bytes = self.resize(old, node.weight() + key)?;
         let v = self.pending();
         if let Step::Key(key) = last {
             let slot = descend(&mut self.root, parent, v)?;
@@ -154,6 +196,7 @@ impl State {
         if let Target::Absent(_) = self.check(path)? {
             return Ok(false);
         }
+        self.bytes = self.resize(self.weight_at(path) + crate::tree::key_weight(key), 0)?;
         let v = self.pending();
         let limits = self.limits;
         let slot = descend(&mut self.root, parent, v)?;
@@ -173,6 +216,7 @@ impl State {
             return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
         }
         let node = Node::from_value(&self.schema, item, value, self.version + 1)?;
+        self.bytes = self.resize(0, node.weight())?;
         let v = self.pending();
         let slot = descend(&mut self.root, path, v)?;
         let Node::List(list) = &mut slot.node else { return Err(StateError::WrongTarget("list")) };
@@ -192,7 +236,9 @@ impl State {
         let slot = descend(&mut self.root, path, v)?;
         slot.set = v;
         if let Node::List(list) = &mut slot.node {
+            let dropped: usize = list.items[len..].iter().map(|i| i.node.weight()).sum();
             list.items.truncate(len);
+            self.bytes -= dropped;
         }
         Ok(())
     }
@@ -208,8 +254,9 @@ impl State {
         let slot = descend(&mut self.root, path, v)?;
         slot.set = v;
         if let Node::List(list) = &mut slot.node {
-            list.items.drain(..len - cap);
+            let dropped: usize = list.items.drain(..len - cap).map(|i| i.node.weight()).sum();
             list.grown = v;
+            self.bytes -= dropped;
         }
         Ok(())
     }

@@ -45,6 +45,37 @@ pub(crate) enum Node {
     Map(Box<MapNode>),
 }
 
+/// What one scalar, key, item or entry counts for in [`Node::weight`], besides its bytes.
+const SCALAR_WEIGHT: usize = 8;
+
+impl Node {
+    /// About how many bytes this value takes in a snapshot: strings and byte strings at their
+    /// length, and every number, key, item and entry at 8. An estimate kept cheap on purpose,
+    /// always at least the encoded size's order of magnitude; [`crate::Limits::max_bytes`]
+    /// bounds it.
+    pub fn weight(&self) -> usize {
+        match self {
+            Node::Int(_) | Node::Float(_) | Node::Bool(_) => SCALAR_WEIGHT,
+            Node::Str(s) => SCALAR_WEIGHT + s.len(),
+            Node::Bytes(b) => SCALAR_WEIGHT + b.len(),
+            Node::Vec3(_) => 3 * SCALAR_WEIGHT,
+            Node::Struct(fields) => fields.iter().map(|f| f.node.weight()).sum(),
+            Node::List(list) => SCALAR_WEIGHT + list.items.iter().map(|i| i.node.weight()).sum::<usize>(),
+            Node::Map(map) => {
+                SCALAR_WEIGHT + map.iter().map(|e| key_weight(&e.key) + e.slot.node.weight()).sum::<usize>()
+            }
+        }
+    }
+}
+
+/// A map key's part of [`Node::weight`].
+pub(crate) fn key_weight(key: &Key) -> usize {
+    match key {
+        Key::Int(_) => SCALAR_WEIGHT,
+        Key::Str(s) => SCALAR_WEIGHT + s.len(),
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct ListNode {
     pub items: Vec<Slot>,

@@ -26,6 +26,16 @@ struct Subscriber {
     joined: bool,
 }
 
+/// A fresh state holding `state`'s value, written field by field.
+fn rebuild(schema: &std::sync::Arc<tickwire_state::Schema>, state: &State) -> State {
+    let mut fresh = State::new(schema.clone());
+    let Ok(Value::Struct(fields)) = state.get(&[]) else { panic!("the root is a struct") };
+    for (i, value) in fields.into_iter().enumerate() {
+        fresh.set(&[tickwire_state::Step::Field(i as u16)], value).expect("a value the state held fits");
+    }
+    fresh
+}
+
 fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
     let mut rng = Rng::new(seed);
     let def = random_schema(&mut rng);
@@ -57,6 +67,9 @@ fn run(seed: u64, ticks: u64, codec: Codec) -> Result<(), TestCaseError> {
             random_write(&mut rng, &def, &mut state);
         }
         state.seal();
+        // The size the state keeps up write by write equals the size of its value built anew.
+        let rebuilt = rebuild(&schema, &state);
+        prop_assert_eq!(state.bytes(), rebuilt.bytes(), "tick {} schema {:?}", tick, def);
         for sub in &mut subs {
             let due = tick >= sub.join && tick % sub.rate == 0 && !rng.chance(sub.miss);
             if !due {

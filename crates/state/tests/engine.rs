@@ -242,3 +242,35 @@ fn lists_and_maps_past_the_length_limit_are_refused_and_change_nothing() {
     let Value::Struct(old) = before else { panic!("a struct") };
     assert_eq!(fields[HANDS as usize], old[HANDS as usize], "the refused writes left the hand alone");
 }
+
+#[test]
+fn a_state_past_its_byte_limit_is_refused_and_changes_nothing() {
+    let mut state = State::new(room());
+    let empty = state.bytes();
+    let big = |n: usize| player_value(&"x".repeat(n), 1);
+    let key = Key::str("p0");
+    state.set(&[Step::Field(PLAYERS), Step::Key(&key)], big(100)).unwrap();
+    let one = state.bytes() - empty;
+    assert!(one >= 100, "a 100-byte name weighs at least 100: {one}");
+    let limits = Limits { max_bytes: empty + 2 * one, ..Limits::default() };
+    let mut state = State::with_limits(room(), limits);
+    for i in 0..2 {
+        state.set(&[Step::Field(PLAYERS), Step::Key(&Key::str(&format!("p{i}")))], big(100)).unwrap();
+    }
+    let full = state.bytes();
+    let third = Key::str("p2");
+    assert!(matches!(
+        state.set(&[Step::Field(PLAYERS), Step::Key(&third)], big(100)),
+        Err(StateError::TooBig { .. })
+    ));
+    assert!(matches!(
+        state.set(&[Step::Field(PLAYERS), Step::Key(&Key::str("p0"))], big(200)),
+        Err(StateError::TooBig { .. })
+    ));
+    assert_eq!(state.bytes(), full, "refused writes change nothing");
+    // Shrinking is always allowed, and frees room.
+    assert!(state.remove(&[Step::Field(PLAYERS), Step::Key(&Key::str("p1"))]).unwrap());
+    assert!(state.bytes() < full);
+    state.set(&[Step::Field(PLAYERS), Step::Key(&third)], big(100)).unwrap();
+    assert_eq!(state.bytes(), full);
+}

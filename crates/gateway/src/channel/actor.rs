@@ -404,6 +404,9 @@ impl Channel {
                     PatchError::Rejected { source: StateError::TooLong { .. }, .. } => {
                         (Status::ResourceExhausted, " (channels.max_list_len)")
                     }
+                    PatchError::Rejected { source: StateError::TooBig { .. }, .. } => {
+                        (Status::ResourceExhausted, " (channels.max_state_bytes)")
+                    }
                     _ => (Status::InvalidArgument, ""),
                 };
                 error_response(request_id, status, format!("channel {}: {e}{key}", self.id))

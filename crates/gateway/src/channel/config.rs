@@ -125,6 +125,11 @@ pub struct ChannelsConfig {
     /// Items one list, or entries one map, of a channel's state may hold (a patch that would
     /// grow one past it is refused whole with RESOURCE_EXHAUSTED).
     pub max_list_len: usize,
+    /// About how many bytes one channel's state may hold (strings at their length, every
+    /// number, key, item and entry at 8); a patch that would grow it past this is refused whole
+    /// with RESOURCE_EXHAUSTED. A snapshot travels in one frame, so keep it well under
+    /// `limits.max_frame_bytes` and `session.max_unacked_bytes`.
+    pub max_state_bytes: usize,
     /// A channel whose owner's session ended, and that no server claims within this time, is
     /// removed (its subscribers get REMOVED).
     #[serde(with = "humantime_serde")]
@@ -192,6 +197,7 @@ impl Default for ChannelsConfig {
             max_subscriptions_per_session: 1_000,
             max_patch_bytes: 512 * 1024,
             max_list_len: 10_000,
+            max_state_bytes: 512 * 1024,
             orphan_ttl: Duration::from_secs(60),
             update_window: UpdateWindowConfig::default(),
         }

@@ -281,7 +281,14 @@ impl ChannelRouter {
             let (tx, rx) = mpsc::channel(self.config.inbox_capacity);
             let channel = Channel::new(
                 channel_id,
-                State::with_limits(schema, Limits { max_len: self.config.max_list_len, ..Limits::default() }),
+                State::with_limits(
+                    schema,
+                    Limits {
+                        max_len: self.config.max_list_len,
+                        max_bytes: self.config.max_state_bytes,
+                        ..Limits::default()
+                    },
+                ),
                 schema_json,
                 session.clone(),
                 cfg.remove_when_owner_lost,
