@@ -1,7 +1,8 @@
-//! Admission before login: how many connections may be waiting for their Hello, in all and
-//! from one address. A connection past either budget is closed at once with `OVERLOADED`, so
-//! sockets opened and left silent (up to the auth timeout each) cannot take every file
-//! descriptor and starve the clients that do log in. Counting only: nothing here reads a clock
+//! Admission: how many connections may be waiting for their Hello, in all and from one
+//! address, and how many one address may hold open at all, logged in or not. A connection past
+//! any budget is closed at once with `OVERLOADED`, so sockets opened and left silent (up to the
+//! auth timeout each) cannot take every file descriptor and starve the clients that do log in,
+//! and one address cannot hold every session slot. Counting only: nothing here reads a clock
 //! or touches a socket.
 
 use std::collections::HashMap;
@@ -15,20 +16,33 @@ pub(crate) enum Refused {
     Total(usize),
     #[error("{1} connections from {0} are already waiting to log in (limits.max_pending_per_ip)")]
     PerIp(IpAddr, usize),
+    #[error("{1} connections from {0} are already open (limits.max_connections_per_ip)")]
+    Open(IpAddr, usize),
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
     per_ip: HashMap<IpAddr, usize>,
+    /// Open connections per address, logged in or not.
+    open: HashMap<IpAddr, usize>,
 }
 
-/// The pre-login budget of one gateway process.
+/// The connection budgets of one gateway process.
 #[derive(Debug)]
 pub(crate) struct Admission {
     max_total: usize,
     max_per_ip: usize,
+    max_open_per_ip: usize,
     counts: Mutex<Counts>,
+}
+
+/// A connection's place among its address's open connections, held for as long as the
+/// connection lives: it travels with the connection into its session.
+#[derive(Debug)]
+pub(crate) struct Open {
+    admission: Arc<Admission>,
+    ip: IpAddr,
 }
 
 /// A connection's place in the budget, held until its handshake ends (logged in or not).
@@ -39,28 +53,52 @@ pub(crate) struct Pending {
 }
 
 impl Admission {
-    pub(crate) fn new(max_total: usize, max_per_ip: usize) -> Arc<Admission> {
-        Arc::new(Admission { max_total, max_per_ip, counts: Mutex::new(Counts::default()) })
+    pub(crate) fn new(max_total: usize, max_per_ip: usize, max_open_per_ip: usize) -> Arc<Admission> {
+        Arc::new(Admission { max_total, max_per_ip, max_open_per_ip, counts: Mutex::new(Counts::default()) })
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes a place for a new connection from `ip`, or says why there is none.
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Pending, Refused> {
+    /// Takes a place for a new connection from `ip` (among those waiting to log in, and among
+    /// its address's open ones), or says why there is none.
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(Pending, Open), Refused> {
         let mut counts = self.counts();
         if counts.total >= self.max_total {
             return Err(Refused::Total(counts.total));
         }
-        // Looked up, not inserted: a refused address leaves nothing behind in the map.
+        // Looked up, not inserted: a refused address leaves nothing behind in the maps.
         let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
         if from_ip >= self.max_per_ip {
             return Err(Refused::PerIp(ip, from_ip));
         }
+        let open = counts.open.get(&ip).copied().unwrap_or(0);
+        if open >= self.max_open_per_ip {
+            return Err(Refused::Open(ip, open));
+        }
         *counts.per_ip.entry(ip).or_insert(0) += 1;
+        *counts.open.entry(ip).or_insert(0) += 1;
         counts.total += 1;
-        Ok(Pending { admission: self.clone(), ip })
+        Ok((Pending { admission: self.clone(), ip }, Open { admission: self.clone(), ip }))
+    }
+
+    /// Takes a place among `ip`'s open connections only: for a connection another worker
+    /// process handed over after its handshake started there.
+    pub(crate) fn open(self: &Arc<Self>, ip: IpAddr) -> Result<Open, Refused> {
+        let mut counts = self.counts();
+        let open = counts.open.get(&ip).copied().unwrap_or(0);
+        if open >= self.max_open_per_ip {
+            return Err(Refused::Open(ip, open));
+        }
+        *counts.open.entry(ip).or_insert(0) += 1;
+        Ok(Open { admission: self.clone(), ip })
+    }
+
+    /// Open connections from `ip` now.
+    #[cfg(test)]
+    fn open_from(&self, ip: IpAddr) -> usize {
+        self.counts().open.get(&ip).copied().unwrap_or(0)
     }
 
     /// Connections waiting for their Hello now.
@@ -70,16 +108,27 @@ impl Admission {
     }
 }
 
+/// Takes one off `ip`'s count, forgetting the address at zero.
+fn release(map: &mut HashMap<IpAddr, usize>, ip: &IpAddr) {
+    if let Some(n) = map.get_mut(ip) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(ip);
+        }
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut counts = self.admission.counts();
         counts.total -= 1;
-        if let Some(n) = counts.per_ip.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                counts.per_ip.remove(&self.ip);
-            }
-        }
+        release(&mut counts.per_ip, &self.ip);
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        release(&mut self.admission.counts().open, &self.ip);
     }
 }
 
@@ -93,7 +142,7 @@ mod tests {
 
     #[test]
     fn budgets_hold_per_address_and_in_all_and_free_on_drop() {
-        let a = Admission::new(3, 2);
+        let a = Admission::new(3, 2, 100);
         let first = a.admit(ip(1)).unwrap();
         let _second = a.admit(ip(1)).unwrap();
         assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(ip(1), 2));
@@ -107,13 +156,29 @@ mod tests {
 
     #[test]
     fn an_address_with_nothing_pending_is_forgotten() {
-        let a = Admission::new(10, 10);
+        let a = Admission::new(10, 10, 10);
         drop(a.admit(ip(9)).unwrap());
         assert!(a.counts().per_ip.is_empty());
+        assert!(a.counts().open.is_empty());
         assert_eq!(a.pending(), 0);
         // A refused address is not remembered either.
-        let none = Admission::new(10, 0);
+        let none = Admission::new(10, 0, 10);
         assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(ip(9), 0));
-        assert!(none.counts().per_ip.is_empty());
+        assert!(none.counts().per_ip.is_empty() && none.counts().open.is_empty());
+    }
+
+    #[test]
+    fn open_connections_outlive_the_login_and_are_capped_per_address() {
+        let a = Admission::new(10, 10, 2);
+        let (pending, first) = a.admit(ip(1)).unwrap();
+        drop(pending);
+        let (_, _second) = a.admit(ip(1)).unwrap();
+        assert_eq!(a.open_from(ip(1)), 2, "logged in or not, both are open");
+        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::Open(ip(1), 2));
+        assert_eq!(a.open(ip(1)).unwrap_err(), Refused::Open(ip(1), 2));
+        assert!(a.admit(ip(2)).is_ok(), "another address has its own budget");
+        drop(first);
+        let _handed = a.open(ip(1)).unwrap();
+        assert_eq!(a.open_from(ip(1)), 2);
     }
 }

@@ -119,6 +119,9 @@ pub struct LimitsConfig {
     pub max_pending_handshakes: usize,
     /// The same, from one IP address.
     pub max_pending_per_ip: usize,
+    /// Connections one IP address may hold open at once, logged in or not (a NAT or proxy puts
+    /// many players behind one address: size it for that).
+    pub max_connections_per_ip: usize,
 }
 
 /// How clients prove who they are.
@@ -209,6 +212,7 @@ impl Default for LimitsConfig {
             outbox_capacity: 256,
             max_pending_handshakes: 4096,
             max_pending_per_ip: 256,
+            max_connections_per_ip: 10_000,
         }
     }
 }

@@ -113,6 +113,7 @@ impl Gateway {
             admission: Admission::new(
                 self.config.limits.max_pending_handshakes,
                 self.config.limits.max_pending_per_ip,
+                self.config.limits.max_connections_per_ip,
             ),
             config: self.config,
         });
@@ -280,8 +281,8 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let pending = match shared.admission.admit(peer.ip()) {
-            Ok(pending) => pending,
+        let (pending, open_slot) = match shared.admission.admit(peer.ip()) {
+            Ok(admitted) => admitted,
             Err(refused) => {
                 refuse(&shared, stream, ws, refused);
                 continue;
@@ -301,7 +302,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             };
             tokio::select! {
                 () = task_shared.cancel.cancelled() => {}
-                () = handshake(task_shared.clone(), conn, deadline) => {}
+                () = handshake(task_shared.clone(), conn, open_slot, deadline) => {}
             }
         });
     }
@@ -351,7 +352,22 @@ fn listen_for_handoffs(shared: Arc<Shared>, workers: &WorkerSet, runtime: Handle
                 Ok((stream, buf)) => {
                     Stats::add(&shared.stats.handoffs_received, 1);
                     let deadline = tokio::time::Instant::now() + shared.config.limits.auth_timeout;
-                    runtime.spawn(handshake_with(shared.clone(), Conn::Tcp(stream), buf, deadline));
+                    let ip = stream.peer_addr().map(|a| a.ip());
+                    match ip
+                        .map_err(|e| e.to_string())
+                        .and_then(|ip| shared.admission.open(ip).map_err(|r| r.to_string()))
+                    {
+                        Ok(open) => {
+                            runtime.spawn(handshake_with(
+                                shared.clone(),
+                                Conn::Tcp(stream),
+                                open,
+                                buf,
+                                deadline,
+                            ));
+                        }
+                        Err(why) => tracing::debug!(%why, "handed-over connection refused"),
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "handoff failed"),
             }

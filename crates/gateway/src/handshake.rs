@@ -10,6 +10,7 @@ use tickwire_transport::Conn;
 use tickwire_wire::proto::{CloseReason, Control, Hello, control};
 use tickwire_wire::{Frame, FrameDecoder, WireError, decode_control};
 
+use crate::admission::Open;
 use crate::close::send_close;
 use crate::registry::Takeover;
 use crate::session_task::SessionTask;
@@ -75,8 +76,9 @@ async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: S
 
 /// Runs the handshake on a freshly accepted connection; the Hello must arrive by `deadline`
 /// (set at accept, so a WebSocket upgrade and the Hello share one auth timeout).
-pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn, deadline: tokio::time::Instant) {
-    handshake_with(shared, conn, BytesMut::new(), deadline).await;
+/// `open` is the connection's place in its address's budget: it goes with the connection.
+pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn, open: Open, deadline: tokio::time::Instant) {
+    handshake_with(shared, conn, open, BytesMut::new(), deadline).await;
 }
 
 /// Runs the handshake on a connection of which `buf` was already read (a handoff from another
@@ -84,6 +86,7 @@ pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn, deadline: tokio::
 pub(crate) async fn handshake_with(
     shared: Arc<Shared>,
     mut conn: Conn,
+    open: Open,
     mut buf: BytesMut,
     deadline: tokio::time::Instant,
 ) {
@@ -114,7 +117,7 @@ pub(crate) async fn handshake_with(
                 return forward(&shared, workers, owner, conn, hello, buf).await;
             }
         }
-        let takeover = Takeover { conn, buf, last_received: resume.last_received };
+        let takeover = Takeover { conn, open, buf, last_received: resume.last_received };
         if let Err((e, takeover)) = shared.registry.resume(&id, &resume.resume_token, takeover) {
             return reject(&shared, takeover.conn, CloseReason::ResumeFailed, e.to_string()).await;
         }
@@ -134,7 +137,7 @@ pub(crate) async fn handshake_with(
     } else {
         identity.player_id
     };
-    SessionTask::spawn(shared, conn, buf, id, token, player_id, identity.role);
+    SessionTask::spawn(shared, (conn, open), buf, id, token, player_id, identity.role);
 }
 
 /// Passes a resume to the worker process that owns the session, with the Hello re-encoded in

@@ -18,6 +18,8 @@ const SHARDS: usize = 64;
 #[derive(Debug)]
 pub(crate) struct Takeover {
     pub(crate) conn: Conn,
+    /// Its place in its address's budget of open connections.
+    pub(crate) open: crate::admission::Open,
     /// Bytes that arrived after the Hello.
     pub(crate) buf: BytesMut,
     pub(crate) last_received: u64,

@@ -16,6 +16,7 @@ use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_me
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
+use crate::admission::Open;
 use crate::auth::Role;
 use crate::close::send_close;
 use crate::flow::UpdateFlow;
@@ -66,7 +67,9 @@ pub(crate) struct SessionTask {
     handle: SessionHandle,
     token: ResumeToken,
     session: Session,
+    /// The connection, with its place in its address's budget (freed when it goes).
     conn: Option<Conn>,
+    open: Option<Open>,
     rbuf: BytesMut,
     wbuf: BytesMut,
     outbox: mpsc::Receiver<Outgoing>,
@@ -87,7 +90,7 @@ async fn read_conn(conn: &mut Option<Conn>, buf: &mut BytesMut) -> io::Result<us
 impl SessionTask {
     pub(crate) fn spawn(
         shared: Arc<Shared>,
-        conn: Conn,
+        conn: (Conn, Open),
         rbuf: BytesMut,
         id: SessionId,
         token: ResumeToken,
@@ -113,6 +116,7 @@ impl SessionTask {
             token,
             session: Session::new(tickwire_session::Role::Server, shared.session_config.clone(), now),
             conn: None,
+            open: None,
             rbuf,
             wbuf: BytesMut::new(),
             outbox,
@@ -124,7 +128,7 @@ impl SessionTask {
         shared.tracker.spawn(task.run(conn));
     }
 
-    async fn run(mut self, first: Conn) {
+    async fn run(mut self, first: (Conn, Open)) {
         let end = match self.attach_new(first).await {
             Ok(()) => self.serve().await,
             Err(end) => end,
@@ -159,13 +163,15 @@ impl SessionTask {
 
     /// Attaches a connection. Every attach goes through here, and every detach through
     /// [`SessionTask::take_conn`], so the `connections_open` gauge stays right.
-    fn put_conn(&mut self, conn: Conn) {
+    fn put_conn(&mut self, (conn, open): (Conn, Open)) {
         self.conn = Some(conn);
+        self.open = Some(open);
         Stats::add(&self.shared.stats.connections_open, 1);
     }
 
     /// Detaches the connection, if any, and drops its buffers.
     fn take_conn(&mut self) -> Option<Conn> {
+        self.open = None;
         let conn = self.conn.take()?;
         Stats::sub(&self.shared.stats.connections_open, 1);
         self.rbuf = BytesMut::new();
@@ -173,7 +179,7 @@ impl SessionTask {
         Some(conn)
     }
 
-    async fn attach_new(&mut self, conn: Conn) -> Result<(), End> {
+    async fn attach_new(&mut self, conn: (Conn, Open)) -> Result<(), End> {
         self.put_conn(conn);
         self.welcome(false).encode(&mut self.wbuf);
         self.flush().await;
@@ -270,7 +276,7 @@ impl SessionTask {
             }
         };
         Stats::add(&self.shared.stats.sessions_resumed, 1);
-        self.put_conn(conn);
+        self.put_conn((conn, takeover.open));
         self.rbuf = takeover.buf;
         self.wbuf.clear();
         self.welcome(true).encode(&mut self.wbuf);

@@ -1,7 +1,8 @@
 //! What peers that have not logged in can take from the gateway, tried as an attacker would,
 //! over real sockets against a gateway in this process: a WebSocket ping flood from a client
 //! that never reads, an unfinished WebSocket message far larger than a frame, TCP length
-//! prefixes that announce 1 MiB frames, and silent sockets that hold the pre-login budget.
+//! prefixes that announce 1 MiB frames, silent sockets that hold the pre-login budget, and one
+//! address holding more open connections (logged in or not) than its budget.
 //! Each attacker is cut off, memory stays bounded (the process's RSS, with a generous bound),
 //! and a well-behaved client beside it is still answered.
 
@@ -174,4 +175,45 @@ async fn the_pre_login_budget_holds_across_addresses() {
     // Once they are gone, the budget is free again.
     let mut conn = common::connect(&gw).await;
     assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_hold_more_open_connections_than_its_budget_logged_in_or_not() {
+    let gw = common::start(&["limits.max_connections_per_ip=3"]).await;
+    let from = |last: u8| {
+        let mut opts = ConnectOptions::new(common::tcp_target(&gw));
+        opts.local_addr = Some([127, 0, 0, last].into());
+        opts
+    };
+    // Three logged-in sessions from 127.0.0.6 fill its budget.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(Connection::connect(from(6)).await.unwrap());
+    }
+    // The fourth, and a silent socket, are closed with OVERLOADED before any handshake.
+    match Connection::connect(from(6)).await {
+        Err(tickwire_client::ClientError::Closed { reason, .. }) => {
+            assert_eq!(reason, CloseReason::Overloaded)
+        }
+        other => panic!("expected OVERLOADED, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(
+        reasons(silent(gw.tcp_addrs()[0], [127, 0, 0, 6], 1).await).await,
+        vec![Some(CloseReason::Overloaded)]
+    );
+    // Another address is not affected, and the held sessions still work.
+    let mut other = Connection::connect(from(7)).await.unwrap();
+    assert_eq!(common::round_trip(&mut other, 1, 8).await.id, 1);
+    assert_eq!(common::round_trip(&mut held[0], 1, 8).await.id, 1);
+    // A connection that ends frees its place.
+    held.pop().unwrap().close().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match Connection::connect(from(6)).await {
+            Ok(conn) => break conn,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("the freed place was not given back: {e}"),
+        }
+    };
+    assert_eq!(common::round_trip(&mut again, 2, 8).await.id, 2);
 }
