@@ -313,6 +313,16 @@ impl SessionTask {
 
     /// Decodes and handles every complete frame in the read buffer, then writes the replies.
     async fn on_input(&mut self, now: Instant) -> Result<(), End> {
+        // WebSocket pings and pongs count like frames, so a ping flood is limited too.
+        let controls = self.conn.as_mut().map_or(0, Conn::take_control_messages);
+        for _ in 0..controls {
+            if !self.bucket.take(now) {
+                return Err(End::new(
+                    CloseReason::RateLimited,
+                    "frame rate limit exceeded (WebSocket control messages)",
+                ));
+            }
+        }
         while self.conn.is_some() {
             let Some(frame) = self.shared.decoder.decode(&mut self.rbuf)? else { break };
             match frame {

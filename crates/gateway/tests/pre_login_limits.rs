@@ -1,4 +1,4 @@
-//! What peers that have not logged in can take from the gateway, tried as an attacker would,
+//! What peers can take from the gateway around login, tried as an attacker would,
 //! over real sockets against a gateway in this process: a WebSocket ping flood from a client
 //! that never reads, an unfinished WebSocket message far larger than a frame, TCP length
 //! prefixes that announce 1 MiB frames, silent sockets that hold the pre-login budget, and one
@@ -216,4 +216,45 @@ async fn one_address_cannot_hold_more_open_connections_than_its_budget_logged_in
         }
     };
     assert_eq!(common::round_trip(&mut again, 2, 8).await.id, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_pings_after_login_count_against_the_frame_rate_limit() {
+    use futures_util::StreamExt;
+    use tickwire_wire::{Frame, FrameDecoder, decode_control};
+    let gw = common::start(&["limits.messages_per_second=50", "limits.message_burst=100"]).await;
+    let addr = gw.ws_addrs()[0];
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream).await.unwrap();
+    ws.send(Message::Binary(common::hello_frame("pinger").into())).await.unwrap();
+    // 60 pings (under the 64-in-a-row bound) and one heartbeat, twice: 122 frames, past the
+    // burst of 100. (Nothing more is sent, so the gateway's close meets no data in flight and
+    // its Close is not lost to a reset.)
+    let mut heartbeat = bytes::BytesMut::new();
+    Frame::Heartbeat { ack: 0 }.encode(&mut heartbeat);
+    for _ in 0..2 {
+        for _ in 0..60 {
+            ws.send(Message::Ping(vec![1; 8].into())).await.unwrap();
+        }
+        ws.send(Message::Binary(heartbeat.to_vec().into())).await.unwrap();
+    }
+    // The gateway's last word is a Close: RATE_LIMITED.
+    let decoder = FrameDecoder::new(1 << 20);
+    let mut buf = bytes::BytesMut::new();
+    let mut reason = None;
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        if let Message::Binary(data) = msg {
+            buf.extend_from_slice(&data);
+            while let Ok(Some(frame)) = decoder.decode(&mut buf) {
+                if let Frame::Control(body) = frame
+                    && let Ok(tickwire_wire::proto::control::Kind::Close(close)) = decode_control(body)
+                {
+                    reason = Some(close.reason());
+                }
+            }
+        }
+    }
+    assert_eq!(reason, Some(CloseReason::RateLimited));
+    let mut healthy = common::connect(&gw).await;
+    assert_eq!(common::round_trip(&mut healthy, 1, 8).await.id, 1);
 }

@@ -125,11 +125,14 @@ pub struct WsConn {
     /// future, so that a read cancelled by other work (the session task's `select!`) does not
     /// reset it.
     control_run: u32,
+    /// Ping, pong and empty messages since [`Conn::take_control_messages`] last asked, for the
+    /// caller's rate limit.
+    control_total: u32,
 }
 
 impl WsConn {
     fn new(stream: WebSocketStream<WsStream>) -> Box<WsConn> {
-        Box::new(WsConn { stream, control_run: 0 })
+        Box::new(WsConn { stream, control_run: 0, control_total: 0 })
     }
 }
 
@@ -140,6 +143,16 @@ impl Conn {
             Conn::Tcp(_) => "tcp",
             Conn::Tls(_) => "tls",
             Conn::Ws(_) => "ws",
+        }
+    }
+
+    /// WebSocket ping, pong and empty messages received since the last call (0 on TCP): they
+    /// never reach the caller as bytes, but cost a read and maybe a pong, so the caller charges
+    /// them to its rate limit.
+    pub fn take_control_messages(&mut self) -> u32 {
+        match self {
+            Conn::Ws(ws) => std::mem::take(&mut ws.control_total),
+            Conn::Tcp(_) | Conn::Tls(_) => 0,
         }
     }
 
@@ -187,6 +200,7 @@ impl Conn {
                     }
                     Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {
                         ws.control_run += 1;
+                        ws.control_total = ws.control_total.saturating_add(1);
                         if ws.control_run > MAX_CONTROL_RUN {
                             return Err(io::Error::new(
                                 io::ErrorKind::InvalidData,
