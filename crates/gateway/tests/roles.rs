@@ -156,3 +156,54 @@ async fn a_channel_state_past_its_byte_limit_is_refused_and_the_writer_is_told_w
     update(&server, ch, &hand("e")).await.unwrap();
     assert!(gw.shutdown(common::channels::WAIT).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_at_its_default_byte_limit_still_serves_late_subscribers_and_everyone_else() {
+    let gw = common::start(&[]).await;
+    let server = client(&gw, "server:zone-1").await;
+    let ch = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    // 10,000 players, then 10,000-int hands until the state's byte limit refuses one.
+    // (A patch holds at most 4,096 ops: four patches of 2,500.)
+    for quarter in 0..4 {
+        let lines: Vec<String> = (quarter * 2_500..(quarter + 1) * 2_500)
+            .map(|i| format!(r#"{{"op":"set","path":"/players/p{i}","value":{{"hp":{i}}}}}"#))
+            .collect();
+        update(&server, ch, &lines.join("\n")).await.unwrap();
+    }
+    let hand = |who: &str| {
+        format!(r#"{{"op":"set","path":"/hands/{who}","value":[{}]}}"#, vec!["7"; 10_000].join(","))
+    };
+    update(&server, ch, &hand("late")).await.unwrap();
+    let mut refused = false;
+    for i in 0..100 {
+        if let Err(e) = update(&server, ch, &hand(&format!("h{i}"))).await {
+            assert_eq!(status(Err::<(), _>(e)), Status::ResourceExhausted);
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the state stopped growing at channels.max_state_bytes");
+
+    // A late subscriber gets its whole snapshot, and a client beside it is answered meanwhile.
+    let late = client(&gw, "late").await;
+    let mut beside = common::connect(&gw).await;
+    let (snapshot, rtt) = tokio::join!(
+        async {
+            subscribe(&late, ch, SubscriptionOptions::default()).await.unwrap();
+            tickwire_wire::proto::ChannelUpdate::decode(next(&late, "channel.update").await).unwrap()
+        },
+        async {
+            let started = std::time::Instant::now();
+            common::round_trip(&mut beside, 1, 8).await;
+            started.elapsed()
+        }
+    );
+    let mut replica = tickwire_state::Replica::new(common::channels::schema());
+    replica.apply(&snapshot.update).unwrap();
+    let tickwire_state::Value::Struct(fields) = replica.value() else { panic!("a struct") };
+    let tickwire_state::Value::Map(players) = &fields[1] else { panic!("a map") };
+    assert_eq!(players.len(), 10_000);
+    // Generous: an unbounded state stalled a neighbour for 7.6 s before the limit.
+    assert!(rtt < std::time::Duration::from_secs(2), "the echo beside took {rtt:?}");
+    assert!(gw.shutdown(common::channels::WAIT).await);
+}
