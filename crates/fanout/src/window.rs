@@ -14,13 +14,22 @@
 //! version its replica really holds ([`Window::resume`]).
 //!
 //! The size: every acknowledged update yields a *delivery-rate sample*, the bytes the client
-//! acknowledged while that update was in flight divided by how long it was in flight. The
-//! estimate is a moving average of the samples, and the window is the estimate times `target`,
-//! clamped to `[min_bytes, max_bytes]`. The samples measure what the client took, not what the
-//! link could carry, so an idle stream does not shrink the window (no samples) and a client
-//! that reads fast lets it grow at each acknowledgement. An update is offered while the bytes
-//! in flight are *below* the window, so one larger than the window still goes out once the
-//! earlier ones are acknowledged: nothing starves.
+//! acknowledged while that update was in flight divided by how long it was in flight, and a
+//! *flight time*, from queued to acknowledged. The rate is the largest sample of the last second
+//! or two (a dip, such as a drain below, does not shrink it; a client that slows down shows in
+//! a second or two); the
+//! base flight time is the least one seen lately (the link's round trip and the client's
+//! acknowledgement delay, without queueing), as BBR keeps its minimum round trip. The window
+//! is the rate times (base flight time + `target`), clamped to `[min_bytes, max_bytes]`: what
+//! the client drains while an update crosses the link and is acknowledged, plus `target` of
+//! queueing. So a client that keeps up is never held back, however far away it is, and one
+//! that does not gets updates at most about `target` behind. The samples measure what the
+//! client took, not what the link could carry, so an idle stream does not shrink the window
+//! (no samples) and a client that reads fast lets it grow at each acknowledgement. An update
+//! is offered while the bytes in flight are *below* the window, so one larger than the window
+//! still goes out once the earlier ones are acknowledged; and one that would take the bytes
+//! in flight past `max_bytes` goes alone, the others waiting for it ([`Window::admits`]):
+//! nothing starves.
 //!
 //! Like the scheduler, this is a pure state machine: every method that depends on time takes
 //! `now`, and both the gateway and the simulations drive it.
@@ -29,6 +38,14 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::Version;
+
+/// The delivery rate is the largest sample of the current and the previous epoch this long.
+const RATE_EPOCH: Duration = Duration::from_secs(1);
+
+/// How long a base flight time stands without a fresh measurement. Past it, the window drains
+/// once so that the next update travels alone and measures it again (BBR's PROBE_RTT): a
+/// client that keeps up pays one update held back for one flight, every this often.
+const BASE_FLIGHT_MEMORY: Duration = Duration::from_secs(10);
 
 /// Bounds of a [`Window`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +85,9 @@ struct Entry<C> {
     queued: Instant,
     /// The session sequence number it went out with; 0 while it waits in the outbox.
     seq: u64,
+    /// Nothing else was in flight when it was queued: its flight time is a clean measure of
+    /// the base flight time, with no queue ahead of it.
+    alone: bool,
     /// `delivered` when it was queued: the rate sample is what was delivered since.
     delivered_before: u64,
     /// When the acknowledgement that brought `delivered` to that value came (or `queued`).
@@ -87,8 +107,17 @@ pub struct Window<C> {
     /// (before the first acknowledgement: when the first update was queued).
     delivered: u64,
     delivered_at: Option<Instant>,
-    /// Estimated delivery rate in bytes per second, once there is a sample.
-    rate: Option<f64>,
+    /// The largest delivery-rate sample (bytes per second) of the previous and the current
+    /// epoch of [`RATE_EPOCH`], and when the current one began.
+    rate_max: [Option<f64>; 2],
+    epoch: Option<Instant>,
+    /// The base flight time, and when it was last measured by an update that travelled alone.
+    base_flight: Option<(Duration, Instant)>,
+    /// An update too large to join those in flight waits for them to drain; nothing else is
+    /// admitted meanwhile.
+    large_waiting: bool,
+    /// The window held an update back since the base flight time was last measured.
+    limited: bool,
     /// Channels whose undelivered updates were dropped on a resume, with the version their
     /// subscriber's replica holds (`None`: it needs a snapshot).
     rewinds: Vec<(C, Option<Version>)>,
@@ -103,24 +132,61 @@ impl<C: Copy + Eq> Window<C> {
             sent: 0,
             delivered: 0,
             delivered_at: None,
-            rate: None,
+            rate_max: [None, None],
+            epoch: None,
+            base_flight: None,
+            large_waiting: false,
+            limited: false,
             rewinds: Vec::new(),
         }
     }
 
-    /// The window in bytes: what the client drains in `target` at its estimated rate.
+    /// The window in bytes: what the client drains at its estimated rate in the base flight
+    /// time plus `target`.
     pub fn limit(&self) -> usize {
         let WindowLimits { target, min_bytes, initial_bytes, max_bytes, .. } = self.limits;
-        let bytes = match self.rate {
-            Some(rate) => (rate * target.as_secs_f64()) as usize,
+        let base = self.base_flight.map_or(Duration::ZERO, |(d, _)| d);
+        let bytes = match self.rate() {
+            Some(rate) => (rate * (base + target).as_secs_f64()) as usize,
             None => initial_bytes,
         };
         bytes.clamp(min_bytes, max_bytes.max(min_bytes))
     }
 
-    /// Whether one more update may be queued now.
-    pub fn has_room(&self) -> bool {
-        self.entries.len() < self.limits.max_messages && self.bytes < self.limit()
+    /// The base flight time (see the module comment), once there is a sample.
+    pub fn base_flight(&self) -> Option<Duration> {
+        self.base_flight.map(|(d, _)| d)
+    }
+
+    /// Whether one more update may be queued at `now`.
+    pub fn has_room(&mut self, now: Instant) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        // A window that holds updates back must rest on a recent base: once it is old, drain
+        // until an update travels alone (then the measurement is under way, and those behind
+        // it do not disturb it). A client the window never limits is never drained.
+        let stale =
+            self.base_flight.is_some_and(|(_, at)| now.saturating_duration_since(at) > BASE_FLIGHT_MEMORY);
+        if self.limited && stale && !self.entries.front().is_some_and(|e| e.alone) {
+            return false;
+        }
+        let room =
+            !self.large_waiting && self.entries.len() < self.limits.max_messages && self.bytes < self.limit();
+        self.limited |= !room;
+        room
+    }
+
+    /// Whether an update of `bytes` may join those in flight: never past `max_bytes`, except
+    /// alone. So what is in flight never passes the larger of `max_bytes` and one update, and
+    /// stays under the session's own retransmit bound. A refusal holds everything else back
+    /// until the window drains, so the large update goes next.
+    pub fn admits(&mut self, bytes: usize) -> bool {
+        let fits = self.entries.is_empty() || self.bytes.saturating_add(bytes) <= self.limits.max_bytes;
+        if !fits {
+            self.large_waiting = true;
+        }
+        fits
     }
 
     /// Updates and bytes in flight.
@@ -135,12 +201,29 @@ impl<C: Copy + Eq> Window<C> {
 
     /// The estimated delivery rate in bytes per second, once an acknowledgement gave one.
     pub fn rate(&self) -> Option<f64> {
-        self.rate
+        match self.rate_max {
+            [Some(a), Some(b)] => Some(a.max(b)),
+            [a, b] => a.or(b),
+        }
+    }
+
+    fn sample_rate(&mut self, now: Instant, sample: f64) {
+        let epoch = *self.epoch.get_or_insert(now);
+        if now.saturating_duration_since(epoch) >= RATE_EPOCH {
+            self.rate_max = [self.rate_max[1], None];
+            self.epoch = Some(now);
+        }
+        self.rate_max[1] = Some(self.rate_max[1].map_or(sample, |m| m.max(sample)));
     }
 
     /// An update of `bytes` for `channel`, from version `from` (`None`: a snapshot), was queued
     /// to the session at `now`.
     pub fn queued(&mut self, now: Instant, channel: C, from: Option<Version>, bytes: usize) {
+        if self.entries.is_empty() {
+            // After an idle spell the rate sample starts now, not at the last acknowledgement.
+            self.delivered_at = Some(now);
+            self.large_waiting = false;
+        }
         let delivered_at = *self.delivered_at.get_or_insert(now);
         self.entries.push_back(Entry {
             channel: Some(channel),
@@ -148,6 +231,7 @@ impl<C: Copy + Eq> Window<C> {
             bytes,
             queued: now,
             seq: 0,
+            alone: self.entries.is_empty(),
             delivered_before: self.delivered,
             delivered_at,
         });
@@ -174,15 +258,22 @@ impl<C: Copy + Eq> Window<C> {
             // longer of the time it was in flight and the time since the acknowledgement before
             // it was queued: one acknowledgement covering many updates (clients acknowledge
             // every 100 ms or so) is not a burst of speed. At least a millisecond.
-            let elapsed = now
-                .saturating_duration_since(entry.queued)
-                .max(now.saturating_duration_since(entry.delivered_at))
-                .max(Duration::from_millis(1));
+            let flight = now.saturating_duration_since(entry.queued);
+            let elapsed =
+                flight.max(now.saturating_duration_since(entry.delivered_at)).max(Duration::from_millis(1));
+            // A lower flight time is always a better bound on the base; one measured alone
+            // replaces it even if higher (the link got slower), and renews it.
+            match self.base_flight {
+                _ if entry.alone => {
+                    self.base_flight = Some((flight, now));
+                    self.limited = false;
+                }
+                Some((base, at)) if flight < base => self.base_flight = Some((flight, at)),
+                None => self.base_flight = Some((flight, now)),
+                Some(_) => {}
+            }
             let sample = (self.delivered - entry.delivered_before) as f64 / elapsed.as_secs_f64();
-            self.rate = Some(match self.rate {
-                Some(rate) => rate + (sample - rate) / 4.0,
-                None => sample,
-            });
+            self.sample_rate(now, sample);
         }
         self.delivered_at = Some(now);
     }
@@ -193,6 +284,9 @@ impl<C: Copy + Eq> Window<C> {
     /// channel the version its replica holds: the `from` of its first dropped update.
     pub fn resume(&mut self, delivered: u64) {
         self.acked_without_sample(delivered);
+        // The outage is no measure of the client's pace.
+        self.delivered_at = None;
+        self.large_waiting = false;
         for entry in self.entries.drain(..) {
             let Some(channel) = entry.channel else { continue };
             if !self.rewinds.iter().any(|(c, _)| *c == channel) {
@@ -262,11 +356,11 @@ mod tests {
     fn room_until_the_initial_window_is_full_and_one_may_overshoot() {
         let t = Instant::now();
         let mut w = Window::<u32>::new(limits());
-        assert!(w.has_room());
+        assert!(w.has_room(t));
         w.queued(t, 1, None, 3999);
-        assert!(w.has_room(), "below the window: one more may go, whatever its size");
+        assert!(w.has_room(t), "below the window: one more may go, whatever its size");
         w.queued(t, 1, Some(1), 10_000);
-        assert!(!w.has_room());
+        assert!(!w.has_room(t));
         assert_eq!(w.in_flight(), (2, 13_999));
     }
 
@@ -291,7 +385,8 @@ mod tests {
     fn a_slow_reader_shrinks_the_window_to_its_pace() {
         let t = Instant::now();
         let mut w = Window::<u32>::new(limits());
-        // 400 bytes acknowledged every 100 ms: 4 kB/s, so 1 kB in 250 ms (the floor).
+        // 400 bytes acknowledged every 100 ms: 4 kB/s; the base flight time is 100 ms, so the
+        // window is 4 kB/s x (100 + 250) ms.
         let mut seq = 0;
         for i in 0..40u32 {
             let now = t + 100 * MS * i;
@@ -302,7 +397,52 @@ mod tests {
         }
         let rate = w.rate().unwrap();
         assert!((3_000.0..=5_000.0).contains(&rate), "{rate}");
-        assert_eq!(w.limit(), 1000);
+        assert_eq!(w.base_flight(), Some(100 * MS));
+        assert_eq!(w.limit(), (rate * 0.35) as usize);
+    }
+
+    #[test]
+    fn the_ceiling_is_hard_except_for_a_lone_update() {
+        let t = Instant::now();
+        let mut w = Window::<u32>::new(limits());
+        assert!(w.admits(500_000), "alone, even past the ceiling");
+        w.queued(t, 1, None, 60_000);
+        assert!(w.admits(40_000));
+        assert!(!w.admits(40_001), "60 kB + 40,001 B would pass the 100 kB ceiling");
+        assert!(!w.has_room(t), "the large update goes next: nothing else meanwhile");
+        w.sent(1);
+        w.acked(t + 50 * MS, 1);
+        assert!(w.has_room(t) && w.admits(90_000), "alone now");
+        w.queued(t + 50 * MS, 1, Some(1), 90_000);
+        assert!(w.admits(10_000) && !w.admits(10_001), "the ceiling again");
+    }
+
+    #[test]
+    fn a_far_client_that_keeps_up_is_not_held_back() {
+        // 300 ms from the gateway, acknowledging 100 ms after it reads: 400 ms of flight. It
+        // takes 300 bytes every 20 ms (15 kB/s), so 6 kB are in flight at any time, more than
+        // the 250 ms target alone would allow.
+        let t = Instant::now();
+        let mut w = Window::<u32>::new(WindowLimits { max_messages: 512, ..limits() });
+        let mut sent: Vec<(u64, Instant)> = Vec::new();
+        let mut held = 0;
+        for i in 0..500u32 {
+            let now = t + 20 * MS * i;
+            // Everything queued 400 ms ago or earlier is acknowledged by now.
+            if let Some(&(acked, _)) = sent.iter().rev().find(|(_, at)| now >= *at + 400 * MS) {
+                w.acked(now, acked);
+            }
+            if w.has_room(now) && w.admits(300) {
+                w.queued(now, 1, None, 300);
+                let seq = sent.len() as u64 + 1;
+                w.sent(seq);
+                sent.push((seq, now));
+            } else if i > 100 {
+                held += 1;
+            }
+        }
+        assert_eq!(held, 0, "limit {}, base flight {:?}", w.limit(), w.base_flight());
+        assert!(w.base_flight().unwrap() >= 380 * MS);
     }
 
     #[test]
@@ -312,7 +452,7 @@ mod tests {
         for _ in 0..8 {
             w.queued(t, 1, None, 1);
         }
-        assert!(!w.has_room());
+        assert!(!w.has_room(t));
     }
 
     #[test]
@@ -335,7 +475,7 @@ mod tests {
         assert_eq!(w.take_rewind(1), Some(Some(1)));
         assert_eq!(w.take_rewind(1), None);
         assert!(!w.has_rewinds());
-        assert!(w.has_room());
+        assert!(w.has_room(t));
     }
 
     #[test]

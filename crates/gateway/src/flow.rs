@@ -28,9 +28,9 @@ impl UpdateFlow {
         self.window.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether one more update may be queued now.
-    pub(crate) fn has_room(&self) -> bool {
-        self.lock().has_room()
+    /// Whether one more update may be queued at `now`.
+    pub(crate) fn has_room(&self, now: std::time::Instant) -> bool {
+        self.lock().has_room(now)
     }
 
     /// After a resume dropped updates of `channel` the client never got: the version its

@@ -88,8 +88,9 @@ impl SessionHandle {
 
     /// Queues a channel update (encoded with [`push_envelope`], so that one encoding can go to
     /// many sessions) from version `from` of `channel`, and counts it in the session's window
-    /// of updates in flight. `Full` if the outbox is full, or if a resume dropped earlier
-    /// updates of this channel since the caller chose `from` (the next pass rewinds it).
+    /// of updates in flight. `Full` if the outbox is full, if the update would take the window
+    /// past its ceiling, or if a resume dropped earlier updates of this channel since the caller
+    /// chose `from` (the next pass rewinds it).
     pub(crate) fn offer_update(
         &self,
         now: Instant,
@@ -98,10 +99,10 @@ impl SessionHandle {
         envelope: Bytes,
     ) -> Result<(), PushError> {
         let mut window = self.flow.lock();
-        if window.has_rewind(channel) {
+        let len = envelope.len();
+        if window.has_rewind(channel) || !window.admits(len) {
             return Err(PushError::Full);
         }
-        let len = envelope.len();
         // Queued under the lock, so the window lists updates in the order the outbox holds them.
         self.try_send(Outgoing::Update(envelope), false)?;
         window.queued(now, channel, from, len);

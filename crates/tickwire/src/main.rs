@@ -238,14 +238,15 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let tls = gateway.tls_enabled();
     for addr in gateway.tcp_addrs() {
-        println!("{LISTENING_PREFIX}{}://{addr}", if tls { "tls" } else { "tcp" });
+        announce(&format!("{LISTENING_PREFIX}{}://{addr}", if tls { "tls" } else { "tcp" }));
     }
     for addr in gateway.ws_addrs() {
-        println!("{LISTENING_PREFIX}{}://{addr}/", if tls { "wss" } else { "ws" });
+        announce(&format!("{LISTENING_PREFIX}{}://{addr}/", if tls { "wss" } else { "ws" }));
     }
     tokio::select! {
         r = wait_for_signal() => r?,
-        () = reload_on_sighup(hangups, || gateway.reload_tls()) => {}
+        // Without TLS there is nothing to reload: SIGHUP is received and ignored.
+        () = reload_on_sighup(hangups, || gateway.reload_tls()), if tls => {}
     }
     tracing::info!(sessions = gateway.session_count(), "shutting down");
     if !gateway.shutdown(SHUTDOWN_GRACE).await {
@@ -288,7 +289,11 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     // Before the listening line, as for the gateway.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    println!("{LISTENING_PREFIX}{scheme}://{}/ (blobs in {})", listener.local_addr()?, args.root.display());
+    announce(&format!(
+        "{LISTENING_PREFIX}{scheme}://{}/ (blobs in {})",
+        listener.local_addr()?,
+        args.root.display()
+    ));
     let limits = tickwire_ddc::serve::ServeLimits {
         max_connections: args.max_connections,
         header_timeout: args.header_timeout,
@@ -322,6 +327,15 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         print: true,
     };
     tickwire_bench::sim::demo::run(opts, &runtimes).await.map(drop)
+}
+
+/// Prints one line for whoever started us (scripts wait for the listening lines). A closed
+/// stdout is not a reason to stop serving, so a failed write is ignored (`println!` would
+/// panic).
+pub(crate) fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Calls `reload` on every SIGHUP in `hangups`, logging the outcome.

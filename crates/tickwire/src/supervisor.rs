@@ -126,10 +126,10 @@ pub async fn run(
         });
     }
     for addr in &tcp {
-        println!("{LISTENING_PREFIX}tcp://{addr}");
+        crate::announce(&format!("{LISTENING_PREFIX}tcp://{addr}"));
     }
     for addr in &ws {
-        println!("{LISTENING_PREFIX}ws://{addr}/");
+        crate::announce(&format!("{LISTENING_PREFIX}ws://{addr}/"));
     }
     tracing::info!(processes, "gateway workers running");
     let result = tokio::select! {

@@ -48,8 +48,10 @@ fn sighup_reloads_the_certificate() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let line = stdout.lines().map(Result::unwrap).find(|l| l.contains("tls://")).expect("a TLS listener");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.by_ref().map(Result::unwrap).find(|l| l.contains("tls://")).expect("a TLS listener");
+    // Keep reading the rest, as a supervisor would.
+    std::thread::spawn(move || lines.for_each(drop));
     let addr: std::net::SocketAddr = line.rsplit("tls://").next().unwrap().trim().parse().unwrap();
     assert!(trusted(addr, &first.0));
 

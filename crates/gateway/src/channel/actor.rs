@@ -203,6 +203,10 @@ impl Channel {
                 }
             }
         }
+        // Rewinds and updates in flight of this channel mean nothing any more.
+        for sub in self.subscribers.values() {
+            sub.handle.flow.lock().forget(self.id);
+        }
         self.subscribers.clear();
         self.count_subscribers();
         // Whatever was still queued will never be handled: answer it rather than leave the
@@ -497,7 +501,7 @@ impl Channel {
                 gone.push(conn_id);
                 continue;
             };
-            if !sub.handle.flow.has_room() {
+            if !sub.handle.flow.has_room(now) {
                 // Still reading what it has: this change merges into its next update.
                 figures.coalesced.fetch_add(1, Ordering::Relaxed);
                 schedule.record(conn_id, now, Outcome::Refused);
