@@ -23,7 +23,9 @@
 //! is the rate times (base flight time + `target`), clamped to `[min_bytes, max_bytes]`: what
 //! the client drains while an update crosses the link and is acknowledged, plus `target` of
 //! queueing. So a client that keeps up is never held back, however far away it is, and one
-//! that does not gets updates at most about `target` behind. The samples measure what the
+//! that does not gets updates at most about `target` behind: besides the bytes, an update is
+//! held while the oldest one in flight has waited longer than the base flight time, the
+//! acknowledgement delay and `target`. The samples measure what the
 //! client took, not what the link could carry, so an idle stream does not shrink the window
 //! (no samples) and a client that reads fast lets it grow at each acknowledgement. An update
 //! is offered while the bytes in flight are *below* the window, so one larger than the window
@@ -62,16 +64,20 @@ pub struct WindowLimits {
     pub max_bytes: usize,
     /// At most this many updates in flight, whatever their size.
     pub max_messages: usize,
+    /// The clients' acknowledgement delay: a flight time may exceed the base by this much
+    /// without any queueing (the acknowledgement waited for company).
+    pub ack_delay: Duration,
 }
 
 impl Default for WindowLimits {
     fn default() -> Self {
         WindowLimits {
-            target: Duration::from_millis(250),
+            target: Duration::from_millis(150),
             min_bytes: 1024,
-            initial_bytes: 4096,
+            initial_bytes: 1024,
             max_bytes: 512 * 1024,
             max_messages: 512,
+            ack_delay: Duration::from_millis(100),
         }
     }
 }
@@ -171,8 +177,20 @@ impl<C: Copy + Eq> Window<C> {
         if self.limited && stale && !self.entries.front().is_some_and(|e| e.alone) {
             return false;
         }
-        let room =
-            !self.large_waiting && self.entries.len() < self.limits.max_messages && self.bytes < self.limit();
+        // And the oldest update in flight must not have waited past the base flight time, the
+        // acknowledgement delay and `target`: however the rate was estimated, no update queues
+        // longer than that.
+        let overdue = match (self.base_flight, self.entries.front()) {
+            (Some((base, _)), Some(oldest)) => {
+                now.saturating_duration_since(oldest.queued)
+                    > base + self.limits.ack_delay + self.limits.target
+            }
+            _ => false,
+        };
+        let room = !self.large_waiting
+            && !overdue
+            && self.entries.len() < self.limits.max_messages
+            && self.bytes < self.limit();
         self.limited |= !room;
         room
     }
@@ -349,6 +367,7 @@ mod tests {
             initial_bytes: 4000,
             max_bytes: 100_000,
             max_messages: 8,
+            ack_delay: 100 * MS,
         }
     }
 

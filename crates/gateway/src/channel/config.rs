@@ -179,6 +179,7 @@ impl UpdateWindowConfig {
             initial_bytes: self.initial_bytes,
             max_bytes: self.max_bytes,
             max_messages: self.max_updates,
+            ..WindowLimits::default()
         }
     }
 }
