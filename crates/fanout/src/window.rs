@@ -20,9 +20,9 @@
 //! a second or two); the
 //! base flight time is the least one seen lately (the link's round trip and the client's
 //! acknowledgement delay, without queueing), as BBR keeps its minimum round trip. The window
-//! is the rate times (base flight time + `target`), clamped to `[min_bytes, max_bytes]`: what
-//! the client drains while an update crosses the link and is acknowledged, plus `target` of
-//! queueing. So a client that keeps up is never held back, however far away it is, and one
+//! is the rate times (base flight time + acknowledgement delay + `target`), clamped to
+//! `[min_bytes, max_bytes]`: what the client drains while an update crosses the link and is
+//! acknowledged, plus `target` of queueing. So a client that keeps up is never held back, however far away it is, and one
 //! that does not gets updates at most about `target` behind: besides the bytes, an update is
 //! held while the oldest one in flight has waited longer than the base flight time, the
 //! acknowledgement delay and `target`. The samples measure what the
@@ -151,7 +151,9 @@ impl<C: Copy + Eq> Window<C> {
     /// time plus `target`.
     pub fn limit(&self) -> usize {
         let WindowLimits { target, min_bytes, initial_bytes, max_bytes, .. } = self.limits;
-        let base = self.base_flight.map_or(Duration::ZERO, |(d, _)| d);
+        // A client that keeps up still has up to one acknowledgement delay's worth more in
+        // flight than the base (its acknowledgement waits for company).
+        let base = self.base_flight.map_or(Duration::ZERO, |(d, _)| d) + self.limits.ack_delay;
         let bytes = match self.rate() {
             Some(rate) => (rate * (base + target).as_secs_f64()) as usize,
             None => initial_bytes,
@@ -405,7 +407,7 @@ mod tests {
         let t = Instant::now();
         let mut w = Window::<u32>::new(limits());
         // 400 bytes acknowledged every 100 ms: 4 kB/s; the base flight time is 100 ms, so the
-        // window is 4 kB/s x (100 + 250) ms.
+        // window is 4 kB/s x (100 + 100 ack delay + 250) ms.
         let mut seq = 0;
         for i in 0..40u32 {
             let now = t + 100 * MS * i;
@@ -417,7 +419,7 @@ mod tests {
         let rate = w.rate().unwrap();
         assert!((3_000.0..=5_000.0).contains(&rate), "{rate}");
         assert_eq!(w.base_flight(), Some(100 * MS));
-        assert_eq!(w.limit(), (rate * 0.35) as usize);
+        assert_eq!(w.limit(), (rate * 0.45) as usize);
     }
 
     #[test]
