@@ -2,10 +2,12 @@
 //!
 //! Built so far: content hashes ([`IoHash`]), namespace and bucket names, the embedded
 //! filesystem blob store (atomic, verified writes), bearer-token auth, and the blob endpoints
-//! over HTTP with connection limits and timeouts (`serve`). Refs, compact binary and compressed buffers wait for their specifications.
+//! over HTTP with connection limits and timeouts (`serve`), and the compact-binary reader and
+//! writer ([`cb`]). Refs, compressed buffers and the batch endpoint are not built yet.
 
 pub mod auth;
 mod blob_store;
+pub mod cb;
 mod hash;
 pub mod http;
 mod names;
