@@ -7,7 +7,9 @@
 use proptest::prelude::*;
 use serde_json::Value as Json;
 use tickwire_ddc::IoHash;
-use tickwire_ddc::cb::{CbError, CbType, Value, parse, read_varuint, write_varuint};
+use tickwire_ddc::cb::{
+    CbError, CbType, EntryFlags, Package, PackageError, Value, parse, read_varuint, to_json, write_varuint,
+};
 
 fn vectors() -> Json {
     serde_json::from_str(include_str!("fixtures/ddc-vectors.json")).expect("valid JSON")
@@ -70,6 +72,47 @@ fn objects_reencode_byte_for_byte_and_the_non_canonical_one_to_its_twin() {
             assert_eq!(hex::encode(&again), hex::encode(bytes), "{name}");
         }
     }
+}
+
+#[test]
+fn objects_render_as_the_vectors_json() {
+    for (name, bytes, v) in objects() {
+        let json = to_json(&parse(&bytes).unwrap());
+        assert_eq!(json, v["json"], "{name}");
+        // Field order is kept.
+        if let (Json::Object(got), Json::Object(want)) = (&json, &v["json"]) {
+            assert!(got.keys().eq(want.keys()), "{name}: field order");
+        }
+    }
+}
+
+#[test]
+fn the_package_vector_reads_checks_and_writes_back() {
+    let packages = vectors()["packages"].as_array().unwrap().clone();
+    let vector = packages.iter().find(|p| p["name"] == "http-cbpkg-record").unwrap();
+    let body = hex::decode(vector["hex"].as_str().unwrap()).unwrap();
+    let package = Package::parse(&body).unwrap();
+    assert_eq!(hex::encode(package.root.hash), vector["root_hash"].as_str().unwrap());
+    let entries = vector["entries"].as_array().unwrap();
+    assert_eq!(package.attachments.len() + 1, entries.len());
+    for (entry, want) in std::iter::once(&package.root).chain(&package.attachments).zip(entries) {
+        assert_eq!(hex::encode(entry.hash), want["hash"].as_str().unwrap());
+        assert_eq!(u64::from(entry.flags.0), want["flags"].as_u64().unwrap());
+        assert_eq!(entry.payload.len() as u64, want["size"].as_u64().unwrap());
+    }
+    assert!(package.attachments.iter().all(|a| a.flags.contains(EntryFlags::COMPRESSED)));
+    assert_eq!(package.to_bytes(), body, "written back byte for byte");
+
+    // What a reader must refuse.
+    assert_eq!(Package::parse(&body[..10]), Err(PackageError::Truncated));
+    assert!(matches!(Package::parse(&[0u8; 16]), Err(PackageError::Magic(0))));
+    let mut trailing = body.clone();
+    trailing.push(0);
+    assert_eq!(Package::parse(&trailing), Err(PackageError::TrailingBytes(1)));
+    let mut bad_root = body.clone();
+    let root_payload = 16 + 3 * 32;
+    bad_root[root_payload + 5] ^= 0xff;
+    assert!(Package::parse(&bad_root).is_err(), "a changed root object is refused");
 }
 
 #[test]
@@ -164,6 +207,13 @@ proptest! {
         if let Ok(field) = parse(&bytes) {
             let _ = (field.attachments(), Value::from_field(&field).to_bytes());
         }
+    }
+
+    #[test]
+    fn random_packages_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let mut body = vec![0xcc, 0xaa, 0x77, 0xaa];
+        body.extend_from_slice(&bytes);
+        let _ = Package::parse(&body);
     }
 
     #[test]

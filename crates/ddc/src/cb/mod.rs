@@ -9,10 +9,14 @@
 //! editor expects. Nothing here normalises a stored object: the bytes a client sent are the
 //! bytes hashed and kept.
 
+mod json;
+mod package;
 mod reader;
 mod varuint;
 mod writer;
 
+pub use json::to_json;
+pub use package::{Entry, EntryFlags, Package, PackageError};
 pub use reader::{Field, Fields, parse};
 pub use varuint::{read_varuint, write_varuint};
 pub use writer::Value;
