@@ -27,6 +27,11 @@ impl IoHash {
         IoHash(out)
     }
 
+    /// The hash with these bytes.
+    pub fn from_bytes(bytes: [u8; 20]) -> IoHash {
+        IoHash(bytes)
+    }
+
     pub fn as_bytes(&self) -> &[u8; 20] {
         &self.0
     }

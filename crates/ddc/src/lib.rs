@@ -3,11 +3,13 @@
 //! Built so far: content hashes ([`IoHash`]), namespace and bucket names, the embedded
 //! filesystem blob store (atomic, verified writes), bearer-token auth, and the blob endpoints
 //! over HTTP with connection limits and timeouts (`serve`), and the compact-binary reader and
-//! writer ([`cb`]). Refs, compressed buffers and the batch endpoint are not built yet.
+//! writer ([`cb`]), and the compressed-buffer codec ([`compressed`]). Refs and the batch
+//! endpoint are not built yet.
 
 pub mod auth;
 mod blob_store;
 pub mod cb;
+pub mod compressed;
 mod hash;
 pub mod http;
 mod names;
