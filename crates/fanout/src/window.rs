@@ -269,11 +269,7 @@ impl<C: Copy + Eq> Window<C> {
 
     /// The client acknowledged everything up to sequence number `ack`, seen at `now`.
     pub fn acked(&mut self, now: Instant, ack: u64) {
-        while self.sent > 0 && self.entries.front().is_some_and(|e| e.seq <= ack) {
-            let entry = self.entries.pop_front().expect("checked above");
-            self.sent -= 1;
-            self.bytes -= entry.bytes;
-            self.delivered += entry.bytes as u64;
+        while let Some(entry) = self.pop_acked(ack) {
             // Everything acknowledged while this one was in flight, itself included, over the
             // longer of the time it was in flight and the time since the acknowledgement before
             // it was queued: one acknowledgement covering many updates (clients acknowledge
@@ -319,12 +315,20 @@ impl<C: Copy + Eq> Window<C> {
 
     /// Acknowledged by a resume handshake: no rate sample, the time includes the outage.
     fn acked_without_sample(&mut self, ack: u64) {
-        while self.sent > 0 && self.entries.front().is_some_and(|e| e.seq <= ack) {
-            let entry = self.entries.pop_front().expect("checked above");
-            self.sent -= 1;
-            self.bytes -= entry.bytes;
-            self.delivered += entry.bytes as u64;
+        while self.pop_acked(ack).is_some() {}
+    }
+
+    /// Takes the oldest update off the window if the client acknowledged it (`ack` covers its
+    /// sequence number), and counts it delivered.
+    fn pop_acked(&mut self, ack: u64) -> Option<Entry<C>> {
+        if self.sent == 0 || self.entries.front().is_none_or(|e| e.seq > ack) {
+            return None;
         }
+        let entry = self.entries.pop_front()?;
+        self.sent -= 1;
+        self.bytes -= entry.bytes;
+        self.delivered += entry.bytes as u64;
+        Some(entry)
     }
 
     /// Whether some channel has a rewind to pick up.

@@ -17,14 +17,15 @@
 //! join, as its client would; the scheduler that lost patches made between the subscribe and
 //! the first pass fails the first check.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use common::schema;
 use proptest::prelude::*;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler};
-use tickwire_state::{
-    Codec, Field, Key, KeyKind, Replica, Schema, SchemaDef, State, Step, Type, Value, Version,
-};
+use tickwire_state::{Codec, Key, Replica, Schema, State, Step, Value, Version};
 
 const KEYS: [&str; 4] = ["a", "b", "c", "d"];
 
@@ -99,14 +100,6 @@ struct World {
     subs: Vec<Sub>,
     next_id: u32,
     player: Key,
-}
-
-fn schema() -> std::sync::Arc<Schema> {
-    Schema::new(SchemaDef::new([
-        Field::new("frame", Type::Int),
-        Field::new("pos", Type::map(KeyKind::String, Type::Int)),
-    ]))
-    .expect("valid schema")
 }
 
 impl World {

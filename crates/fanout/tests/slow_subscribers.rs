@@ -22,11 +22,14 @@
 //! fails: the quarter-rate reader's updates grow tens of seconds old and its updates in flight
 //! pass the session's bound (a test below checks that).
 
+mod common;
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use common::schema;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler, Window, WindowLimits};
-use tickwire_state::{Codec, Field, Key, KeyKind, Replica, Schema, SchemaDef, State, Step, Type, Value};
+use tickwire_state::{Codec, Key, Replica, State, Step, Value};
 
 const MS: Duration = Duration::from_millis(1);
 const TICK: Duration = Duration::from_millis(20);
@@ -94,14 +97,6 @@ struct Sim {
     round: i64,
     /// Offer every update regardless of the window, as the gateway did before it had one.
     no_window: bool,
-}
-
-fn schema() -> std::sync::Arc<Schema> {
-    Schema::new(SchemaDef::new([
-        Field::new("frame", Type::Int),
-        Field::new("pos", Type::map(KeyKind::String, Type::Int)),
-    ]))
-    .expect("valid schema")
 }
 
 impl Sim {

@@ -390,11 +390,17 @@ impl SessionTask {
     }
 
     fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
-        if let Some(frame) = self.session.send(now, message)? {
+        let frame = self.session.send(now, message)?;
+        self.write_data(frame);
+        Ok(())
+    }
+
+    /// Queues a DATA frame the session produced (none while detached) for the next flush.
+    fn write_data(&mut self, frame: Option<Frame>) {
+        if let Some(frame) = frame {
             frame.encode(&mut self.wbuf);
             Stats::add(&self.shared.stats.messages_out, 1);
         }
-        Ok(())
     }
 
     async fn on_outbox(&mut self, first: Outgoing) -> Result<(), End> {
@@ -408,10 +414,8 @@ impl SessionTask {
                 Outgoing::Message(message) => self.send(now, message)?,
                 Outgoing::Update(update) => {
                     updates.push(self.session.next_seq());
-                    if let Some(frame) = self.session.send_replaceable(now, update)? {
-                        frame.encode(&mut self.wbuf);
-                        Stats::add(&self.shared.stats.messages_out, 1);
-                    }
+                    let frame = self.session.send_replaceable(now, update)?;
+                    self.write_data(frame);
                 }
             }
         }

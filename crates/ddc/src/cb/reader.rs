@@ -90,17 +90,13 @@ fn validate(field: Field<'_>, depth: usize) -> Result<(), CbError> {
             std::str::from_utf8(field.payload()).map_err(|_| CbError::Utf8)?;
         }
         CbType::Object | CbType::UniformObject | CbType::Array | CbType::UniformArray => {
-            let mut names: Vec<&str> = Vec::new();
-            let children = field.children()?;
+            // Unique names are a "should" (section 8.6); duplicates are accepted, as the engine
+            // does, so names are not collected.
+            let mut children = field.children()?;
             let declared = children.count;
             let mut found = 0u64;
-            let mut it = children;
-            while let Some(child) = it.next_checked()? {
+            while let Some(child) = children.next_checked()? {
                 found += 1;
-                if let Some(name) = child.name {
-                    // Unique names are a "should"; duplicates are accepted, as the engine does.
-                    names.push(name);
-                }
                 validate(child, depth + 1)?;
             }
             if let Some(declared) = declared
@@ -132,7 +128,7 @@ impl<'a> Field<'a> {
         } else if self.ty.is_object() {
             (None, payload)
         } else {
-            return Ok(Fields { data: &[], uniform: None, named: false, count: Some(0) });
+            return Ok(Fields::EMPTY);
         };
         let named = self.ty.is_object();
         let (uniform, data) = match self.ty {
@@ -157,7 +153,7 @@ impl<'a> Field<'a> {
     /// The fields of an object or the items of an array (empty for other types). Only for a
     /// field from [`parse`], which validated it.
     pub fn iter(&self) -> Fields<'a> {
-        self.children().unwrap_or(Fields { data: &[], uniform: None, named: false, count: Some(0) })
+        self.children().unwrap_or(Fields::EMPTY)
     }
 
     /// The field named `name` of an object.
@@ -229,6 +225,9 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// No children: what a field that is not a container has.
+    const EMPTY: Fields<'static> = Fields { data: &[], uniform: None, named: false, count: Some(0) };
+
     fn next_checked(&mut self) -> Result<Option<Field<'a>>, CbError> {
         if self.data.is_empty() {
             return Ok(None);
