@@ -140,6 +140,34 @@ impl BlobStore {
     }
 }
 
+impl BlobStore {
+    /// Removes every blob of a namespace.
+    pub async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
+        match fs::remove_dir_all(self.root.join(ns.as_str())).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The hash and size of what `body` yields (at most `limit` bytes), stored nowhere.
+pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result<(IoHash, u64), StoreError> {
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = body.read(&mut buf).await?;
+        if n == 0 {
+            return Ok((IoHash::from_hasher(&hasher), size));
+        }
+        size += n as u64;
+        if size > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
 /// Makes a rename durable: fsync the directory that holds the new name.
 async fn sync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir).await?.sync_all().await

@@ -142,45 +142,67 @@ pub fn check(body: &[u8]) -> Result<Header, CompressedError> {
     })
 }
 
-/// [`check`], then the payload: every block decompressed (or copied when stored raw), and its
-/// hash compared with the header's raw hash. `Oodle` if an Oodle-compressed block is met.
-///
-/// The whole payload is built in memory, up to `TotalRawSize` (LZ4 expands at most about 255
-/// to 1, so bound the body first). Streaming verification, block by block into the hasher, is
-/// what the upload route will need; it is not built yet.
+/// [`check`], then the payload: every block decompressed (or copied when stored raw) into
+/// the hasher, one block at a time, and the hash compared with the header's raw hash. `Oodle`
+/// if an Oodle-compressed block is met. Memory: one block (at most `2^exponent`, and at most
+/// 255 times the block's stored size, the most LZ4 can expand).
+pub fn verify(body: &[u8]) -> Result<Header, CompressedError> {
+    let header = check(body)?;
+    let mut hasher = blake3::Hasher::new();
+    for_each_block(body, &header, |block| {
+        hasher.update(block);
+    })?;
+    if IoHash::from_hasher(&hasher) != header.raw_hash {
+        return Err(CompressedError::RawHash);
+    }
+    Ok(header)
+}
+
+/// [`verify`], keeping the payload: the caller bounds `TotalRawSize` first (it is allocated).
 pub fn decode(body: &[u8]) -> Result<(Header, Vec<u8>), CompressedError> {
     let header = check(body)?;
     let raw_len = usize::try_from(header.total_raw_size).map_err(|_| CompressedError::Truncated)?;
     let mut payload = Vec::with_capacity(raw_len.min(64 << 20));
-    if header.method == Method::None {
-        payload.extend_from_slice(&body[HEADER..]);
-    } else {
-        let block = 1usize << header.block_size_exponent;
-        let mut at = HEADER + 4 * header.block_sizes.len();
-        for (i, &stored) in header.block_sizes.iter().enumerate() {
-            let raw = block.min(raw_len - i * block);
-            let data = &body[at..at + stored as usize];
-            at += stored as usize;
-            if stored as usize >= raw {
-                payload.extend_from_slice(data);
-                continue;
-            }
-            match header.method {
-                Method::Lz4 => {
-                    let start = payload.len();
-                    payload.resize(start + raw, 0);
-                    let n = lz4_flex::block::decompress_into(data, &mut payload[start..])
-                        .map_err(|_| CompressedError::Block(i))?;
-                    if n != raw {
-                        return Err(CompressedError::Block(i));
-                    }
-                }
-                _ => return Err(CompressedError::Oodle),
-            }
-        }
-    }
+    for_each_block(body, &header, |block| payload.extend_from_slice(block))?;
     if IoHash::of(&payload) != header.raw_hash {
         return Err(CompressedError::RawHash);
     }
     Ok((header, payload))
+}
+
+/// Hands each block's raw bytes to `sink`, in order.
+fn for_each_block(body: &[u8], header: &Header, mut sink: impl FnMut(&[u8])) -> Result<(), CompressedError> {
+    if header.method == Method::None {
+        sink(&body[HEADER..]);
+        return Ok(());
+    }
+    let block = 1u64 << header.block_size_exponent;
+    let mut scratch = Vec::new();
+    let mut at = HEADER + 4 * header.block_sizes.len();
+    for (i, &stored) in header.block_sizes.iter().enumerate() {
+        // Both fit in usize: `check` bounded them by the body's length and 2^31.
+        let raw = block.min(header.total_raw_size - i as u64 * block) as usize;
+        let data = &body[at..at + stored as usize];
+        at += stored as usize;
+        if stored as usize >= raw {
+            sink(data);
+            continue;
+        }
+        match header.method {
+            Method::Lz4 => {
+                if raw > data.len().saturating_mul(255).saturating_add(64) {
+                    return Err(CompressedError::Block(i));
+                }
+                scratch.resize(raw, 0);
+                let n = lz4_flex::block::decompress_into(data, &mut scratch)
+                    .map_err(|_| CompressedError::Block(i))?;
+                if n != raw {
+                    return Err(CompressedError::Block(i));
+                }
+                sink(&scratch);
+            }
+            _ => return Err(CompressedError::Oodle),
+        }
+    }
+    Ok(())
 }

@@ -1,10 +1,9 @@
-//! tickwire's derived-data cache, wire-compatible with Unreal Cloud DDC (work in progress).
+//! tickwire's derived-data cache, wire-compatible with Unreal Cloud DDC.
 //!
-//! Built so far: content hashes ([`IoHash`]), namespace and bucket names, the embedded
-//! filesystem blob store (atomic, verified writes), bearer-token auth, and the blob endpoints
-//! over HTTP with connection limits and timeouts (`serve`), and the compact-binary reader and
-//! writer ([`cb`]), and the compressed-buffer codec ([`compressed`]). Refs and the batch
-//! endpoint are not built yet.
+//! Layers, bottom up: content hashes ([`IoHash`]) and names; the wire formats (compact binary
+//! in [`cb`], compressed buffers in [`compressed`]); storage (blobs on the filesystem, refs
+//! and content ids in SQLite: [`meta`], joined in [`storage`]); the ref rules ([`refs`]);
+//! auth; and the HTTP API ([`http`]) served with connection limits ([`serve`]).
 
 pub mod auth;
 mod blob_store;
@@ -12,10 +11,13 @@ pub mod cb;
 pub mod compressed;
 mod hash;
 pub mod http;
+pub mod meta;
 mod names;
+pub mod refs;
 pub mod serve;
+pub mod storage;
 
 pub use auth::{Action, Auth, AuthError};
 pub use blob_store::{BlobStore, StoreError};
 pub use hash::{HashError, IoHash};
-pub use names::{Name, NameError};
+pub use names::{Name, NameError, RefKey};

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use serde_json::Value as Json;
-use tickwire_ddc::compressed::{CompressedError, Method, check, decode};
+use tickwire_ddc::compressed::{CompressedError, Method, check, decode, verify};
 
 fn buffers() -> Vec<(String, Vec<u8>, Json)> {
     let all: Json = serde_json::from_str(include_str!("fixtures/ddc-vectors.json")).unwrap();
@@ -38,6 +38,8 @@ fn every_vector_checks_and_decodes_to_its_payload() {
         assert_eq!(header.block_sizes.iter().map(|&s| u64::from(s)).collect::<Vec<_>>(), sizes, "{name}");
         let (_, payload) = decode(&body).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(hex::encode(&payload), v["raw_hex"].as_str().unwrap(), "{name}");
+        // The streaming check agrees without building the payload.
+        assert_eq!(verify(&body), Ok(header), "{name}");
     }
 }
 
@@ -63,6 +65,7 @@ fn corruptions_are_refused_with_their_reason() {
     block[last] ^= 0xff;
     assert!(check(&block).is_ok());
     assert!(matches!(decode(&block), Err(CompressedError::RawHash | CompressedError::Block(_))));
+    assert_eq!(verify(&block).err(), decode(&block).err());
 }
 
 proptest! {
@@ -74,13 +77,21 @@ proptest! {
         flips in prop::collection::vec((any::<usize>(), any::<u8>()), 0..4),
         junk in prop::collection::vec(any::<u8>(), 0..128),
     ) {
-        let _ = decode(&junk);
+        prop_assert_eq!(verify(&junk).is_ok(), decode(&junk).is_ok());
         let buffers = buffers();
         let mut body = buffers[which % buffers.len()].1.clone();
         for (at, b) in flips {
             let n = body.len();
             body[at % n] = b;
         }
-        let _ = decode(&body);
+        // A mutated buffer is refused, or it still decodes to a payload with its raw hash,
+        // and the streaming check always agrees with the decoder.
+        match decode(&body) {
+            Ok((header, payload)) => {
+                prop_assert_eq!(tickwire_ddc::IoHash::of(&payload), header.raw_hash);
+                prop_assert_eq!(verify(&body), Ok(header));
+            }
+            Err(e) => prop_assert_eq!(verify(&body), Err(e)),
+        }
     }
 }

@@ -97,7 +97,7 @@ struct DemoArgs {
 
 #[derive(clap::Args)]
 struct DdcArgs {
-    /// Where blobs are stored.
+    /// Where blobs (files) and metadata (`.meta/ddc.sqlite`) are stored.
     #[arg(long, default_value = "tickwire-ddc-data")]
     root: PathBuf,
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -108,9 +108,17 @@ struct DdcArgs {
     /// No auth at all: anyone may read, write and delete. For a local try-out only.
     #[arg(long)]
     dev_auth: bool,
-    /// Largest blob accepted, in MiB.
+    /// Largest blob accepted, in MiB (raw blobs stream to disk).
     #[arg(long, default_value_t = 1024)]
     max_blob_mib: u64,
+    /// Largest body checked whole in memory (compressed buffers, compact-binary objects,
+    /// packages, batches), in MiB.
+    #[arg(long, default_value_t = 256)]
+    max_buffered_mib: u64,
+    /// Memory all such bodies may hold at once, in MiB; past it, requests get 429 (which the
+    /// editor retries).
+    #[arg(long, default_value_t = 1024)]
+    memory_budget_mib: u64,
     /// Connections open at once; more get 503 and are closed.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
@@ -256,7 +264,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
 }
 
 async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
-    use tickwire_ddc::{Auth, BlobStore, http};
+    use tickwire_ddc::{Auth, http};
     let auth = match (&args.tokens, args.dev_auth) {
         (Some(path), _) => {
             let text =
@@ -271,13 +279,28 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             anyhow::bail!("no auth configured: pass --tokens FILE, or --dev-auth for a local try-out")
         }
     };
-    let store =
-        BlobStore::open(&args.root).await.with_context(|| format!("opening {}", args.root.display()))?;
-    let ddc = std::sync::Arc::new(http::Ddc {
-        store,
-        auth,
+    let limits = http::Limits {
         max_blob_bytes: args.max_blob_mib << 20,
+        max_buffered_bytes: args.max_buffered_mib << 20,
+        memory_budget: u32::try_from(args.memory_budget_mib << 20)
+            .context("--memory-budget-mib must be below 4096")?,
         body_timeout: args.body_timeout,
+    };
+    let ddc = std::sync::Arc::new(
+        http::Ddc::open(&args.root, auth, limits)
+            .await
+            .with_context(|| format!("opening the store in {}", args.root.display()))?,
+    );
+    // Last-access times of reads are written in batches.
+    let flusher = ddc.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            if let Err(e) = flusher.flush_access().await {
+                tracing::warn!(error = %e, "writing last-access times failed");
+            }
+        }
     });
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tickwire_transport::TlsServer::from_files(cert, key)?),
@@ -290,7 +313,7 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     announce(&format!(
-        "{LISTENING_PREFIX}{scheme}://{}/ (blobs in {})",
+        "{LISTENING_PREFIX}{scheme}://{}/ (store in {})",
         listener.local_addr()?,
         args.root.display()
     ));
@@ -299,13 +322,14 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         header_timeout: args.header_timeout,
     };
     let reload = tls.clone();
-    tickwire_ddc::serve::serve(listener, http::router(ddc), limits, tls, async move {
+    tickwire_ddc::serve::serve(listener, http::router(ddc.clone()), limits, tls, async move {
         tokio::select! {
             _ = wait_for_signal() => {}
             () = reload_on_sighup(hangups, || reload.as_ref().map_or(Ok(()), |tls| tls.reload())) => {}
         }
     })
     .await?;
+    ddc.flush_access().await.context("writing last-access times at shutdown")?;
     Ok(())
 }
 

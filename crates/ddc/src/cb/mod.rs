@@ -16,7 +16,7 @@ mod varuint;
 mod writer;
 
 pub use json::to_json;
-pub use package::{Entry, EntryFlags, Package, PackageError};
+pub use package::{Entry, EntryFlags, Package, PackageError, table_bytes};
 pub use reader::{Field, Fields, parse};
 pub use varuint::{read_varuint, write_varuint};
 pub use writer::Value;

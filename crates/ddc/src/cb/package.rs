@@ -109,17 +109,10 @@ impl<'a> Package<'a> {
     /// The package's bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let all: Vec<&Entry<'_>> = std::iter::once(&self.root).chain(&self.attachments).collect();
-        let mut out = Vec::with_capacity(
-            HEADER + all.len() * ENTRY + all.iter().map(|e| e.payload.len()).sum::<usize>(),
-        );
-        out.extend_from_slice(&MAGIC.to_le_bytes());
-        out.extend_from_slice(&(self.attachments.len() as u32).to_le_bytes());
-        out.extend_from_slice(&[0; 8]);
-        for e in &all {
-            out.extend_from_slice(&(e.payload.len() as u64).to_le_bytes());
-            out.extend_from_slice(&e.flags.0.to_le_bytes());
-            out.extend_from_slice(&e.hash);
-        }
+        let table: Vec<(u64, EntryFlags, [u8; 20])> =
+            all.iter().map(|e| (e.payload.len() as u64, e.flags, e.hash)).collect();
+        let mut out = table_bytes(&table);
+        out.reserve(all.iter().map(|e| e.payload.len()).sum::<usize>());
         for e in &all {
             out.extend_from_slice(e.payload);
         }
@@ -128,6 +121,22 @@ impl<'a> Package<'a> {
 }
 
 /// What can be checked of one entry without decompressing it.
+/// The header and entry table of a package whose entries (root first) have these payload
+/// sizes, flags and hashes; the payloads follow it in the same order. For writers that stream
+/// the payloads from files.
+pub fn table_bytes(entries: &[(u64, EntryFlags, [u8; 20])]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + entries.len() * ENTRY);
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&(entries.len().saturating_sub(1) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
+    for (size, flags, hash) in entries {
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&flags.0.to_le_bytes());
+        out.extend_from_slice(hash);
+    }
+    out
+}
+
 fn check(index: usize, entry: &Entry<'_>) -> Result<(), PackageError> {
     if entry.flags.contains(EntryFlags::COMPRESSED) {
         return Ok(());

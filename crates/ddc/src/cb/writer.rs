@@ -24,11 +24,20 @@ pub enum Value {
     DateTime(i64),
     TimeSpan(i64),
     ObjectId([u8; 12]),
-    /// CustomById / CustomByName: the whole value after the type byte, kept as is.
-    Custom(CbType, Vec<u8>),
+    /// A value kept exactly as encoded (everything after the type byte): CustomById and
+    /// CustomByName fields, and stored objects embedded unchanged in an answer.
+    Encoded(CbType, Vec<u8>),
 }
 
 impl Value {
+    /// A serialized object (type byte, then value), embedded without re-encoding; `None` if
+    /// `bytes` does not start with an object type byte.
+    pub fn embed_object(bytes: &[u8]) -> Option<Value> {
+        let (&first, rest) = bytes.split_first()?;
+        let ty = CbType::from_byte(first).ok().filter(|t| t.is_object() && first & HAS_NAME == 0)?;
+        Some(Value::Encoded(ty, rest.to_vec()))
+    }
+
     /// The bytes of a standalone field: its type byte, then its value (what an HTTP body holds
     /// for an object).
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -81,7 +90,7 @@ impl Value {
             Value::ObjectId(o) => fixed(&mut out, o, CbType::ObjectId),
             Value::DateTime(t) => fixed(&mut out, &t.to_be_bytes(), CbType::DateTime),
             Value::TimeSpan(t) => fixed(&mut out, &t.to_be_bytes(), CbType::TimeSpan),
-            Value::Custom(ty, bytes) => fixed(&mut out, bytes, *ty),
+            Value::Encoded(ty, bytes) => fixed(&mut out, bytes, *ty),
             Value::Object(fields) => {
                 let encoded: Vec<(u8, Vec<u8>)> = fields
                     .iter()
@@ -138,7 +147,7 @@ impl Value {
             }
             CbType::DateTime => Value::DateTime(i64be()),
             CbType::TimeSpan => Value::TimeSpan(i64be()),
-            CbType::CustomById | CbType::CustomByName => Value::Custom(field.ty, v.to_vec()),
+            CbType::CustomById | CbType::CustomByName => Value::Encoded(field.ty, v.to_vec()),
             CbType::Object | CbType::UniformObject => Value::Object(
                 field
                     .iter()

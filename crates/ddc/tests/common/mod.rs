@@ -5,15 +5,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tickwire_ddc::http::{Ddc, router};
+use tickwire_ddc::Auth;
+use tickwire_ddc::http::{Ddc, Limits, router};
 use tickwire_ddc::serve::{ServeLimits, serve};
-use tickwire_ddc::{Auth, BlobStore};
 
 pub const TOKENS: &str = r#"
 [[tokens]]
 token = "writer"
 namespaces = ["ue.ddc"]
-actions = ["ReadObject", "WriteObject", "DeleteObject"]
+actions = ["ReadObject", "WriteObject", "DeleteObject", "DeleteBucket", "DeleteNamespace"]
 
 [[tokens]]
 token = "reader"
@@ -48,13 +48,8 @@ pub fn start_full(
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let store = BlobStore::open(root).await.unwrap();
-            let ddc = Arc::new(Ddc {
-                store,
-                auth: Auth::from_toml(TOKENS).unwrap(),
-                max_blob_bytes: 1 << 20,
-                body_timeout,
-            });
+            let api_limits = Limits { max_blob_bytes: 1 << 20, body_timeout, ..Limits::default() };
+            let ddc = Arc::new(Ddc::open(&root, Auth::from_toml(TOKENS).unwrap(), api_limits).await.unwrap());
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             serve(listener, router(ddc), limits, tls, std::future::pending()).await.unwrap();

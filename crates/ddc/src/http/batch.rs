@@ -1,0 +1,167 @@
+//! The batch endpoint, `POST /api/v1/refs/{ns}` (spec section 5.3.6): one compact-binary
+//! object of GET, HEAD and PUT ops in, one result per op out, matched by `opId`. The editor
+//! checks existence of many records this way. Every op is authorized before any runs; one op
+//! without access fails the whole request with 403.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+
+use super::body::read_body;
+use super::{ApiError, CB, Ddc, content_type};
+use crate::auth::Action;
+use crate::cb::{self, CbType, Field, Value};
+use crate::refs::{self, Lookup, PutOutcome, RefAddr, error_object};
+use crate::{IoHash, Name};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Get,
+    Head,
+    Put,
+}
+
+struct Op<'a> {
+    id: i128,
+    kind: Kind,
+    addr: RefAddr,
+    resolve: bool,
+    /// PUT: the payload object's serialized bytes, and the hash it must have.
+    payload: Option<(Vec<u8>, Option<IoHash>)>,
+    _body: std::marker::PhantomData<&'a ()>,
+}
+
+fn invalid(op: usize, what: &str) -> ApiError {
+    ApiError::Invalid(format!("ops[{op}]: {what}"))
+}
+
+/// A field's bytes as a standalone value (its type byte, then its value).
+fn standalone(field: &Field<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + field.value.len());
+    out.push(field.ty as u8);
+    out.extend_from_slice(field.value);
+    out
+}
+
+fn parse_op<'a>(ns: &Name, i: usize, op: Field<'a>) -> Result<Op<'a>, ApiError> {
+    if !op.ty.is_object() {
+        return Err(invalid(i, "not an object"));
+    }
+    let id = op.get("opId").and_then(|f| f.as_i128()).ok_or_else(|| invalid(i, "opId must be an integer"))?;
+    let kind = match op.get("op").and_then(|f| f.as_str()) {
+        Some("GET") => Kind::Get,
+        Some("HEAD") => Kind::Head,
+        Some("PUT") => Kind::Put,
+        _ => return Err(invalid(i, "op must be GET, HEAD or PUT")),
+    };
+    let bucket =
+        op.get("bucket").and_then(|f| f.as_str()).ok_or_else(|| invalid(i, "bucket must be a string"))?;
+    let key = op.get("key").and_then(|f| f.as_str()).ok_or_else(|| invalid(i, "key must be a string"))?;
+    let addr = RefAddr { ns: ns.clone(), bucket: Name::bucket(bucket)?, key: key.parse()? };
+    let resolve = op.get("resolveAttachments").is_some_and(|f| f.ty == CbType::BoolTrue);
+    let payload = match kind {
+        Kind::Put => {
+            let object = op.get("payload").filter(|f| f.ty.is_object()).map(|f| standalone(&f));
+            let hash = op.get("payloadHash").and_then(|f| f.as_hash()).map(IoHash::from_bytes);
+            object.map(|o| (o, hash))
+        }
+        _ => None,
+    };
+    Ok(Op { id, kind, addr, resolve, payload, _body: std::marker::PhantomData })
+}
+
+pub async fn batch(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let ns: Name = ns.parse()?;
+    match content_type(&headers).as_deref() {
+        Some(CB) => {}
+        other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
+    }
+    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+    let request = cb::parse(&body.bytes)?;
+    let ops = request
+        .get("ops")
+        .filter(|f| f.ty.is_array())
+        .ok_or_else(|| ApiError::Invalid("the request has no ops array".into()))?;
+    let ops: Vec<Op<'_>> =
+        ops.iter().enumerate().map(|(i, op)| parse_op(&ns, i, op)).collect::<Result<_, _>>()?;
+    let mut ids = HashSet::new();
+    for op in &ops {
+        if !ids.insert(op.id) {
+            return Err(ApiError::Invalid(format!("opId {} appears twice", op.id)));
+        }
+        let action = if op.kind == Kind::Put { Action::WriteObject } else { Action::ReadObject };
+        ddc.check(&headers, &ns, action)?;
+    }
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload).await?;
+        results.push(Value::Object(vec![
+            ("opId".into(), Value::Integer(op.id)),
+            ("response".into(), response),
+            ("statusCode".into(), Value::Integer(status.into())),
+        ]));
+    }
+    let reply = Value::Object(vec![("results".into(), Value::Array(results))]).to_bytes();
+    Ok(([(header::CONTENT_TYPE, CB)], reply).into_response())
+}
+
+/// One op: its status and response object. Storage failures fail the whole request (500);
+/// everything about the op itself is its own result.
+async fn run(
+    ddc: &Ddc,
+    kind: Kind,
+    addr: &RefAddr,
+    resolve: bool,
+    payload: Option<(Vec<u8>, Option<IoHash>)>,
+) -> Result<(u16, Value), ApiError> {
+    match kind {
+        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, resolve).await? {
+            Lookup::Found(row) => match Value::embed_object(&row.object) {
+                Some(object) => (200, object),
+                None => (500, error_object("the stored object is damaged", 500)),
+            },
+            Lookup::Missing => (404, error_object("Object not found", 404)),
+            Lookup::NotFinalized(row) if !row.finalized => {
+                (400, error_object("Object is not finalized", 400))
+            }
+            Lookup::NotFinalized(_) => (404, error_object("An attachment is missing", 404)),
+        }),
+        Kind::Head => {
+            let found = matches!(refs::lookup(&ddc.content, addr, resolve).await?, Lookup::Found(_));
+            let status = if found { 200 } else { 404 };
+            Ok((status, Value::Object(vec![("exists".into(), Value::Bool(found))])))
+        }
+        Kind::Put => {
+            let Some((object, Some(claimed))) = payload else {
+                return Ok((400, error_object("a PUT op needs payload and payloadHash", 400)));
+            };
+            if let Err(e) = cb::parse(&object) {
+                return Ok((400, error_object(&format!("payload: {e}"), 400)));
+            }
+            let actual = IoHash::of(&object);
+            if actual != claimed {
+                let title = format!("Incorrect hash: the payload hashes to {actual}, not {claimed}");
+                return Ok((400, error_object(&title, 400)));
+            }
+            Ok(match refs::put(&ddc.content, addr, object, ddc.allow_overwrite).await? {
+                PutOutcome::Stored { needs } => {
+                    let hashes = needs.iter().map(|h| Value::Hash(*h.as_bytes())).collect();
+                    (200, Value::Object(vec![("needs".into(), Value::Array(hashes))]))
+                }
+                PutOutcome::Conflict { existing } => match Value::embed_object(&existing) {
+                    Some(object) => (409, object),
+                    None => (409, error_object("the ref exists with another object", 409)),
+                },
+            })
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Blob routes: raw blobs (`/api/v1/blobs`, and its legacy alias `/api/v1/s`), compressed
+//! buffers addressed by raw hash (`/api/v1/compressed-blobs`), and attachment uploads and
+//! downloads under a ref (`/api/v1/refs/{ns}/{bucket}/{key}/blobs/{id}`). Raw bodies stream to
+//! disk; compressed buffers are checked whole first (spec sections 5.1, 5.2 and 5.3.5).
+
+use std::io::SeekFrom;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio_util::io::ReaderStream;
+
+use super::body::{body_reader, read_body};
+use super::{ApiError, COMP, Ddc, IOHASH_HEADER, OCTET, accepted, content_type, hash_value};
+use crate::auth::Action;
+use crate::storage::Located;
+use crate::{IoHash, Name, RefKey};
+
+/// Read size when streaming a blob to a client.
+const READ_CHUNK: usize = 256 * 1024;
+
+type Json = axum::Json<serde_json::Value>;
+
+pub fn raw_routes() -> Router<Arc<Ddc>> {
+    Router::new()
+        .route("/{ns}", post(post_raw))
+        .route("/{ns}/exists", post(exists_raw))
+        .route("/{ns}/exist", post(exist_raw))
+        .route("/{ns}/{id}", axum::routing::get(get_raw).head(head_raw).put(put_raw).delete(delete_raw))
+}
+
+pub fn compressed_routes() -> Router<Arc<Ddc>> {
+    Router::new()
+        .route("/{ns}", post(post_compressed))
+        .route("/{ns}/exists", post(exists_any))
+        .route("/{ns}/exist", post(exist_any))
+        .route(
+            "/{ns}/{id}",
+            axum::routing::get(get_compressed)
+                .head(head_compressed)
+                .put(put_compressed)
+                .delete(delete_compressed),
+        )
+}
+
+fn identifier(id: IoHash) -> Json {
+    axum::Json(json!({ "identifier": id.to_hex() }))
+}
+
+/// Raw uploads take `application/octet-stream` (or no type at all, as `curl -T` sends).
+fn require_octet(headers: &HeaderMap) -> Result<(), ApiError> {
+    match content_type(headers) {
+        None => Ok(()),
+        Some(t) if t == OCTET => Ok(()),
+        Some(t) => Err(ApiError::MediaType(t)),
+    }
+}
+
+fn require_comp(headers: &HeaderMap) -> Result<(), ApiError> {
+    match content_type(headers) {
+        Some(t) if t == COMP => Ok(()),
+        other => Err(ApiError::MediaType(other.unwrap_or_default())),
+    }
+}
+
+async fn put_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
+    let id: IoHash = id.parse()?;
+    require_octet(&headers)?;
+    if let Some(claimed) = super::hash_header(&headers, IOHASH_HEADER)?
+        && claimed != id
+    {
+        return Err(ApiError::Invalid(format!("{IOHASH_HEADER} says {claimed} but the URL says {id}")));
+    }
+    store_raw(&ddc, &ns, Some(id), body).await.map(|(id, _)| identifier(id))
+}
+
+async fn post_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
+    require_octet(&headers)?;
+    let expected = super::hash_header(&headers, IOHASH_HEADER)?;
+    store_raw(&ddc, &ns, expected, body).await.map(|(id, _)| identifier(id))
+}
+
+/// Streams a body into the blob store (checked against `expected` when given); its id and
+/// size.
+pub(super) async fn store_raw(
+    ddc: &Ddc,
+    ns: &Name,
+    expected: Option<IoHash>,
+    body: Body,
+) -> Result<(IoHash, u64), ApiError> {
+    let reader = body_reader(body, ddc.limits.body_timeout);
+    if let Some(id) = expected
+        && ddc.content.blobs.exists(ns, &id).await?
+    {
+        // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
+        // written.
+        let (actual, size) = crate::blob_store::hash_stream(reader, ddc.limits.max_blob_bytes).await?;
+        if actual != id {
+            return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
+        }
+        return Ok((id, size));
+    }
+    let stored = ddc.content.blobs.put(ns, expected, reader, ddc.limits.max_blob_bytes).await?;
+    ddc.content.meta.add_namespace(ns).await?;
+    Ok(stored)
+}
+
+async fn get_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let id: IoHash = id.parse()?;
+    serve_blob(&ddc, &ns, id, OCTET, headers.get(header::RANGE)).await
+}
+
+/// A stored blob as a response: whole (200, with `X-Jupiter-IoHash`), or one byte range
+/// (206, without it) when `range` asks for one.
+pub(super) async fn serve_blob(
+    ddc: &Ddc,
+    ns: &Name,
+    id: IoHash,
+    media_type: &'static str,
+    range: Option<&HeaderValue>,
+) -> Result<Response, ApiError> {
+    let (mut file, size) =
+        ddc.content.blobs.open_blob(ns, &id).await?.ok_or(ApiError::NotFound("blob not found"))?;
+    let range = match range.and_then(|r| r.to_str().ok()) {
+        None => None,
+        Some(r) => match http_range_header::parse_range_header(r).and_then(|p| p.validate(size)) {
+            Ok(ranges) if ranges.len() == 1 => Some(ranges[0].clone()),
+            // Several ranges: the whole blob, as RFC 9110 allows.
+            Ok(_) => None,
+            Err(_) => {
+                let mut response = StatusCode::RANGE_NOT_SATISFIABLE.into_response();
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_RANGE, format!("bytes */{size}").parse().expect("ascii"));
+                return Ok(response);
+            }
+        },
+    };
+    let (status, start, len) = match &range {
+        Some(r) => (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1),
+        None => (StatusCode::OK, 0, size),
+    };
+    if start > 0 {
+        file.seek(SeekFrom::Start(start)).await?;
+    }
+    let stream = ReaderStream::with_capacity(file.take(len), READ_CHUNK);
+    let mut response = (status, Body::from_stream(stream)).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(media_type));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    match range {
+        Some(r) => {
+            let value = format!("bytes {}-{}/{size}", r.start(), r.end());
+            h.insert(header::CONTENT_RANGE, value.parse().expect("ascii"));
+        }
+        None => {
+            h.insert(IOHASH_HEADER, hash_value(&id));
+        }
+    }
+    Ok(response)
+}
+
+async fn head_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let id: IoHash = id.parse()?;
+    if ddc.content.blobs.exists(&ns, &id).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Err(ApiError::NotFound("blob not found"))
+    }
+}
+
+async fn delete_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::DeleteObject)?;
+    let id: IoHash = id.parse()?;
+    if ddc.content.blobs.delete(&ns, &id).await? {
+        Ok(StatusCode::OK)
+    } else {
+        Err(ApiError::NotFound("blob not found"))
+    }
+}
+
+/// The ids of a query string's `id=` pairs.
+fn query_ids(query: Option<String>) -> Result<Vec<IoHash>, ApiError> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .filter(|(k, _)| k == "id")
+        .map(|(_, v)| v.parse().map_err(ApiError::from))
+        .collect()
+}
+
+/// The ids of a JSON array body.
+async fn body_ids(ddc: &Ddc, body: Body) -> Result<Vec<IoHash>, ApiError> {
+    let body = read_body(body, 16 << 20, ddc.limits.body_timeout, &ddc.budget).await?;
+    let ids: Vec<String> = serde_json::from_slice(&body.bytes)
+        .map_err(|e| ApiError::Invalid(format!("expected a JSON array of ids: {e}")))?;
+    ids.iter().map(|s| s.parse().map_err(ApiError::from)).collect()
+}
+
+/// `{"needs": [...]}`: the ids that are not stored (`any`: as a compressed buffer or a raw
+/// blob; otherwise as a raw blob).
+async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool) -> Result<Json, ApiError> {
+    let mut needs = Vec::new();
+    for id in ids {
+        let present = if any {
+            ddc.content.locate(ns, id).await?.is_some()
+        } else {
+            ddc.content.blobs.exists(ns, &id).await?
+        };
+        if !present {
+            needs.push(id.to_hex());
+        }
+    }
+    Ok(axum::Json(json!({ "needs": needs })))
+}
+
+async fn exists_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    needs(&ddc, &ns, query_ids(query)?, false).await
+}
+
+async fn exist_raw(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let ids = body_ids(&ddc, body).await?;
+    needs(&ddc, &ns, ids, false).await
+}
+
+async fn exists_any(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    needs(&ddc, &ns, query_ids(query)?, true).await
+}
+
+async fn exist_any(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let ids = body_ids(&ddc, body).await?;
+    needs(&ddc, &ns, ids, true).await
+}
+
+/// Reads and stores one compressed buffer; its raw hash must be `id` when given.
+async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
+    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+    Ok(ddc.content.put_compressed(ns, id, &body.bytes).await?)
+}
+
+async fn put_compressed(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
+    let id: IoHash = id.parse()?;
+    require_comp(&headers)?;
+    store_compressed(&ddc, &ns, Some(id), body).await.map(identifier)
+}
+
+async fn post_compressed(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
+    require_comp(&headers)?;
+    store_compressed(&ddc, &ns, None, body).await.map(identifier)
+}
+
+/// The content named `id` as the compressed-blob GET serves it: the stored compressed buffer
+/// (`application/x-ue-comp`), or else a raw blob with that id (`application/octet-stream`).
+async fn serve_content(ddc: &Ddc, ns: &Name, id: IoHash, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let located = ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("blob not found"))?;
+    let media_type = match located {
+        Located::Compressed(_) => COMP,
+        Located::Raw(_) => OCTET,
+    };
+    let accept = accepted(headers);
+    if !accept.is_empty() && !accept.iter().any(|t| t == "*/*" || t == media_type) {
+        return Err(ApiError::MediaType(format!("Accept names neither */* nor {media_type}")));
+    }
+    serve_blob(ddc, ns, located.blob(), media_type, headers.get(header::RANGE)).await
+}
+
+async fn get_compressed(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let id: IoHash = id.parse()?;
+    serve_content(&ddc, &ns, id, &headers).await
+}
+
+async fn head_compressed(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let id: IoHash = id.parse()?;
+    match ddc.content.locate(&ns, id).await? {
+        Some(_) => Ok(StatusCode::OK),
+        None => Err(ApiError::NotFound("blob not found")),
+    }
+}
+
+async fn delete_compressed(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::DeleteObject)?;
+    let id: IoHash = id.parse()?;
+    match ddc.content.meta.content_blob(&ns, id).await? {
+        Some(blob) => {
+            // The content id first: a crash in between leaves an unnamed blob, never a name
+            // for a missing one.
+            ddc.content.meta.delete_content(&ns, id).await?;
+            ddc.content.blobs.delete(&ns, &blob).await?;
+            Ok(StatusCode::OK)
+        }
+        None => Err(ApiError::NotFound("blob not found")),
+    }
+}
+
+/// The names in a ref's attachment path, checked (the bucket and key are only hints, but a
+/// malformed one is still a 400).
+fn ref_blob_path(
+    ddc: &Ddc,
+    headers: &HeaderMap,
+    parts: (String, String, String, String),
+    action: Action,
+) -> Result<(Name, IoHash), ApiError> {
+    let (ns, bucket, key, id) = parts;
+    let ns = ddc.authorize(headers, &ns, action)?;
+    Name::bucket(&bucket)?;
+    key.parse::<RefKey>()?;
+    Ok((ns, id.parse()?))
+}
+
+pub(super) async fn put_ref_blob(
+    State(ddc): State<Arc<Ddc>>,
+    Path(parts): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json, ApiError> {
+    let (ns, id) = ref_blob_path(&ddc, &headers, parts, Action::WriteObject)?;
+    match content_type(&headers).as_deref() {
+        Some(COMP) => store_compressed(&ddc, &ns, Some(id), body).await.map(identifier),
+        None | Some(OCTET) => store_raw(&ddc, &ns, Some(id), body).await.map(|(id, _)| identifier(id)),
+        Some(other) => Err(ApiError::MediaType(other.to_owned())),
+    }
+}
+
+pub(super) async fn get_ref_blob(
+    State(ddc): State<Arc<Ddc>>,
+    Path(parts): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (ns, id) = ref_blob_path(&ddc, &headers, parts, Action::ReadObject)?;
+    serve_content(&ddc, &ns, id, &headers).await
+}

@@ -1,0 +1,86 @@
+//! Request bodies: streamed to disk through [`body_reader`] (with a deadline between chunks),
+//! or, for bodies that must be checked whole (compact binary, compressed buffers, packages,
+//! batches), read into memory by [`read_body`] against both a per-request cap and a
+//! server-wide memory budget. A request that would overdraw the budget gets 429, which the
+//! editor retries, instead of the server running out of memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::io::StreamReader;
+
+use super::ApiError;
+
+/// The request body as a reader. A body that breaks off (the client stopped sending) reads as
+/// `UnexpectedEof`, and one whose next piece takes longer than `timeout` as `TimedOut`: both
+/// the client's fault (400 and 408), not the disk's.
+pub fn body_reader(body: Body, timeout: Duration) -> impl tokio::io::AsyncRead + Unpin {
+    let chunks =
+        body.into_data_stream().map_err(|e| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e));
+    let paced = futures_util::stream::unfold(Some(chunks), move |chunks| async move {
+        let mut chunks = chunks?;
+        match tokio::time::timeout(timeout, chunks.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(chunks))),
+            Ok(None) => None,
+            Err(_) => {
+                let stalled = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no body data for {} ms", timeout.as_millis()),
+                );
+                // End the stream after the error.
+                Some((Err(stalled), None))
+            }
+        }
+    });
+    StreamReader::new(Box::pin(paced))
+}
+
+/// Bytes of request bodies held in memory at once, server-wide.
+#[derive(Debug, Clone)]
+pub struct MemoryBudget(Arc<Semaphore>);
+
+impl MemoryBudget {
+    pub fn new(bytes: u32) -> MemoryBudget {
+        MemoryBudget(Arc::new(Semaphore::new(bytes as usize)))
+    }
+
+    fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        let n = u32::try_from(bytes).map_err(|_| ApiError::Busy)?;
+        self.0.clone().try_acquire_many_owned(n).map_err(|_| ApiError::Busy)
+    }
+}
+
+/// A body read whole, and its share of the memory budget (returned when dropped).
+pub struct Buffered {
+    pub bytes: Vec<u8>,
+    _held: Vec<OwnedSemaphorePermit>,
+}
+
+/// Reads a whole body of at most `limit` bytes, charging it to `budget` as it arrives.
+pub async fn read_body(
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+    budget: &MemoryBudget,
+) -> Result<Buffered, ApiError> {
+    let mut chunks = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut held = Vec::new();
+    loop {
+        let chunk = match tokio::time::timeout(timeout, chunks.next()).await {
+            Err(_) => return Err(ApiError::BodyStalled(timeout)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(ApiError::BodyBroken(e.to_string())),
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        if (bytes.len() + chunk.len()) as u64 > limit {
+            return Err(ApiError::TooLarge { limit });
+        }
+        held.push(budget.take(chunk.len())?);
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(Buffered { bytes, _held: held })
+}

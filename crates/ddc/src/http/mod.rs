@@ -1,0 +1,296 @@
+//! The HTTP API of Cloud DDC, over axum: the routes of `ddc-http-api.md` (health, raw and
+//! compressed blobs, refs, the batch endpoint). Handlers live by resource in [`blobs`],
+//! [`refs`] and [`batch`]; what they share is here: the server state ([`Ddc`]), the one
+//! mapping from error to status ([`ApiError`]), auth and media types.
+
+mod batch;
+mod blobs;
+pub mod body;
+mod refs;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::json;
+
+use crate::auth::{Action, Auth, AuthError};
+use crate::cb::{CbError, PackageError};
+use crate::compressed::CompressedError;
+use crate::meta::{MetaError, MetaStore};
+use crate::storage::{Content, ContentError};
+use crate::{BlobStore, IoHash, Name, StoreError};
+use body::MemoryBudget;
+
+/// The header Cloud DDC uses for a body's IoHash.
+pub const IOHASH_HEADER: &str = "X-Jupiter-IoHash";
+pub const CB: &str = "application/x-ue-cb";
+pub const CBPKG: &str = "application/x-ue-cbpkg";
+pub const COMP: &str = "application/x-ue-comp";
+pub const OCTET: &str = "application/octet-stream";
+pub const JSON: &str = "application/json";
+pub const INLINE: &str = "application/x-jupiter-inline";
+
+/// Sizes and deadlines of requests.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest blob streamed to disk (raw blob PUTs, raw ref PUTs).
+    pub max_blob_bytes: u64,
+    /// Largest body checked whole in memory: compressed buffers, compact-binary objects,
+    /// packages, batches.
+    pub max_buffered_bytes: u64,
+    /// Memory all buffered bodies may hold at once; past it, requests get 429.
+    pub memory_budget: u32,
+    /// The longest wait for the next piece of a request body; a body that stalls longer gets
+    /// 408 and is stored nowhere.
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_blob_bytes: 1 << 30,
+            max_buffered_bytes: 256 << 20,
+            memory_budget: 1 << 30,
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The server: its content, auth and limits.
+pub struct Ddc {
+    pub content: Content,
+    pub auth: Auth,
+    pub limits: Limits,
+    /// Whether a PUT may replace a finalized ref holding another object without
+    /// `X-Jupiter-Allow-Overwrite: true` (the reference server's default policy allows it).
+    pub allow_overwrite: bool,
+    budget: MemoryBudget,
+}
+
+impl Ddc {
+    /// Opens (creating if needed) the store under `root`: blobs on the filesystem, metadata in
+    /// `<root>/.meta/ddc.sqlite`.
+    pub async fn open(root: &Path, auth: Auth, limits: Limits) -> Result<Ddc, ContentError> {
+        let blobs = BlobStore::open(root).await?;
+        let meta = MetaStore::open(root).await?;
+        Ok(Ddc {
+            content: Content { blobs, meta },
+            auth,
+            limits,
+            allow_overwrite: true,
+            budget: MemoryBudget::new(limits.memory_budget),
+        })
+    }
+
+    /// Writes the last-access times reads have noted; call every few seconds and at shutdown.
+    pub async fn flush_access(&self) -> Result<usize, MetaError> {
+        self.content.meta.flush_access().await
+    }
+
+    fn authorize(&self, headers: &HeaderMap, ns: &str, action: Action) -> Result<Name, ApiError> {
+        let ns: Name = ns.parse()?;
+        self.check(headers, &ns, action)?;
+        Ok(ns)
+    }
+
+    fn check(&self, headers: &HeaderMap, ns: &Name, action: Action) -> Result<(), ApiError> {
+        let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        Ok(self.auth.check(header, ns, action)?)
+    }
+}
+
+/// Why a request failed, and the status it gets.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error("bad name: {0}")]
+    Name(#[from] crate::NameError),
+    #[error("bad hash: {0}")]
+    Hash(#[from] crate::HashError),
+    #[error("Incorrect hash: {what} hashes to {actual}, not {claimed}")]
+    HashMismatch { what: &'static str, claimed: IoHash, actual: IoHash },
+    #[error("the {0} header is required")]
+    MissingHeader(&'static str),
+    #[error("the {0} header is not valid")]
+    BadHeader(&'static str),
+    #[error("Content-Type {0:?} is not accepted here")]
+    MediaType(String),
+    #[error("none of the types in Accept can be served here: {0:?}")]
+    NotAcceptable(String),
+    #[error("not valid compact binary: {0}")]
+    Cb(#[from] CbError),
+    #[error("not a valid package: {0}")]
+    Package(#[from] PackageError),
+    #[error("bad request: {0}")]
+    Invalid(String),
+    #[error("the body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("no body data for {} ms", .0.as_millis())]
+    BodyStalled(Duration),
+    #[error("the body broke off: {0}")]
+    BodyBroken(String),
+    #[error("the server is busy; retry")]
+    Busy,
+    #[error("{0}")]
+    NotFound(&'static str),
+    #[error("the ref is not finalized: attachments are missing")]
+    NotFinalized,
+    #[error("the ref exists with another object and overwriting is not allowed")]
+    Conflict(Vec<u8>),
+    #[error(transparent)]
+    Content(#[from] ContentError),
+    #[error("storage I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::Content(e.into())
+    }
+}
+
+impl From<MetaError> for ApiError {
+    fn from(e: MetaError) -> Self {
+        ApiError::Content(e.into())
+    }
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        use std::io::ErrorKind;
+        match self {
+            ApiError::Auth(AuthError::Unauthorized) => StatusCode::UNAUTHORIZED,
+            ApiError::Auth(AuthError::Forbidden(_)) => StatusCode::FORBIDDEN,
+            ApiError::Name(_)
+            | ApiError::Hash(_)
+            | ApiError::HashMismatch { .. }
+            | ApiError::MissingHeader(_)
+            | ApiError::BadHeader(_)
+            | ApiError::Cb(_)
+            | ApiError::Package(_)
+            | ApiError::Invalid(_)
+            | ApiError::BodyBroken(_)
+            | ApiError::NotFinalized => StatusCode::BAD_REQUEST,
+            ApiError::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            ApiError::TooLarge { .. }
+            | ApiError::Content(ContentError::Store(StoreError::TooLarge { .. })) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiError::BodyStalled(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Busy => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Content(c) => match c {
+                ContentError::Store(StoreError::HashMismatch { .. })
+                | ContentError::Compressed(_)
+                | ContentError::RawHashMismatch { .. } => StatusCode::BAD_REQUEST,
+                ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::TimedOut => {
+                    StatusCode::REQUEST_TIMEOUT
+                }
+                ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
+                    StatusCode::BAD_REQUEST
+                }
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            ApiError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<CompressedError> for ApiError {
+    fn from(e: CompressedError) -> Self {
+        ApiError::Content(e.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        if let ApiError::Conflict(existing) = self {
+            // The editor adopts the existing record when the 409 body is a valid object.
+            return (status, [(header::CONTENT_TYPE, CB)], existing).into_response();
+        }
+        let body = json!({ "title": self.to_string(), "status": status.as_u16() });
+        let mut response = (status, body.to_string()).into_response();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// The routes, over a shared [`Ddc`].
+pub fn router(ddc: Arc<Ddc>) -> Router {
+    let healthy = || async { ([(header::CONTENT_TYPE, "text/plain")], "Healthy") };
+    let raw = blobs::raw_routes();
+    Router::new()
+        .route("/health/live", get(healthy))
+        .route("/health/ready", get(healthy))
+        .nest("/api/v1/blobs", raw.clone())
+        .nest("/api/v1/s", raw)
+        .nest("/api/v1/compressed-blobs", blobs::compressed_routes())
+        .route("/api/v1/refs", get(refs::namespaces))
+        .route("/api/v1/refs/{ns}", post(batch::batch).delete(refs::delete_namespace))
+        .route("/api/v1/refs/{ns}/exists", get(refs::exists))
+        .route("/api/v1/refs/{ns}/{bucket}", axum::routing::delete(refs::delete_bucket))
+        .route(
+            "/api/v1/refs/{ns}/{bucket}/{key}",
+            get(refs::get_ref).head(refs::head_ref).put(refs::put_ref).delete(refs::delete_ref),
+        )
+        .route("/api/v1/refs/{ns}/{bucket}/{key}/metadata", get(refs::metadata))
+        .route("/api/v1/refs/{ns}/{bucket}/{key}/finalize/{hash}", post(refs::finalize))
+        .route(
+            "/api/v1/refs/{ns}/{bucket}/{key}/blobs/{id}",
+            put(blobs::put_ref_blob).get(blobs::get_ref_blob),
+        )
+        .with_state(ddc)
+}
+
+/// A request's `Content-Type` without parameters, lower-cased; `None` if absent.
+fn content_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+/// The media types a request's `Accept` lists, in order, without parameters; empty if absent.
+fn accepted(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// An `X-Jupiter-IoHash`-style header as a hash: `None` if absent, 400 if malformed.
+fn hash_header(headers: &HeaderMap, name: &'static str) -> Result<Option<IoHash>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => {
+            let text = v.to_str().map_err(|_| ApiError::BadHeader(name))?.trim();
+            if text.is_empty() {
+                return Ok(None);
+            }
+            text.parse().map(Some).map_err(|_| ApiError::BadHeader(name))
+        }
+    }
+}
+
+fn hash_value(h: &IoHash) -> HeaderValue {
+    HeaderValue::from_str(&h.to_hex()).expect("hex is a valid header value")
+}

@@ -1,0 +1,490 @@
+//! Ref routes (spec section 5.3): PUT in every body type, finalize, GET in every format, HEAD,
+//! multi-ref exists, metadata, deletes and the namespace listing. The rules themselves are in
+//! [`crate::refs`]; this file is the HTTP around them: names, media types and headers.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use serde_json::json;
+use tokio::io::AsyncReadExt;
+use tokio_util::io::ReaderStream;
+
+use super::body::read_body;
+use super::{
+    ApiError, CB, CBPKG, Ddc, INLINE, IOHASH_HEADER, JSON, OCTET, accepted, content_type, hash_value,
+};
+use crate::auth::Action;
+use crate::cb::{self, EntryFlags, Package};
+use crate::meta::RefRow;
+use crate::refs::{self, FinalizeOutcome, Lookup, PutOutcome, RefAddr};
+use crate::storage::{Located, MAX_ATTACHED_OBJECT, MAX_OBJECT_DEPTH};
+use crate::{IoHash, Name, RefKey};
+
+const LAST_ACCESS_HEADER: &str = "X-Jupiter-LastAccess";
+const INLINE_HASH_HEADER: &str = "X-Jupiter-InlinePayloadHash";
+const OVERWRITE_HEADER: &str = "X-Jupiter-Allow-Overwrite";
+
+/// Splits `{key}.{fmt}` and checks the names.
+fn address(
+    ddc: &Ddc,
+    headers: &HeaderMap,
+    ns: &str,
+    bucket: &str,
+    key: &str,
+    action: Action,
+) -> Result<(RefAddr, Option<String>), ApiError> {
+    let ns = ddc.authorize(headers, ns, action)?;
+    let (key, format) = match key.split_once('.') {
+        Some((key, format)) => (key, Some(format.to_ascii_lowercase())),
+        None => (key, None),
+    };
+    let addr = RefAddr { ns, bucket: Name::bucket(bucket)?, key: key.parse::<RefKey>()? };
+    Ok((addr, format))
+}
+
+/// How a `needs` answer is written: compact binary when the path ends in `.uecb` or `Accept`
+/// prefers it, else JSON (what the editor reads).
+fn needs_reply(needs: &[IoHash], format: Option<&str>, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let cb = match format {
+        Some("uecb") => true,
+        Some("json") | None => {
+            format.is_none()
+                && accepted(headers).iter().find(|t| *t == CB || *t == JSON).is_some_and(|t| t == CB)
+        }
+        Some(other) => return Err(ApiError::Invalid(format!("unknown format suffix .{other}"))),
+    };
+    if cb {
+        return Ok(([(header::CONTENT_TYPE, CB)], refs::needs_object(needs)).into_response());
+    }
+    let hex: Vec<String> = needs.iter().map(IoHash::to_hex).collect();
+    Ok(axum::Json(json!({ "needs": hex })).into_response())
+}
+
+/// The required `X-Jupiter-IoHash` of a ref PUT.
+fn required_hash(headers: &HeaderMap) -> Result<IoHash, ApiError> {
+    super::hash_header(headers, IOHASH_HEADER)?.ok_or(ApiError::MissingHeader(IOHASH_HEADER))
+}
+
+pub async fn put_ref(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (addr, format) = address(&ddc, &headers, &ns, &bucket, &key, Action::WriteObject)?;
+    let allow_overwrite = ddc.allow_overwrite
+        || headers
+            .get(OVERWRITE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let object = match content_type(&headers).as_deref() {
+        Some(CB) => {
+            let claimed = required_hash(&headers)?;
+            let body =
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+            cb::parse(&body.bytes)?;
+            let actual = IoHash::of(&body.bytes);
+            if actual != claimed {
+                return Err(ApiError::HashMismatch { what: "the object", claimed, actual });
+            }
+            body.bytes.clone()
+        }
+        // A raw payload (and, as the reference server does, a JSON text): stored as a blob,
+        // and the ref is an object naming it.
+        Some(OCTET) | Some(JSON) => {
+            let claimed = required_hash(&headers)?;
+            let (id, size) = super::blobs::store_raw(&ddc, &addr.ns, Some(claimed), body).await?;
+            refs::raw_wrapper(id, size)
+        }
+        Some(CBPKG) => {
+            let body =
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+            store_package(&ddc, &addr.ns, &body.bytes).await?
+        }
+        other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
+    };
+    match refs::put(&ddc.content, &addr, object, allow_overwrite).await? {
+        PutOutcome::Stored { needs } => needs_reply(&needs, format.as_deref(), &headers),
+        PutOutcome::Conflict { existing } => Err(ApiError::Conflict(existing)),
+    }
+}
+
+/// Stores a package's attachments (each checked against its entry hash) and returns its root
+/// object.
+async fn store_package(ddc: &Ddc, ns: &Name, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    let package = Package::parse(body)?;
+    for (i, entry) in package.attachments.iter().enumerate() {
+        let hash = IoHash::from_bytes(entry.hash);
+        if entry.flags.contains(EntryFlags::ERROR) {
+            return Err(ApiError::Invalid(format!("package entry {} is an error entry", i + 1)));
+        }
+        if entry.flags.contains(EntryFlags::COMPRESSED) {
+            ddc.content.put_compressed(ns, Some(hash), entry.payload).await?;
+        } else if !ddc.content.blobs.exists(ns, &hash).await? {
+            ddc.content.blobs.put(ns, Some(hash), entry.payload, u64::MAX).await?;
+        }
+    }
+    ddc.content.meta.add_namespace(ns).await?;
+    Ok(package.root.payload.to_vec())
+}
+
+pub async fn finalize(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key, hash)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::WriteObject)?;
+    let (hash, format) = match hash.split_once('.') {
+        Some((h, f)) => (h.parse::<IoHash>()?, Some(f.to_ascii_lowercase())),
+        None => (hash.parse::<IoHash>()?, None),
+    };
+    match refs::finalize(&ddc.content, &addr, hash).await? {
+        FinalizeOutcome::NotFound => Err(ApiError::NotFound("ref not found")),
+        FinalizeOutcome::OtherObject { stored } => {
+            Err(ApiError::Invalid(format!("the ref holds object {stored}, not {hash}")))
+        }
+        FinalizeOutcome::Checked { needs } => needs_reply(&needs, format.as_deref(), &headers),
+    }
+}
+
+/// The formats a ref GET can answer in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Cb,
+    Raw,
+    Json,
+    Package,
+    Inline,
+}
+
+impl Format {
+    fn from_suffix(s: &str) -> Result<Format, ApiError> {
+        Ok(match s {
+            "uecb" => Format::Cb,
+            "raw" => Format::Raw,
+            "json" => Format::Json,
+            "uecbpkg" => Format::Package,
+            other => return Err(ApiError::Invalid(format!("unknown format suffix .{other}"))),
+        })
+    }
+
+    /// By suffix, else the first `Accept` type served, else compact binary.
+    fn choose(suffix: Option<&str>, headers: &HeaderMap) -> Result<Format, ApiError> {
+        if let Some(s) = suffix {
+            return Format::from_suffix(s);
+        }
+        let accept = accepted(headers);
+        if accept.is_empty() {
+            return Ok(Format::Cb);
+        }
+        for t in &accept {
+            match t.as_str() {
+                CB | "*/*" | "application/*" => return Ok(Format::Cb),
+                OCTET => return Ok(Format::Raw),
+                JSON => return Ok(Format::Json),
+                CBPKG => return Ok(Format::Package),
+                INLINE => return Ok(Format::Inline),
+                _ => {}
+            }
+        }
+        Err(ApiError::NotAcceptable(accept.join(", ")))
+    }
+}
+
+/// A finalized ref, or the error a read of it gets.
+async fn finalized_ref(ddc: &Ddc, addr: &RefAddr, resolve: bool) -> Result<RefRow, ApiError> {
+    match refs::lookup(&ddc.content, addr, resolve).await? {
+        Lookup::Found(row) => Ok(row),
+        Lookup::Missing => Err(ApiError::NotFound("ref not found")),
+        Lookup::NotFinalized(_) => Err(ApiError::NotFinalized),
+    }
+}
+
+fn last_access(ms: i64) -> HeaderValue {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    HeaderValue::from_str(&humantime::format_rfc3339_millis(at).to_string()).expect("ascii")
+}
+
+pub async fn get_ref(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (addr, suffix) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
+    let format = Format::choose(suffix.as_deref(), &headers)?;
+    let row = finalized_ref(&ddc, &addr, false).await?;
+    let mut response = match format {
+        Format::Cb => ([(header::CONTENT_TYPE, CB)], row.object.clone()).into_response(),
+        Format::Json => {
+            let json = cb::to_json(&cb::parse(&row.object)?);
+            ([(header::CONTENT_TYPE, JSON)], json.to_string()).into_response()
+        }
+        Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
+        Format::Inline => inline_payload(&ddc, &addr.ns, &row).await?,
+        Format::Package => package(&ddc, &addr.ns, &row).await?,
+    };
+    let h = response.headers_mut();
+    h.insert(IOHASH_HEADER, hash_value(&row.object_hash));
+    h.insert(LAST_ACCESS_HEADER, last_access(row.last_access_ms));
+    Ok(response)
+}
+
+/// `.raw`: the single binary attachment's payload (a raw blob as stored, a compressed one
+/// decompressed when it can be), or the object itself when it has no single attachment.
+async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+    let refs::Payload::Attachment(id) = refs::payload(&row.object) else {
+        return Ok(([(header::CONTENT_TYPE, OCTET)], row.object.clone()).into_response());
+    };
+    match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
+        Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
+        Located::Compressed(blob) => {
+            let bytes = ddc
+                .content
+                .read_blob(ns, &blob, ddc.limits.max_buffered_bytes)
+                .await?
+                .ok_or(ApiError::NotFound("attachment too large to decompress here"))?;
+            let header = crate::compressed::check(&bytes)?;
+            if header.total_raw_size > ddc.limits.max_buffered_bytes {
+                return Err(ApiError::NotFound("attachment too large to decompress here"));
+            }
+            match crate::compressed::decode(&bytes) {
+                Ok((_, payload)) => Ok(([(header::CONTENT_TYPE, OCTET)], payload).into_response()),
+                Err(crate::compressed::CompressedError::Oodle) => Err(ApiError::NotFound(
+                    "the attachment is Oodle-compressed and cannot be decompressed here",
+                )),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// `x-jupiter-inline`: the single binary attachment as stored, or the object when it has no
+/// attachments.
+async fn inline_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+    let mut response = match refs::payload(&row.object) {
+        refs::Payload::Ambiguous => {
+            return Err(ApiError::Invalid("the ref has more than one attachment, or an object one".into()));
+        }
+        refs::Payload::Object => {
+            let mut r = ([(header::CONTENT_TYPE, INLINE)], row.object.clone()).into_response();
+            r.headers_mut().insert(INLINE_HASH_HEADER, hash_value(&row.object_hash));
+            r
+        }
+        refs::Payload::Attachment(id) => {
+            let located =
+                ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))?;
+            // Blobs are content-addressed: the returned bytes hash to the blob's id.
+            let mut r = super::blobs::serve_blob(ddc, ns, located.blob(), INLINE, None).await?;
+            r.headers_mut().insert(INLINE_HASH_HEADER, hash_value(&located.blob()));
+            r.headers_mut().remove(IOHASH_HEADER);
+            r
+        }
+    };
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(INLINE));
+    Ok(response)
+}
+
+/// One package entry, with its payload in memory or in a file.
+struct Part {
+    hash: [u8; 20],
+    flags: EntryFlags,
+    size: u64,
+    payload: BoxStream<'static, std::io::Result<Bytes>>,
+}
+
+impl Part {
+    fn bytes(hash: [u8; 20], flags: EntryFlags, bytes: Vec<u8>) -> Part {
+        let size = bytes.len() as u64;
+        Part {
+            hash,
+            flags,
+            size,
+            payload: futures_util::stream::once(async { Ok(Bytes::from(bytes)) }).boxed(),
+        }
+    }
+
+    fn error(hash: [u8; 20], title: &str, status: u16) -> Part {
+        let body = refs::error_object(title, status).to_bytes();
+        Part::bytes(hash, EntryFlags(EntryFlags::ERROR.0 | EntryFlags::OBJECT.0), body)
+    }
+}
+
+/// `.uecbpkg`: the object, then every attachment it reaches (object attachments' own ones
+/// too), streamed from the blob files; an attachment that cannot be read is an error entry.
+async fn package(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+    let mut parts = vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, row.object.clone())];
+    let mut seen = std::collections::HashSet::new();
+    let mut pending: Vec<(cb::CbType, [u8; 20], usize)> =
+        cb::parse(&row.object)?.attachments().into_iter().map(|(t, h)| (t, h, 0)).collect();
+    pending.reverse();
+    while let Some((ty, hash, depth)) = pending.pop() {
+        if !seen.insert(hash) {
+            continue;
+        }
+        let id = IoHash::from_bytes(hash);
+        if ty == cb::CbType::BinaryAttachment {
+            let Some(located) = ddc.content.locate(ns, id).await? else {
+                parts.push(Part::error(hash, "attachment not found", 404));
+                continue;
+            };
+            let flags = match located {
+                Located::Compressed(_) => EntryFlags::COMPRESSED,
+                Located::Raw(_) => EntryFlags::RAW,
+            };
+            match ddc.content.blobs.open_blob(ns, &located.blob()).await? {
+                Some((file, size)) => parts.push(Part {
+                    hash,
+                    flags,
+                    size,
+                    payload: ReaderStream::with_capacity(file.take(size), 256 * 1024).boxed(),
+                }),
+                None => parts.push(Part::error(hash, "attachment not found", 404)),
+            }
+            continue;
+        }
+        let object = match ddc.content.read_blob(ns, &id, MAX_ATTACHED_OBJECT).await? {
+            Some(bytes) if cb::parse(&bytes).is_ok() => bytes,
+            _ => {
+                parts.push(Part::error(hash, "object attachment not found or not valid", 404));
+                continue;
+            }
+        };
+        if depth + 1 < MAX_OBJECT_DEPTH {
+            let children = cb::parse(&object)?.attachments();
+            pending.extend(children.into_iter().rev().map(|(t, h)| (t, h, depth + 1)));
+        }
+        parts.push(Part::bytes(hash, EntryFlags::OBJECT, object));
+    }
+    let table: Vec<(u64, EntryFlags, [u8; 20])> = parts.iter().map(|p| (p.size, p.flags, p.hash)).collect();
+    let head = cb::table_bytes(&table);
+    let length = head.len() as u64 + parts.iter().map(|p| p.size).sum::<u64>();
+    let payloads = futures_util::stream::iter(parts.into_iter().map(|p| p.payload)).flatten();
+    let stream = futures_util::stream::once(async move { Ok(Bytes::from(head)) }).chain(payloads);
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CBPKG));
+    response.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    Ok(response)
+}
+
+pub async fn head_ref(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
+    let (status, hash) = match refs::lookup(&ddc.content, &addr, true).await? {
+        Lookup::Found(row) => (StatusCode::OK, Some(row.object_hash)),
+        Lookup::NotFinalized(row) => (StatusCode::NOT_FOUND, Some(row.object_hash)),
+        Lookup::Missing => (StatusCode::NOT_FOUND, None),
+    };
+    let mut response = status.into_response();
+    if let Some(hash) = hash {
+        response.headers_mut().insert(IOHASH_HEADER, hash_value(&hash));
+    }
+    Ok(response)
+}
+
+/// `GET /api/v1/refs/{ns}/exists?names=bucket.key&...`: the refs that are missing, not
+/// finalized, or lack an attachment.
+pub async fn exists(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    let mut missing = Vec::new();
+    for (k, name) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if k != "names" {
+            continue;
+        }
+        let (bucket, key) =
+            name.split_once('.').ok_or_else(|| ApiError::Invalid(format!("{name:?} is not bucket.key")))?;
+        let addr = RefAddr { ns: ns.clone(), bucket: Name::bucket(bucket)?, key: key.parse()? };
+        if !matches!(refs::lookup(&ddc.content, &addr, true).await?, Lookup::Found(_)) {
+            missing.push(json!({ "bucket": addr.bucket.as_str(), "key": addr.key.as_str() }));
+        }
+    }
+    Ok(axum::Json(json!({ "missing": missing })))
+}
+
+pub async fn metadata(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
+    let row = ddc
+        .content
+        .meta
+        .get_ref(&addr.ns, &addr.bucket, &addr.key)
+        .await?
+        .ok_or(ApiError::NotFound("ref not found"))?;
+    use base64::Engine;
+    Ok(axum::Json(json!({
+        "ns": addr.ns.as_str(),
+        "bucket": addr.bucket.as_str(),
+        "name": addr.key.as_str(),
+        "payloadIdentifier": row.object_hash.to_hex(),
+        "lastAccess": last_access(row.last_access_ms).to_str().unwrap_or_default(),
+        "isFinalized": row.finalized,
+        "inlinePayload": base64::engine::general_purpose::STANDARD.encode(&row.object),
+    })))
+}
+
+pub async fn namespaces(
+    State(ddc): State<Arc<Ddc>>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let readable: Vec<String> = ddc
+        .content
+        .meta
+        .namespaces()
+        .into_iter()
+        .filter(|ns| ddc.check(&headers, ns, Action::ReadObject).is_ok())
+        .map(|ns| ns.as_str().to_owned())
+        .collect();
+    if readable.is_empty() {
+        // Tell an anonymous caller to authenticate rather than that it may read nothing.
+        ddc.check(&headers, &"any".parse().expect("valid"), Action::ReadObject)?;
+    }
+    Ok(axum::Json(json!({ "namespaces": readable })))
+}
+
+pub async fn delete_ref(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::DeleteObject)?;
+    let n = ddc.content.meta.delete_ref(&addr.ns, &addr.bucket, &addr.key).await?;
+    Ok(axum::Json(json!({ "deletedCount": n })))
+}
+
+pub async fn delete_bucket(
+    State(ddc): State<Arc<Ddc>>,
+    Path((ns, bucket)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::DeleteBucket)?;
+    let n = ddc.content.meta.delete_bucket(&ns, &Name::bucket(&bucket)?).await?;
+    Ok(axum::Json(json!({ "countOfDeletedRecords": n })))
+}
+
+pub async fn delete_namespace(
+    State(ddc): State<Arc<Ddc>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let ns = ddc.authorize(&headers, &ns, Action::DeleteNamespace)?;
+    // Names first: a crash in between leaves unnamed blobs, never names of missing ones.
+    ddc.content.meta.delete_namespace(&ns).await?;
+    ddc.content.blobs.delete_namespace(&ns).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

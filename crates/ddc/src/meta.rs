@@ -1,0 +1,395 @@
+//! The metadata store: refs, the content ids of compressed buffers and the namespaces, in one
+//! embedded SQLite file (`<root>/.meta/ddc.sqlite`) in WAL mode. Blobs stay on the filesystem
+//! ([`crate::BlobStore`]); a ref's object is small and lives inline in its row, so reading a
+//! ref is one indexed lookup.
+//!
+//! Durability: every write is one transaction committed with `synchronous=FULL`, so a write
+//! acknowledged to a client survives `kill -9` and power loss, and a crash mid-write leaves the
+//! row as it was. Writers order their steps so that a row never names a blob before the blob
+//! is durable (the blob store fsyncs before the row is written).
+//!
+//! SQLite calls block, so they run on tokio's blocking pool. Reads and writes use separate
+//! connections: a read never waits behind a write's fsync. Last-access times are not written
+//! on each read; reads note them in memory and [`MetaStore::flush_access`] writes them in one
+//! transaction (the server calls it every few seconds and at shutdown).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::{IoHash, Name, RefKey};
+
+/// Where the metadata lives under the store's root. Names cannot start with `.`, so no
+/// namespace directory can collide with it.
+pub const META_DIR: &str = ".meta";
+const FILE: &str = "ddc.sqlite";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("metadata store: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("metadata store: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("metadata store: a blocking task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("metadata store: a stored hash is {0} bytes, not 20 (the file is damaged)")]
+    Damaged(usize),
+}
+
+/// One ref as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefRow {
+    /// IoHash of `object`.
+    pub object_hash: IoHash,
+    /// The compact-binary object, exactly as the client sent it (or the wrapper built for a
+    /// raw PUT).
+    pub object: Vec<u8>,
+    /// All its attachments were present when it was last put or finalized.
+    pub finalized: bool,
+    /// Milliseconds since the Unix epoch of the last write or read (reads are flushed late).
+    pub last_access_ms: i64,
+}
+
+type RefId = (Name, Name, RefKey);
+
+/// Refs, content ids and namespaces; cheap to clone.
+#[derive(Clone)]
+pub struct MetaStore {
+    writer: Arc<Mutex<Connection>>,
+    reader: Arc<Mutex<Connection>>,
+    /// Reads not yet written: ref → last access.
+    touched: Arc<Mutex<HashMap<RefId, i64>>>,
+    /// Namespaces known to exist, so a write to a known one adds no row.
+    namespaces: Arc<Mutex<std::collections::HashSet<Name>>>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS namespaces (
+    ns TEXT PRIMARY KEY
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS refs (
+    ns TEXT NOT NULL,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    object_hash BLOB NOT NULL,
+    object BLOB NOT NULL,
+    finalized INTEGER NOT NULL,
+    last_access INTEGER NOT NULL,
+    PRIMARY KEY (ns, bucket, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS content (
+    ns TEXT NOT NULL,
+    raw_hash BLOB NOT NULL,
+    blob_id BLOB NOT NULL,
+    PRIMARY KEY (ns, raw_hash)
+) WITHOUT ROWID;
+";
+
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+fn hash_of(bytes: Vec<u8>) -> Result<IoHash, MetaError> {
+    let len = bytes.len();
+    <[u8; 20]>::try_from(bytes).map(IoHash::from_bytes).map_err(|_| MetaError::Damaged(len))
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl MetaStore {
+    /// Opens (creating if needed) the metadata under `root`.
+    pub async fn open(root: &Path) -> Result<MetaStore, MetaError> {
+        let dir = root.join(META_DIR);
+        tokio::fs::create_dir_all(&dir).await?;
+        let path = dir.join(FILE);
+        let (writer, reader, known) = tokio::task::spawn_blocking(move || -> Result<_, MetaError> {
+            let writer = connect(&path)?;
+            writer.execute_batch(SCHEMA)?;
+            let reader = connect(&path)?;
+            let known = {
+                let mut stmt = writer.prepare("SELECT ns FROM namespaces")?;
+                let names = stmt.query_map([], |row| row.get::<_, String>(0))?;
+                names.filter_map(|n| n.ok().and_then(|n| n.parse::<Name>().ok())).collect()
+            };
+            Ok((writer, reader, known))
+        })
+        .await??;
+        Ok(MetaStore {
+            writer: Arc::new(Mutex::new(writer)),
+            reader: Arc::new(Mutex::new(reader)),
+            touched: Arc::default(),
+            namespaces: Arc::new(Mutex::new(known)),
+        })
+    }
+
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, MetaError> + Send + 'static,
+    ) -> Result<T, MetaError> {
+        let conn = self.writer.clone();
+        tokio::task::spawn_blocking(move || f(&mut conn.lock().unwrap_or_else(|p| p.into_inner()))).await?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
+    ) -> Result<T, MetaError> {
+        let conn = self.reader.clone();
+        tokio::task::spawn_blocking(move || f(&conn.lock().unwrap_or_else(|p| p.into_inner()))).await?
+    }
+
+    /// Records that `ns` exists (first write to it creates it).
+    pub async fn add_namespace(&self, ns: &Name) -> Result<(), MetaError> {
+        if self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns) {
+            return Ok(());
+        }
+        let name = ns.as_str().to_owned();
+        self.write(move |c| {
+            c.execute("INSERT OR IGNORE INTO namespaces (ns) VALUES (?1)", [name])?;
+            Ok(())
+        })
+        .await?;
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).insert(ns.clone());
+        Ok(())
+    }
+
+    pub fn has_namespace(&self, ns: &Name) -> bool {
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns)
+    }
+
+    /// Every namespace, sorted.
+    pub fn namespaces(&self) -> Vec<Name> {
+        let mut all: Vec<Name> =
+            self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        all.sort();
+        all
+    }
+
+    pub async fn get_ref(&self, ns: &Name, bucket: &Name, key: &RefKey) -> Result<Option<RefRow>, MetaError> {
+        let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        let row = self
+            .read(move |c| {
+                let row = c
+                    .query_row(
+                        "SELECT object_hash, object, finalized, last_access FROM refs
+                         WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                        params![n, b, k],
+                        |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    )
+                    .optional()?;
+                row.map(|(h, object, finalized, last_access_ms)| {
+                    Ok(RefRow { object_hash: hash_of(h)?, object, finalized, last_access_ms })
+                })
+                .transpose()
+            })
+            .await?;
+        if let Some(row) = &row {
+            let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            touched.insert((ns.clone(), bucket.clone(), key.clone()), now_ms().max(row.last_access_ms));
+        }
+        Ok(row)
+    }
+
+    /// Stores a ref, replacing any previous one.
+    pub async fn put_ref(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        row: RefRow,
+    ) -> Result<(), MetaError> {
+        self.add_namespace(ns).await?;
+        let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        self.write(move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    n,
+                    b,
+                    k,
+                    &row.object_hash.as_bytes()[..],
+                    row.object,
+                    row.finalized,
+                    row.last_access_ms
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Marks the ref finalized if it still holds the object `hash`; false if it does not.
+    pub async fn finalize(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        hash: IoHash,
+    ) -> Result<bool, MetaError> {
+        let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        self.write(move |c| {
+            let changed = c.execute(
+                "UPDATE refs SET finalized = 1, last_access = ?5
+                 WHERE ns = ?1 AND bucket = ?2 AND key = ?3 AND object_hash = ?4",
+                params![n, b, k, &hash.as_bytes()[..], now_ms()],
+            )?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Removes one ref; how many were removed (0 or 1).
+    pub async fn delete_ref(&self, ns: &Name, bucket: &Name, key: &RefKey) -> Result<usize, MetaError> {
+        let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        self.write(move |c| {
+            Ok(c.execute("DELETE FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3", [n, b, k])?)
+        })
+        .await
+    }
+
+    /// Removes a bucket's refs; how many.
+    pub async fn delete_bucket(&self, ns: &Name, bucket: &Name) -> Result<usize, MetaError> {
+        let (n, b) = (ns.as_str().to_owned(), bucket.as_str().to_owned());
+        self.write(move |c| Ok(c.execute("DELETE FROM refs WHERE ns = ?1 AND bucket = ?2", [n, b])?)).await
+    }
+
+    /// Removes a namespace's refs, content ids and its name; false if it did not exist.
+    pub async fn delete_namespace(&self, ns: &Name) -> Result<bool, MetaError> {
+        let n = ns.as_str().to_owned();
+        let existed = self
+            .write(move |c| {
+                let tx = c.transaction()?;
+                tx.execute("DELETE FROM refs WHERE ns = ?1", [&n])?;
+                tx.execute("DELETE FROM content WHERE ns = ?1", [&n])?;
+                let existed = tx.execute("DELETE FROM namespaces WHERE ns = ?1", [&n])? == 1;
+                tx.commit()?;
+                Ok(existed)
+            })
+            .await?;
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).remove(ns);
+        Ok(existed)
+    }
+
+    /// The blob holding the compressed buffer whose raw hash is `raw`, if one was stored.
+    pub async fn content_blob(&self, ns: &Name, raw: IoHash) -> Result<Option<IoHash>, MetaError> {
+        let n = ns.as_str().to_owned();
+        self.read(move |c| {
+            let blob: Option<Vec<u8>> = c
+                .query_row(
+                    "SELECT blob_id FROM content WHERE ns = ?1 AND raw_hash = ?2",
+                    params![n, &raw.as_bytes()[..]],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            blob.map(hash_of).transpose()
+        })
+        .await
+    }
+
+    /// Records that the compressed buffer with raw hash `raw` is the blob `blob`. The blob
+    /// must already be durable.
+    pub async fn put_content(&self, ns: &Name, raw: IoHash, blob: IoHash) -> Result<(), MetaError> {
+        self.add_namespace(ns).await?;
+        let n = ns.as_str().to_owned();
+        self.write(move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO content (ns, raw_hash, blob_id) VALUES (?1, ?2, ?3)",
+                params![n, &raw.as_bytes()[..], &blob.as_bytes()[..]],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Forgets a content id; false if there was none.
+    pub async fn delete_content(&self, ns: &Name, raw: IoHash) -> Result<bool, MetaError> {
+        let n = ns.as_str().to_owned();
+        self.write(move |c| {
+            Ok(c.execute(
+                "DELETE FROM content WHERE ns = ?1 AND raw_hash = ?2",
+                params![n, &raw.as_bytes()[..]],
+            )? == 1)
+        })
+        .await
+    }
+
+    /// Writes the last-access times noted by reads since the last flush, in one transaction.
+    /// Returns how many refs were updated.
+    pub async fn flush_access(&self) -> Result<usize, MetaError> {
+        let touched = std::mem::take(&mut *self.touched.lock().unwrap_or_else(|p| p.into_inner()));
+        if touched.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let mut n = 0;
+            {
+                let mut stmt = tx.prepare(
+                    "UPDATE refs SET last_access = MAX(last_access, ?4) WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                )?;
+                for ((ns, bucket, key), at) in touched {
+                    n += stmt.execute(params![ns.as_str(), bucket.as_str(), key.as_str(), at])?;
+                }
+            }
+            tx.commit()?;
+            Ok(n)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> (Name, Name, RefKey) {
+        ("ue.ddc".parse().unwrap(), Name::bucket("bucket").unwrap(), "a".repeat(40).parse().unwrap())
+    }
+
+    fn row(object: &[u8], finalized: bool) -> RefRow {
+        RefRow { object_hash: IoHash::of(object), object: object.to_vec(), finalized, last_access_ms: 1 }
+    }
+
+    #[tokio::test]
+    async fn refs_survive_reopening_and_finalize_only_their_own_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ns, bucket, key) = names();
+        let meta = MetaStore::open(dir.path()).await.unwrap();
+        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap(), None);
+        meta.put_ref(&ns, &bucket, &key, row(b"first", false)).await.unwrap();
+        assert!(!meta.finalize(&ns, &bucket, &key, IoHash::of(b"other")).await.unwrap());
+        assert!(meta.finalize(&ns, &bucket, &key, IoHash::of(b"first")).await.unwrap());
+        assert_eq!(meta.flush_access().await.unwrap(), 0, "nothing was read yet");
+        let got = meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap();
+        assert!(got.finalized);
+        assert_eq!(meta.flush_access().await.unwrap(), 1);
+        meta.put_content(&ns, IoHash::of(b"raw"), IoHash::of(b"compressed")).await.unwrap();
+        drop(meta);
+
+        let meta = MetaStore::open(dir.path()).await.unwrap();
+        let got = meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap();
+        assert_eq!((got.object.as_slice(), got.finalized), (&b"first"[..], true));
+        assert!(got.last_access_ms > 1, "the flushed read time was kept");
+        assert_eq!(meta.namespaces(), vec![ns.clone()]);
+        assert_eq!(
+            meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(),
+            Some(IoHash::of(b"compressed"))
+        );
+        assert_eq!(meta.delete_bucket(&ns, &bucket).await.unwrap(), 1);
+        assert_eq!(meta.delete_ref(&ns, &bucket, &key).await.unwrap(), 0);
+        assert!(meta.delete_namespace(&ns).await.unwrap());
+        assert_eq!(meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(), None);
+        assert!(meta.namespaces().is_empty());
+    }
+}

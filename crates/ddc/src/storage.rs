@@ -1,0 +1,162 @@
+//! Content: raw blobs and compressed buffers, and whether an attachment is present.
+//!
+//! Both kinds live in the filesystem [`BlobStore`] under the IoHash of their stored bytes. A
+//! compressed buffer is also addressed by its raw hash (the hash of its decompressed payload,
+//! which is how refs name it); the metadata store maps raw hash → stored blob, written only
+//! after the blob is durable. Stored bytes are never re-encoded.
+
+use tokio::io::AsyncReadExt;
+
+use crate::cb::{self, CbType};
+use crate::compressed::{self, CompressedError};
+use crate::meta::{MetaError, MetaStore};
+use crate::{BlobStore, IoHash, Name, StoreError};
+
+/// How deep object attachments may reference further objects before the resolver gives up
+/// (and calls the attachment missing).
+pub const MAX_OBJECT_DEPTH: usize = 16;
+/// The largest object attachment the resolver reads into memory.
+pub const MAX_ATTACHED_OBJECT: u64 = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    #[error("storage I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a valid compressed buffer: {0}")]
+    Compressed(#[from] CompressedError),
+    #[error("the compressed buffer's raw hash is {header}, but the URL names {url}")]
+    RawHashMismatch { header: IoHash, url: IoHash },
+}
+
+/// Where the bytes of a binary attachment (or a blob asked for by id) are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Located {
+    /// A compressed buffer, stored as this blob.
+    Compressed(IoHash),
+    /// A raw blob with exactly this id.
+    Raw(IoHash),
+}
+
+impl Located {
+    pub fn blob(self) -> IoHash {
+        match self {
+            Located::Compressed(b) | Located::Raw(b) => b,
+        }
+    }
+}
+
+/// Blobs plus the metadata that indexes them.
+pub struct Content {
+    pub blobs: BlobStore,
+    pub meta: MetaStore,
+}
+
+impl Content {
+    /// Validates and stores a compressed buffer that must have raw hash `id` (when given).
+    /// Checks, in the order of the spec: header and block table, raw hash against `id`, and,
+    /// when the blocks can be decoded here, the decoded payload against the raw hash. Returns
+    /// the raw hash.
+    pub async fn put_compressed(
+        &self,
+        ns: &Name,
+        id: Option<IoHash>,
+        body: &[u8],
+    ) -> Result<IoHash, ContentError> {
+        let header = compressed::check(body)?;
+        let raw = header.raw_hash;
+        if let Some(url) = id
+            && url != raw
+        {
+            return Err(ContentError::RawHashMismatch { header: raw, url });
+        }
+        match compressed::verify(body) {
+            Ok(_) | Err(CompressedError::Oodle) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(Located::Compressed(_)) = self.locate(ns, raw).await? {
+            return Ok(raw); // Already stored: an idempotent re-upload.
+        }
+        let (blob, _) = self.blobs.put(ns, None, body, u64::MAX).await?;
+        self.meta.put_content(ns, raw, blob).await?;
+        Ok(raw)
+    }
+
+    /// Where the content named `id` is: a compressed buffer with that raw hash first, else a
+    /// raw blob with that id.
+    pub async fn locate(&self, ns: &Name, id: IoHash) -> Result<Option<Located>, ContentError> {
+        if let Some(blob) = self.meta.content_blob(ns, id).await?
+            && self.blobs.exists(ns, &blob).await?
+        {
+            return Ok(Some(Located::Compressed(blob)));
+        }
+        if self.blobs.exists(ns, &id).await? {
+            return Ok(Some(Located::Raw(id)));
+        }
+        Ok(None)
+    }
+
+    /// A stored blob, whole, if it is at most `limit` bytes; `None` if missing or larger.
+    pub async fn read_blob(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, ContentError> {
+        let Some((file, size)) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
+        if size > limit {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        file.take(limit).read_to_end(&mut out).await?;
+        Ok(Some(out))
+    }
+
+    /// The attachments of `object` (a validated compact-binary object) that are not present,
+    /// each once, in the order the object names them.
+    pub async fn missing(&self, ns: &Name, object: &[u8]) -> Result<Vec<IoHash>, ContentError> {
+        let attachments = match cb::parse(object) {
+            Ok(field) => field.attachments(),
+            Err(_) => return Ok(Vec::new()),
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut missing = Vec::new();
+        for (ty, hash) in attachments {
+            let hash = IoHash::from_bytes(hash);
+            if seen.insert(hash) && !self.present(ns, ty, hash, 0).await? {
+                missing.push(hash);
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Whether one attachment is present: a binary one as a compressed buffer or raw blob, an
+    /// object one as a stored, valid object whose own attachments are present.
+    fn present<'a>(
+        &'a self,
+        ns: &'a Name,
+        ty: CbType,
+        hash: IoHash,
+        depth: usize,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, ContentError>> {
+        Box::pin(async move {
+            if ty == CbType::BinaryAttachment {
+                return Ok(self.locate(ns, hash).await?.is_some());
+            }
+            if depth >= MAX_OBJECT_DEPTH {
+                return Ok(false);
+            }
+            let Some(bytes) = self.read_blob(ns, &hash, MAX_ATTACHED_OBJECT).await? else { return Ok(false) };
+            let Ok(object) = cb::parse(&bytes) else { return Ok(false) };
+            for (ty, h) in object.attachments() {
+                if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1).await? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+}
