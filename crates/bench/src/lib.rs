@@ -4,6 +4,7 @@
 //! in one process), a sampler of the server's CPU and memory from `/proc`, and a report: a
 //! table on the terminal, JSON for scripts, and optional SVG plots.
 
+pub mod ddc;
 pub mod hold;
 pub mod machine;
 pub mod pingpong;

@@ -40,8 +40,9 @@ pub(crate) fn line_chart(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(file);
+    // Both backends draw text with the bundled font (ab_glyph has no system fonts).
+    register_font();
     if file.ends_with(".png") {
-        register_font();
         draw(BitMapBackend::new(&path, (800, 480)).into_drawing_area(), title, points, machine)
     } else {
         draw(SVGBackend::new(&path, (800, 480)).into_drawing_area(), title, points, machine)
@@ -58,6 +59,79 @@ fn register_font() {
             tracing::warn!("could not load the chart font; PNG text may be missing");
         }
     });
+}
+
+/// Writes `ddc-latency.svg`: p50 and p95 of each test beside the report's, on a log scale.
+pub(crate) fn ddc(dir: &Path, report: &crate::ddc::DdcReport) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    register_font();
+    let path = dir.join("ddc-latency.svg");
+    let root = SVGBackend::new(&path, (1100, 520)).into_drawing_area();
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let tests = &report.tests;
+    let names: Vec<String> = tests.iter().map(|t| t.name.clone()).collect();
+    let all = tests.iter().flat_map(|t| {
+        let anchor = t.report.as_ref().map(|a| [a.p50_ms, a.p95_ms]).unwrap_or([0.0; 2]);
+        [t.latency_ms.p50, t.latency_ms.p95, anchor[0], anchor[1]]
+    });
+    let (lo, hi) = all.filter(|v| *v > 0.0).fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (lo, hi) = if hi > 0.0 { (lo / 2.0, hi * 2.0) } else { (0.01, 1.0) };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("DDC latency, ms (log): tickwire vs the report — {}", report.machine.line()),
+            ("sans-serif", 18),
+        )
+        .margin(16)
+        .x_label_area_size(90)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5f64..(tests.len() as f64 - 0.5), (lo..hi).log_scale())
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_labels(tests.len().max(1))
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
+        .y_desc("ms")
+        .draw()
+        .map_err(|e| fail(&e))?;
+    /// Label, colour, filled, and the figure of a test.
+    type Series = (&'static str, RGBColor, bool, fn(&crate::ddc::TestResult) -> Option<f64>);
+    let series: [Series; 4] = [
+        ("tickwire p50", BLUE, true, |t| Some(t.latency_ms.p50)),
+        ("tickwire p95", BLUE, false, |t| Some(t.latency_ms.p95)),
+        ("report p50", RED, true, |t| t.report.as_ref().map(|a| a.p50_ms)),
+        ("report p95", RED, false, |t| t.report.as_ref().map(|a| a.p95_ms)),
+    ];
+    for (k, (label, color, filled, value)) in series.into_iter().enumerate() {
+        let shift = (k as f64 - 1.5) * 0.12;
+        let points: Vec<(f64, f64)> = tests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| value(t).filter(|v| *v > 0.0).map(|v| (i as f64 + shift, v)))
+            .collect();
+        let style = if filled { color.filled() } else { color.stroke_width(2) };
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 5, style)))
+            .map_err(|e| fail(&e))?
+            .label(label)
+            .legend(move |(x, y)| Circle::new((x, y), 5, style));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
 }
 
 fn draw<DB: DrawingBackend>(
@@ -95,8 +169,9 @@ mod tests {
     fn writes_png_and_svg() {
         let dir = std::env::temp_dir().join(format!("tickwire-plot-{}", std::process::id()));
         let points = [(10.0, 1.0), (20.0, 3.0)];
-        line_chart(&dir, "a.png", "t", &points, "m").unwrap();
+        // SVG first: it must not depend on a PNG having registered the font.
         line_chart(&dir, "a.svg", "t", &points, "m").unwrap();
+        line_chart(&dir, "a.png", "t", &points, "m").unwrap();
         let png = std::fs::read(dir.join("a.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert!(std::fs::read_to_string(dir.join("a.svg")).unwrap().contains("<svg"));

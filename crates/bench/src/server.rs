@@ -1,5 +1,6 @@
-//! Starts the gateway under test as a child process of the bench (the default), so its CPU and
-//! memory are measured on their own, and stops it when the bench ends.
+//! Starts the server under test (the gateway, or the DDC) as a child process of the bench (the
+//! default), so its CPU and memory are measured on their own, and stops it when the bench
+//! ends.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use tickwire_gateway::LISTENING_PREFIX;
 
 /// A gateway child process, terminated on drop.
 pub struct ChildGateway {
-    child: Child,
+    child: ChildServer,
     pub tcp: SocketAddr,
 }
 
@@ -19,33 +20,56 @@ impl ChildGateway {
     /// Runs `<this executable> gateway --processes N --set ...` on a free loopback port and
     /// waits until it prints its TCP address.
     pub fn start(overrides: &[String], processes: u8) -> anyhow::Result<ChildGateway> {
+        let mut args: Vec<String> =
+            ["gateway", "--set", "listen.tcp=[\"127.0.0.1:0\"]", "--set", "listen.ws=[]"]
+                .map(String::from)
+                .into();
+        args.extend(["--processes".into(), processes.to_string()]);
+        for o in overrides {
+            args.extend(["--set".into(), o.clone()]);
+        }
+        let (child, addr) = ChildServer::start(&args, "tcp://")?;
+        let tcp = addr.parse().context("gateway printed a bad address")?;
+        Ok(ChildGateway { child, tcp })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+}
+
+/// A child `tickwire` process, terminated (SIGTERM, then SIGKILL) on drop.
+pub struct ChildServer {
+    child: Child,
+}
+
+impl ChildServer {
+    /// Runs `<this executable> ARGS` and waits until it prints its listening line for
+    /// `scheme` (e.g. `tcp://`); returns the child and the rest of that line, trimmed.
+    pub fn start(args: &[String], scheme: &str) -> anyhow::Result<(ChildServer, String)> {
         let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
         let mut cmd = Command::new(exe);
-        cmd.arg("gateway")
-            .args(["--set", "listen.tcp=[\"127.0.0.1:0\"]", "--set", "listen.ws=[]"])
-            .args(["--processes", &processes.to_string()])
+        cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
-        for o in overrides {
-            cmd.args(["--set", o]);
-        }
-        let mut child = cmd.spawn().context("cannot start the gateway")?;
-        let stdout = child.stdout.take().context("gateway stdout")?;
+        let mut child = cmd.spawn().with_context(|| format!("cannot start `tickwire {}`", args[0]))?;
+        let stdout = child.stdout.take().context("child stdout")?;
         let mut lines = BufReader::new(stdout).lines();
-        let tcp = loop {
+        let rest = loop {
             let Some(line) = lines.next() else {
                 let _ = child.kill();
-                bail!("the gateway exited before it was listening");
+                let _ = child.wait();
+                bail!("`tickwire {}` exited before it was listening", args[0]);
             };
             let line = line?;
-            if let Some(addr) = line.strip_prefix(LISTENING_PREFIX).and_then(|s| s.strip_prefix("tcp://")) {
-                break addr.trim().parse().context("gateway printed a bad address")?;
+            if let Some(rest) = line.strip_prefix(LISTENING_PREFIX).and_then(|s| s.strip_prefix(scheme)) {
+                break rest.trim().to_owned();
             }
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Ok(ChildGateway { child, tcp })
+        Ok((ChildServer { child }, rest))
     }
 
     pub fn pid(&self) -> u32 {
@@ -53,7 +77,7 @@ impl ChildGateway {
     }
 }
 
-impl Drop for ChildGateway {
+impl Drop for ChildServer {
     fn drop(&mut self) {
         // SIGTERM for a graceful stop, then SIGKILL if it lingers.
         // SAFETY: signalling our own child by pid.

@@ -63,6 +63,11 @@ pub async fn serve(
                 }
             },
         };
+        // Answers go out in several writes (headers, then body chunks): without this, Nagle's
+        // algorithm and the client's delayed ACK hold the last small write for ~40 ms.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "setting TCP_NODELAY failed");
+        }
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Over TLS, a 503 would need a handshake first: the connection is just closed.
             if tls.is_none() {

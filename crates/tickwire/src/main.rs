@@ -145,6 +145,8 @@ enum Bench {
     Replication(tickwire_bench::replication::ReplicationArgs),
     /// B2: state-sync cost per room tick and rooms per machine (the SwiftStateTree report).
     Sync(tickwire_bench::sync::SyncArgs),
+    /// B4: the Cloud DDC benchmark suite against a child `tickwire ddc` (the DDC report).
+    Ddc(tickwire_bench::ddc::DdcArgs),
     /// Internal: one load-generator process of a large pingpong run.
     #[command(hide = true)]
     PingpongWorker {
@@ -172,8 +174,14 @@ fn main() -> anyhow::Result<()> {
         return tickwire_bench::sync::run(args).map(|_| ());
     }
     tickwire_transport::raise_fd_limit();
-    // The main runtime only coordinates; the heavy lifting runs on per-core I/O threads.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The gateway's main runtime only coordinates; its heavy lifting runs on per-core I/O
+    // threads. The DDC server is plain request/response work: a runtime with a worker per
+    // core. Load generators stay on one thread (the DDC bench verifies large bodies on the
+    // blocking pool), which keeps their timing steady.
+    let runtime = match cli.command {
+        Command::Ddc(_) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+        _ => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+    };
     runtime.block_on(async move {
         match cli.command {
             Command::Gateway(args) => gateway(args).await,
@@ -188,6 +196,7 @@ fn main() -> anyhow::Result<()> {
             Command::Bench { bench: Bench::Replication(args) } => {
                 tickwire_bench::replication::run(args).await.map(|_| ())
             }
+            Command::Bench { bench: Bench::Ddc(args) } => tickwire_bench::ddc::run(args).await.map(|_| ()),
             Command::Bench { bench: Bench::Sync(_) } => unreachable!("handled before the runtime starts"),
         }
     })
