@@ -170,6 +170,23 @@ pub fn decode(body: &[u8]) -> Result<(Header, Vec<u8>), CompressedError> {
     Ok((header, payload))
 }
 
+/// A buffer of method None holding `raw`: what the engine writes when compressing would not
+/// help. For tests, tools and the bench.
+pub fn encode_none(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + raw.len());
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.extend_from_slice(&[0; 4]); // The CRC, below.
+    out.extend_from_slice(&[0, 0, 0, 0]); // Method None, compressor, level, block size exponent.
+    out.extend_from_slice(&1u32.to_be_bytes());
+    out.extend_from_slice(&(raw.len() as u64).to_be_bytes());
+    out.extend_from_slice(&((HEADER + raw.len()) as u64).to_be_bytes());
+    out.extend_from_slice(blake3::hash(raw).as_bytes());
+    let crc = crc32fast::hash(&out[8..HEADER]);
+    out[4..8].copy_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(raw);
+    out
+}
+
 /// Hands each block's raw bytes to `sink`, in order.
 fn for_each_block(body: &[u8], header: &Header, mut sink: impl FnMut(&[u8])) -> Result<(), CompressedError> {
     if header.method == Method::None {
