@@ -34,6 +34,18 @@ pub enum StoreError {
 pub struct BlobStore {
     root: PathBuf,
     next_tmp: AtomicU64,
+    usage: std::sync::Arc<Usage>,
+}
+
+/// How many blobs and bytes the store holds: counted by a walk of the tree when the store
+/// opens (in the background) and kept up to date by writes and deletes. Two identical
+/// uploads racing may count one blob twice until the next start.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pub blobs: AtomicU64,
+    pub bytes: AtomicU64,
+    /// The walk at open has finished.
+    pub counted: std::sync::atomic::AtomicBool,
 }
 
 impl BlobStore {
@@ -46,7 +58,20 @@ impl BlobStore {
         while let Some(entry) = stale.next_entry().await? {
             let _ = fs::remove_file(entry.path()).await;
         }
-        Ok(BlobStore { root, next_tmp: AtomicU64::new(0) })
+        let usage = std::sync::Arc::new(Usage::default());
+        let (walk_root, walk_usage) = (root.clone(), usage.clone());
+        tokio::task::spawn_blocking(move || {
+            let (blobs, bytes) = walk(&walk_root);
+            walk_usage.blobs.fetch_add(blobs, Ordering::Relaxed);
+            walk_usage.bytes.fetch_add(bytes, Ordering::Relaxed);
+            walk_usage.counted.store(true, Ordering::Relaxed);
+        });
+        Ok(BlobStore { root, next_tmp: AtomicU64::new(0), usage })
+    }
+
+    /// Blobs and bytes stored.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
     }
 
     fn path(&self, ns: &Name, id: &IoHash) -> PathBuf {
@@ -82,8 +107,13 @@ impl BlobStore {
         let dest = self.path(ns, &actual);
         let dir = dest.parent().expect("blob paths have a parent");
         fs::create_dir_all(dir).await?;
+        let new = !fs::try_exists(&dest).await.unwrap_or(false);
         fs::rename(&tmp, &dest).await?;
         sync_dir(dir).await?;
+        if new {
+            self.usage.blobs.fetch_add(1, Ordering::Relaxed);
+            self.usage.bytes.fetch_add(size, Ordering::Relaxed);
+        }
         Ok((actual, size))
     }
 
@@ -132,8 +162,14 @@ impl BlobStore {
 
     /// Removes a blob; false if it was not there.
     pub async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        match fs::remove_file(self.path(ns, id)).await {
-            Ok(()) => Ok(true),
+        let path = self.path(ns, id);
+        let size = fs::metadata(&path).await.map(|m| m.len()).unwrap_or(0);
+        match fs::remove_file(path).await {
+            Ok(()) => {
+                self.usage.blobs.fetch_sub(1, Ordering::Relaxed);
+                self.usage.bytes.fetch_sub(size, Ordering::Relaxed);
+                Ok(true)
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }
@@ -143,11 +179,39 @@ impl BlobStore {
 impl BlobStore {
     /// Removes every blob of a namespace.
     pub async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
-        match fs::remove_dir_all(self.root.join(ns.as_str())).await {
+        let dir = self.root.join(ns.as_str());
+        let walked = dir.clone();
+        let (blobs, bytes) = tokio::task::spawn_blocking(move || walk(&walked)).await.unwrap_or((0, 0));
+        self.usage.blobs.fetch_sub(blobs.min(self.usage.blobs.load(Ordering::Relaxed)), Ordering::Relaxed);
+        self.usage.bytes.fetch_sub(bytes.min(self.usage.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        match fs::remove_dir_all(dir).await {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
     }
+}
+
+/// Files and bytes under `dir`, skipping the store's own `.tmp` and `.meta`.
+fn walk(dir: &Path) -> (u64, u64) {
+    let mut stack = vec![dir.to_owned()];
+    let (mut files, mut bytes) = (0, 0);
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => {
+                    files += 1;
+                    bytes += m.len();
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    (files, bytes)
 }
 
 /// The hash and size of what `body` yields (at most `limit` bytes), stored nowhere.

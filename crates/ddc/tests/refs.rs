@@ -451,3 +451,36 @@ fn ranges_on_blob_gets() {
         assert_eq!(send(req(&s, "GET", &path), None).body, body);
     }
 }
+
+#[test]
+fn metrics_count_requests_by_route_and_the_store() {
+    let s = start();
+    let record = object("cache-record");
+    let k = key("metrics");
+    assert_eq!(needs(&put_ref(&s, "m", &k, &record)).len(), 2);
+    assert_eq!(get_ref(&s, "m", &k, CB).status, 400);
+    let body = b"some blob";
+    let id = IoHash::of(body).to_hex();
+    let r =
+        req(&s, "PUT", &format!("/api/v1/blobs/{NS}/{id}")).set("Content-Type", "application/octet-stream");
+    assert_eq!(send(r, Some(body)).status, 200);
+    // Without a token, like the health checks.
+    let text = String::from_utf8(send(ureq::get(&url(&s, "/metrics")), None).body).unwrap();
+    let has = |needle: &str| text.lines().any(|l| l.contains(needle));
+    assert!(
+        has(r#"ddc_requests_total{route="/api/v1/refs/{ns}/{bucket}/{key}",method="PUT",status="200"} 1"#),
+        "{text}"
+    );
+    assert!(has(
+        r#"ddc_requests_total{route="/api/v1/refs/{ns}/{bucket}/{key}",method="GET",status="400"} 1"#
+    ));
+    assert!(has(r#"ddc_requests_total{route="/api/v1/blobs/{ns}/{id}",method="PUT",status="200"} 1"#));
+    assert!(has(r#"ddc_request_duration_seconds_bucket{route="/api/v1/blobs/{ns}/{id}",le="+Inf"} 1"#));
+    assert!(has(&format!(
+        r#"ddc_request_body_bytes_total{{route="/api/v1/blobs/{{ns}}/{{id}}"}} {}"#,
+        body.len()
+    )));
+    assert!(!text.contains(&k), "no key in a label");
+    let stored = text.lines().find(|l| l.starts_with("ddc_store_bytes ")).unwrap();
+    assert!(stored.ends_with(&format!(" {}", body.len())), "{stored}");
+}

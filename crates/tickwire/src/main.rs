@@ -102,7 +102,8 @@ struct DdcArgs {
     root: PathBuf,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: std::net::SocketAddr,
-    /// Bearer tokens and their grants (TOML `[[tokens]]` with token, namespaces, actions).
+    /// Bearer tokens and their grants: TOML `[[tokens]]` (token, namespaces, actions) and/or a
+    /// `[jwt]` key set with scopes (see docs/ddc.md).
     #[arg(long, conflicts_with = "dev_auth")]
     tokens: Option<PathBuf>,
     /// No auth at all: anyone may read, write and delete. For a local try-out only.

@@ -6,6 +6,7 @@
 mod batch;
 mod blobs;
 pub mod body;
+mod metrics;
 mod refs;
 
 use std::path::Path;
@@ -70,6 +71,7 @@ pub struct Ddc {
     /// `X-Jupiter-Allow-Overwrite: true` (the reference server's default policy allows it).
     pub allow_overwrite: bool,
     budget: MemoryBudget,
+    metrics: metrics::Metrics,
 }
 
 impl Ddc {
@@ -84,6 +86,7 @@ impl Ddc {
             limits,
             allow_overwrite: true,
             budget: MemoryBudget::new(limits.memory_budget),
+            metrics: metrics::Metrics::new(),
         })
     }
 
@@ -256,6 +259,8 @@ pub fn router(ddc: Arc<Ddc>) -> Router {
             "/api/v1/refs/{ns}/{bucket}/{key}/blobs/{id}",
             put(blobs::put_ref_blob).get(blobs::get_ref_blob),
         )
+        .route("/metrics", get(metrics::scrape))
+        .route_layer(axum::middleware::from_fn_with_state(ddc.clone(), metrics::track))
         .with_state(ddc)
 }
 
