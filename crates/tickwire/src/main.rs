@@ -313,7 +313,9 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         }
     });
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(tickwire_transport::TlsServer::from_files(cert, key)?),
+        (Some(cert), Some(key)) => {
+            Some(tickwire_transport::TlsServer::from_files_with_alpn(cert, key, tickwire_ddc::serve::alpn())?)
+        }
         _ => None,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

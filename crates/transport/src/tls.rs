@@ -41,6 +41,8 @@ enum Source {
 /// A server's TLS settings, swappable while it runs.
 pub struct TlsServer {
     source: Source,
+    /// Application protocols offered in ALPN, most preferred first (none: no ALPN).
+    alpn: Vec<Vec<u8>>,
     acceptor: RwLock<TlsAcceptor>,
 }
 
@@ -54,20 +56,37 @@ impl TlsServer {
     /// Reads a certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, PKCS#1 or
     /// SEC1).
     pub fn from_files(cert: &Path, key: &Path) -> Result<Arc<TlsServer>, TlsError> {
+        TlsServer::from_files_with_alpn(cert, key, Vec::new())
+    }
+
+    /// [`TlsServer::from_files`], offering `alpn` (e.g. `h2`, `http/1.1`) in the handshake.
+    pub fn from_files_with_alpn(
+        cert: &Path,
+        key: &Path,
+        alpn: Vec<Vec<u8>>,
+    ) -> Result<Arc<TlsServer>, TlsError> {
         let source = Source::Files { cert: cert.to_owned(), key: key.to_owned() };
-        let acceptor = acceptor_from_files(cert, key)?;
-        Ok(Arc::new(TlsServer { source, acceptor: RwLock::new(acceptor) }))
+        let acceptor = acceptor_from_files(cert, key, &alpn)?;
+        Ok(Arc::new(TlsServer { source, alpn, acceptor: RwLock::new(acceptor) }))
     }
 
     /// A fresh self-signed certificate for `names` (DNS names or IP addresses), for demos and
     /// tests. Returns the certificate in PEM too, for clients to trust.
     pub fn self_signed(names: &[String]) -> Result<(Arc<TlsServer>, String), TlsError> {
+        TlsServer::self_signed_with_alpn(names, Vec::new())
+    }
+
+    /// [`TlsServer::self_signed`], offering `alpn` in the handshake.
+    pub fn self_signed_with_alpn(
+        names: &[String],
+        alpn: Vec<Vec<u8>>,
+    ) -> Result<(Arc<TlsServer>, String), TlsError> {
         let certified = rcgen::generate_simple_self_signed(names.to_vec())?;
         let cert_pem = certified.cert.pem();
         let chain = vec![certified.cert.der().clone()];
         let key = PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
-        let acceptor = TlsAcceptor::from(server_config(chain, key)?);
-        let server = TlsServer { source: Source::SelfSigned, acceptor: RwLock::new(acceptor) };
+        let acceptor = TlsAcceptor::from(server_config(chain, key, &alpn)?);
+        let server = TlsServer { source: Source::SelfSigned, alpn, acceptor: RwLock::new(acceptor) };
         Ok((Arc::new(server), cert_pem))
     }
 
@@ -75,7 +94,7 @@ impl TlsServer {
     /// self-signed server has nothing to re-read.
     pub fn reload(&self) -> Result<(), TlsError> {
         let Source::Files { cert, key } = &self.source else { return Ok(()) };
-        let acceptor = acceptor_from_files(cert, key)?;
+        let acceptor = acceptor_from_files(cert, key, &self.alpn)?;
         *self.acceptor.write().unwrap_or_else(|p| p.into_inner()) = acceptor;
         Ok(())
     }
@@ -86,11 +105,11 @@ impl TlsServer {
     }
 }
 
-fn acceptor_from_files(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+fn acceptor_from_files(cert: &Path, key: &Path, alpn: &[Vec<u8>]) -> Result<TlsAcceptor, TlsError> {
     let chain = read_certificates(cert)?;
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|source| TlsError::Read { path: key.to_owned(), source })?;
-    Ok(TlsAcceptor::from(server_config(chain, key)?))
+    Ok(TlsAcceptor::from(server_config(chain, key, alpn)?))
 }
 
 fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -106,11 +125,13 @@ fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsErr
 fn server_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    alpn: &[Vec<u8>],
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
+    let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
+    config.alpn_protocols = alpn.to_vec();
     Ok(Arc::new(config))
 }
 
