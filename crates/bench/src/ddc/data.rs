@@ -8,11 +8,20 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 use tickwire_ddc::IoHash;
 
-/// One blob and its id.
+/// One blob and its id: `prefix` then `bytes` (the prefix is empty but for fresh uploads, which
+/// share the seeded bytes).
 #[derive(Clone)]
 pub struct Blob {
     pub id: IoHash,
     pub bytes: Bytes,
+    pub prefix: Bytes,
+}
+
+impl Blob {
+    /// The blob as a request body, without copying it.
+    pub fn body(&self) -> super::load::Chunks {
+        super::load::Chunks::new(vec![self.prefix.clone(), self.bytes.clone()])
+    }
 }
 
 /// `count` blobs of `size` bytes, the same for the same `seed`.
@@ -22,7 +31,7 @@ pub fn blobs(seed: u64, count: usize, size: impl Fn(&mut StdRng) -> usize) -> Ve
         .map(|_| {
             let mut bytes = vec![0u8; size(&mut rng)];
             rng.fill_bytes(&mut bytes);
-            Blob { id: IoHash::of(&bytes), bytes: bytes.into() }
+            Blob { id: IoHash::of(&bytes), bytes: bytes.into(), prefix: Bytes::new() }
         })
         .collect()
 }

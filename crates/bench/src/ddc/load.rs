@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::Method;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -20,7 +20,56 @@ use tickwire_ddc::cb::{EntryFlags, Package};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-pub type Client = HyperClient<HttpConnector, Full<Bytes>>;
+pub type Client = HyperClient<HttpConnector, Chunks>;
+
+/// A request body sent as a few shared chunks (no copy), with its exact length declared: how a
+/// unique upload is a short prefix before a large shared blob.
+#[derive(Debug, Clone, Default)]
+pub struct Chunks {
+    chunks: std::collections::VecDeque<Bytes>,
+    left: u64,
+}
+
+impl Chunks {
+    pub fn new(chunks: Vec<Bytes>) -> Chunks {
+        let left = chunks.iter().map(|c| c.len() as u64).sum();
+        Chunks { chunks: chunks.into_iter().filter(|c| !c.is_empty()).collect(), left }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.left
+    }
+}
+
+impl From<Bytes> for Chunks {
+    fn from(b: Bytes) -> Chunks {
+        Chunks::new(vec![b])
+    }
+}
+
+impl hyper::body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let next = self.chunks.pop_front();
+        if let Some(c) = &next {
+            self.left -= c.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}
 
 /// A pooled HTTP/1.1 client (one connection per request in flight, reused).
 pub fn client() -> Client {
@@ -51,7 +100,7 @@ pub struct Call {
     pub method: Method,
     pub url: String,
     pub headers: Vec<(&'static str, String)>,
-    pub body: Bytes,
+    pub body: Chunks,
     pub expect: Expect,
 }
 
@@ -109,7 +158,7 @@ pub async fn execute(client: &Client, call: &Call, timeout: Duration) -> Result<
     for (name, value) in &call.headers {
         request = request.header(*name, value);
     }
-    let request = request.body(Full::new(call.body.clone())).map_err(|e| format!("request: {e}"))?;
+    let request = request.body(call.body.clone()).map_err(|e| format!("request: {e}"))?;
     let exchange = async {
         let response = client.request(request).await.map_err(|e| format!("transport: {e}"))?;
         let status = response.status();
@@ -209,16 +258,18 @@ pub async fn run(
                 if due >= end {
                     break;
                 }
+                // The request is built before its due time (hashing a fresh upload takes time).
                 // Tokio's timer fires up to a millisecond late: wake a millisecond early, so a
                 // request goes out at its due time, not after it.
+                let call = calls(i);
                 tokio::time::sleep_until(due - TIMER_SLACK).await;
                 let slot = slots.clone().acquire_owned().await.expect("never closed");
-                let (client, tally, call) = (client.clone(), tally.clone(), calls(i));
+                let (client, tally) = (client.clone(), tally.clone());
                 tokio::spawn(async move {
                     // Timed from the due time, or from sending if that came first.
                     let start = Instant::now().min(due);
                     let result = execute(&client, &call, limits.timeout).await;
-                    tally.lock().expect("not poisoned").record(result, start, call.body.len() as u64);
+                    tally.lock().expect("not poisoned").record(result, start, call.body.len());
                     drop(slot);
                 });
                 progress.set_position(start.elapsed().as_secs().min(limits.duration.as_secs()));
@@ -237,7 +288,7 @@ pub async fn run(
                             let call = calls(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
                             let sent = Instant::now();
                             let result = execute(&client, &call, limits.timeout).await;
-                            tally.lock().expect("not poisoned").record(result, sent, call.body.len() as u64);
+                            tally.lock().expect("not poisoned").record(result, sent, call.body.len());
                         }
                     })
                 })

@@ -25,7 +25,7 @@ use tickwire_ddc::IoHash;
 use crate::machine::{Machine, ProcSample};
 use crate::server::ChildServer;
 use data::Blob;
-use load::{Call, Client, Expect, Pace, RunLimits};
+use load::{Call, Chunks, Client, Expect, Pace, RunLimits};
 pub use report::{DdcReport, TestResult};
 
 /// Flags of `tickwire bench ddc`.
@@ -73,6 +73,11 @@ pub struct DdcArgs {
     /// Write charts (SVG) of the latencies beside the report's into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Upload tests send new content every time (an 8-byte prefix before a seeded payload) to
+    /// new keys, so each one is written and fsynced. By default they re-send the seeded data,
+    /// as the report's suite does, which the server only hashes ("already have it").
+    #[arg(long)]
+    pub fresh_uploads: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -273,7 +278,7 @@ impl Target {
         method: Method,
         path: &str,
         headers: &[(&'static str, String)],
-        body: Bytes,
+        body: Chunks,
         expect: Expect,
     ) -> Call {
         let mut all = vec![("authorization", format!("Bearer {}", self.token))];
@@ -291,13 +296,13 @@ impl Target {
 
     fn put_blob(&self, blob: &Blob) -> Call {
         let octet = [("content-type", "application/octet-stream".to_owned())];
-        self.call(Method::PUT, &self.blob_path(&blob.id), &octet, blob.bytes.clone(), Expect::Status)
+        self.call(Method::PUT, &self.blob_path(&blob.id), &octet, blob.body(), Expect::Status)
     }
 
     fn put_raw_ref(&self, key: &str, blob: &Blob) -> Call {
         let headers =
             [("content-type", "application/octet-stream".to_owned()), ("x-jupiter-iohash", blob.id.to_hex())];
-        self.call(Method::PUT, &self.ref_path(key), &headers, blob.bytes.clone(), Expect::Status)
+        self.call(Method::PUT, &self.ref_path(key), &headers, blob.body(), Expect::Status)
     }
 
     fn put_object_ref(&self, key: &str, object: &Bytes) -> Call {
@@ -305,7 +310,7 @@ impl Target {
             ("content-type", "application/x-ue-cb".to_owned()),
             ("x-jupiter-iohash", IoHash::of(object).to_hex()),
         ];
-        self.call(Method::PUT, &self.ref_path(key), &headers, object.clone(), Expect::Status)
+        self.call(Method::PUT, &self.ref_path(key), &headers, object.clone().into(), Expect::Status)
     }
 }
 
@@ -363,40 +368,76 @@ async fn run_all(client: &Client, calls: Vec<Call>, timeout: Duration) -> anyhow
     }
 }
 
+/// Request `i`'s fresh version of a seeded blob: an 8-byte prefix (the run and `i`) before it.
+fn fresh(blob: &Blob, run: u64, i: u64) -> Blob {
+    let prefix = Bytes::from((run ^ i.rotate_left(32)).to_le_bytes().to_vec());
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&prefix);
+    hasher.update(&blob.bytes);
+    Blob { id: IoHash::from_hasher(&hasher), bytes: blob.bytes.clone(), prefix }
+}
+
 /// The measured request of a test, for request `i`.
-fn measured(test: &Test, target: &Arc<Target>, data: &Arc<Seeded>) -> Arc<dyn Fn(u64) -> Call + Send + Sync> {
+fn measured(
+    test: &Test,
+    target: &Arc<Target>,
+    data: &Arc<Seeded>,
+    fresh_uploads: bool,
+) -> Arc<dyn Fn(u64) -> Call + Send + Sync> {
     let (t, d) = (target.clone(), data.clone());
     let n = data.blobs.len().max(1);
     let pick = move |i: u64| (i as usize) % n;
+    // Distinct per run, so a second run against the same --target writes new data too.
+    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    if fresh_uploads {
+        match test.name {
+            "small_blob_uploads" | "large_blob_uploads" => {
+                return Arc::new(move |i| t.put_blob(&fresh(&d.blobs[pick(i)], run, i)));
+            }
+            "refs_raw_upload" => {
+                return Arc::new(move |i| {
+                    let blob = fresh(&d.blobs[pick(i)], run, i);
+                    t.put_raw_ref(&data::ref_key(&blob.id), &blob)
+                });
+            }
+            "uecb_upload" | "game_upload" => {
+                return Arc::new(move |i| {
+                    let key = IoHash::of(format!("fresh-{run}-{i}").as_bytes()).to_hex();
+                    t.put_object_ref(&key, &d.objects[pick(i)])
+                });
+            }
+            _ => {}
+        }
+    }
     match test.name {
         "healthcheck_ready" | "healthcheck_live" => {
             let path = if test.name == "healthcheck_ready" { "/health/ready" } else { "/health/live" };
             let healthy = IoHash::of(b"Healthy");
-            Arc::new(move |_| t.call(Method::GET, path, &[], Bytes::new(), Expect::BodyHash(healthy)))
+            Arc::new(move |_| t.call(Method::GET, path, &[], Chunks::default(), Expect::BodyHash(healthy)))
         }
         "small_blob_uploads" | "large_blob_uploads" => Arc::new(move |i| t.put_blob(&d.blobs[pick(i)])),
         "small_blob_downloads" | "large_blob_download" => Arc::new(move |i| {
             let id = d.blobs[pick(i)].id;
-            t.call(Method::GET, &t.blob_path(&id), &[], Bytes::new(), Expect::BodyHash(id))
+            t.call(Method::GET, &t.blob_path(&id), &[], Chunks::default(), Expect::BodyHash(id))
         }),
         "refs_raw_upload" => Arc::new(move |i| t.put_raw_ref(&d.keys[pick(i)], &d.blobs[pick(i)])),
         "refs_raw_download" => Arc::new(move |i| {
             let path = format!("{}.raw", t.ref_path(&d.keys[pick(i)]));
-            t.call(Method::GET, &path, &[], Bytes::new(), Expect::BodyHash(d.blobs[pick(i)].id))
+            t.call(Method::GET, &path, &[], Chunks::default(), Expect::BodyHash(d.blobs[pick(i)].id))
         }),
         "uecb_upload" | "game_upload" => {
             Arc::new(move |i| t.put_object_ref(&d.keys[pick(i)], &d.objects[pick(i)]))
         }
         "uecb_download" => Arc::new(move |i| {
             let path = format!("{}.uecb", t.ref_path(&d.keys[pick(i)]));
-            t.call(Method::GET, &path, &[], Bytes::new(), Expect::BodyHash(IoHash::of(&d.objects[pick(i)])))
+            t.call(Method::GET, &path, &[], Chunks::default(), Expect::BodyHash(IoHash::of(&d.objects[pick(i)])))
         }),
         _ => Arc::new(move |i| {
             // uecb_pkg_download, game_download: the object and its one raw attachment.
             let path = format!("{}.uecbpkg", t.ref_path(&d.keys[pick(i)]));
             let expect =
                 Expect::Package { root: IoHash::of(&d.objects[pick(i)]), attachment: d.blobs[pick(i)].id };
-            t.call(Method::GET, &path, &[], Bytes::new(), expect)
+            t.call(Method::GET, &path, &[], Chunks::default(), expect)
         }),
     }
 }
@@ -480,7 +521,7 @@ async fn run_test(
             .progress_chars("=> "),
     );
     let before = target.pid.and_then(ProcSample::read);
-    let tally = load::run(client, pace, limits, measured(test, target, data), &bar).await;
+    let tally = load::run(client, pace, limits, measured(test, target, data, args.fresh_uploads), &bar).await;
     bar.finish_and_clear();
     let server_cpu_pct = match (before, target.pid.and_then(ProcSample::read)) {
         (Some(a), Some(b)) => Some(b.cpu_pct_since(&a)),
