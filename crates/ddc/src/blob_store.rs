@@ -35,6 +35,10 @@ pub struct BlobStore {
     root: PathBuf,
     next_tmp: AtomicU64,
     usage: std::sync::Arc<Usage>,
+    /// Blobs renamed into place whose directory is not yet fsynced, with how many writers
+    /// are settling each: [`BlobStore::exists`] calls them absent, so nothing is acknowledged
+    /// on the strength of a name a power loss could still undo.
+    settling: std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>,
 }
 
 /// How many blobs and bytes the store holds: counted by a walk of the tree when the store
@@ -66,7 +70,7 @@ impl BlobStore {
             walk_usage.bytes.fetch_add(bytes, Ordering::Relaxed);
             walk_usage.counted.store(true, Ordering::Relaxed);
         });
-        Ok(BlobStore { root, next_tmp: AtomicU64::new(0), usage })
+        Ok(BlobStore { root, next_tmp: AtomicU64::new(0), usage, settling: Default::default() })
     }
 
     /// Blobs and bytes stored.
@@ -106,10 +110,17 @@ impl BlobStore {
         }
         let dest = self.path(ns, &actual);
         let dir = dest.parent().expect("blob paths have a parent");
-        fs::create_dir_all(dir).await?;
+        if let Err(e) = create_dirs_durably(dir).await {
+            let _ = fs::remove_file(&tmp).await;
+            return Err(e.into());
+        }
         let new = !fs::try_exists(&dest).await.unwrap_or(false);
-        fs::rename(&tmp, &dest).await?;
-        sync_dir(dir).await?;
+        let settled = {
+            let _settling = Settling::start(&self.settling, &dest);
+            fs::rename(&tmp, &dest).await?;
+            sync_dir(dir).await
+        };
+        settled?;
         if new {
             self.usage.blobs.fetch_add(1, Ordering::Relaxed);
             self.usage.bytes.fetch_add(size, Ordering::Relaxed);
@@ -156,8 +167,22 @@ impl BlobStore {
         }
     }
 
+    /// A stored blob's size, if it is stored.
+    pub async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
+        match fs::metadata(self.path(ns, id)).await {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether a blob is stored durably (one still settling counts as absent).
     pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        fs::try_exists(self.path(ns, id)).await
+        let path = self.path(ns, id);
+        if self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path) {
+            return Ok(false);
+        }
+        fs::try_exists(path).await
     }
 
     /// Removes a blob; false if it was not there.
@@ -232,6 +257,59 @@ pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result
     }
 }
 
+/// Marks a blob as settling for as long as it lives.
+struct Settling<'a> {
+    map: &'a std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>,
+    path: PathBuf,
+}
+
+impl<'a> Settling<'a> {
+    fn start(
+        map: &'a std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>,
+        path: &Path,
+    ) -> Settling<'a> {
+        *map.lock().unwrap_or_else(|p| p.into_inner()).entry(path.to_owned()).or_default() += 1;
+        Settling { map, path: path.to_owned() }
+    }
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.path) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.path);
+            }
+        }
+    }
+}
+
+/// Creates `dir` and any missing parents, fsyncing each new directory's parent, so a new
+/// directory's name is as durable as the blob put in it.
+async fn create_dirs_durably(dir: &Path) -> io::Result<()> {
+    if fs::try_exists(dir).await? {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !fs::try_exists(at).await? {
+        missing.push(at.to_owned());
+        at = match at.parent() {
+            Some(parent) => parent,
+            None => break,
+        };
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d).await {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            // Whoever created it, its name is made durable before a blob goes in.
+            _ => sync_dir(d.parent().expect("a created directory has a parent")).await?,
+        }
+    }
+    Ok(())
+}
+
 /// Makes a rename durable: fsync the directory that holds the new name.
 async fn sync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir).await?.sync_all().await
@@ -292,6 +370,21 @@ mod tests {
         assert!(matches!(err, StoreError::TooLarge { limit: 99 }), "{err}");
         assert!(read_all(&store, &IoHash::of(&[0u8; 100])).await.is_none());
         assert!(tmp_is_empty(dir.path()), "no temp file left behind");
+    }
+
+    #[tokio::test]
+    async fn a_blob_still_settling_is_not_reported_present() {
+        let (_dir, store) = store().await;
+        let (id, _) = store.put(&ns(), None, &b"settled"[..], u64::MAX).await.unwrap();
+        assert!(store.exists(&ns(), &id).await.unwrap());
+        // Between its rename and its directory's fsync, a blob is not acknowledged by others.
+        let settling = Settling::start(&store.settling, &store.path(&ns(), &id));
+        assert!(!store.exists(&ns(), &id).await.unwrap());
+        let twice = Settling::start(&store.settling, &store.path(&ns(), &id));
+        drop(settling);
+        assert!(!store.exists(&ns(), &id).await.unwrap(), "a second writer is still settling it");
+        drop(twice);
+        assert!(store.exists(&ns(), &id).await.unwrap());
     }
 
     #[tokio::test]

@@ -229,20 +229,22 @@ impl MetaStore {
         .await
     }
 
-    /// Marks the ref finalized if it still holds the object `hash`; false if it does not.
-    pub async fn finalize(
+    /// Marks the ref finalized (or not) if it still holds the object `hash`; false if it
+    /// does not.
+    pub async fn set_finalized(
         &self,
         ns: &Name,
         bucket: &Name,
         key: &RefKey,
         hash: IoHash,
+        finalized: bool,
     ) -> Result<bool, MetaError> {
         let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
         self.write(move |c| {
             let changed = c.execute(
-                "UPDATE refs SET finalized = 1, last_access = ?5
+                "UPDATE refs SET finalized = ?6, last_access = ?5
                  WHERE ns = ?1 AND bucket = ?2 AND key = ?3 AND object_hash = ?4",
-                params![n, b, k, &hash.as_bytes()[..], now_ms()],
+                params![n, b, k, &hash.as_bytes()[..], now_ms(), finalized],
             )?;
             Ok(changed == 1)
         })
@@ -368,8 +370,8 @@ mod tests {
         let meta = MetaStore::open(dir.path()).await.unwrap();
         assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap(), None);
         meta.put_ref(&ns, &bucket, &key, row(b"first", false)).await.unwrap();
-        assert!(!meta.finalize(&ns, &bucket, &key, IoHash::of(b"other")).await.unwrap());
-        assert!(meta.finalize(&ns, &bucket, &key, IoHash::of(b"first")).await.unwrap());
+        assert!(!meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"other"), true).await.unwrap());
+        assert!(meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"first"), true).await.unwrap());
         assert_eq!(meta.flush_access().await.unwrap(), 0, "nothing was read yet");
         let got = meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap();
         assert!(got.finalized);

@@ -74,8 +74,8 @@ pub async fn put(
     Ok(PutOutcome::Stored { needs })
 }
 
-/// Re-checks the attachments of the ref holding object `hash`, and finalizes it if none is
-/// missing.
+/// Re-checks the attachments of the ref holding object `hash`: finalizes it if none is
+/// missing, and takes a finalized ref back to unfinalized if one has gone.
 pub async fn finalize(
     content: &Content,
     addr: &RefAddr,
@@ -88,9 +88,9 @@ pub async fn finalize(
         return Ok(FinalizeOutcome::OtherObject { stored: row.object_hash });
     }
     let needs = content.missing(&addr.ns, &row.object).await?;
-    if needs.is_empty()
-        && !row.finalized
-        && !content.meta.finalize(&addr.ns, &addr.bucket, &addr.key, hash).await?
+    let finalized = needs.is_empty();
+    if finalized != row.finalized
+        && !content.meta.set_finalized(&addr.ns, &addr.bucket, &addr.key, hash, finalized).await?
     {
         // Replaced by another PUT since it was read.
         return Ok(FinalizeOutcome::OtherObject { stored: row.object_hash });
@@ -99,7 +99,8 @@ pub async fn finalize(
 }
 
 /// Reads a ref. With `resolve`, a ref whose attachments are not all present now counts as not
-/// finalized.
+/// finalized (every read that serves the object resolves: a ref is never served while an
+/// attachment is missing, even one deleted after it was finalized).
 pub async fn lookup(content: &Content, addr: &RefAddr, resolve: bool) -> Result<Lookup, ContentError> {
     let Some(row) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await? else {
         return Ok(Lookup::Missing);

@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -84,7 +85,15 @@ pub async fn serve(
             }
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        // Set by the first request: until then the connection is on the header deadline
+        // (hyper's own applies to HTTP/1.1 heads only, not to the sniffing of the protocol).
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = started.clone();
+        let inner = TowerToHyperService::new(app.clone());
+        let service = hyper::service::service_fn(move |request| {
+            flag.store(true, Ordering::Relaxed);
+            hyper::service::Service::call(&inner, request)
+        });
         let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -95,12 +104,19 @@ pub async fn serve(
                 .max_concurrent_streams(MAX_STREAMS)
                 .keep_alive_interval(Some(limits.header_timeout))
                 .keep_alive_timeout(limits.header_timeout);
+            let deadline = tokio::time::Instant::now() + limits.header_timeout;
             let result = match tls {
-                None => http.serve_connection(TokioIo::new(stream), service).await,
+                None => {
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    until_first_request(conn, &started, deadline).await
+                }
                 Some(tls) => {
                     let handshake = tickwire_transport::accept_tls(stream, &tls);
-                    match tokio::time::timeout(limits.header_timeout, handshake).await {
-                        Ok(Ok(stream)) => http.serve_connection(TokioIo::new(stream), service).await,
+                    match tokio::time::timeout_at(deadline, handshake).await {
+                        Ok(Ok(stream)) => {
+                            let conn = http.serve_connection(TokioIo::new(stream), service);
+                            until_first_request(conn, &started, deadline).await
+                        }
                         Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => return tracing::debug!("TLS handshake timed out"),
                     }
@@ -111,6 +127,27 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// Runs a connection, but drops it at `deadline` if no request has started by then.
+async fn until_first_request<F, E>(
+    conn: F,
+    started: &AtomicBool,
+    deadline: tokio::time::Instant,
+) -> Result<(), E>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        result = &mut conn => return result,
+        () = tokio::time::sleep_until(deadline) => {}
+    }
+    if !started.load(Ordering::Relaxed) {
+        tracing::debug!("no request before the header deadline");
+        return Ok(());
+    }
+    conn.await
 }
 
 /// Answers 503 and closes gracefully: the client's request is read and dropped (up to a

@@ -5,6 +5,8 @@
 //! which is how refs name it); the metadata store maps raw hash → stored blob, written only
 //! after the blob is durable. Stored bytes are never re-encoded.
 
+use std::collections::HashMap;
+
 use tokio::io::AsyncReadExt;
 
 use crate::cb::{self, CbType};
@@ -17,6 +19,8 @@ use crate::{BlobStore, IoHash, Name, StoreError};
 pub const MAX_OBJECT_DEPTH: usize = 16;
 /// The largest object attachment the resolver reads into memory.
 pub const MAX_ATTACHED_OBJECT: u64 = 16 << 20;
+/// The most object attachments one presence check reads.
+pub const MAX_RESOLVED_OBJECTS: usize = 1_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContentError {
@@ -122,11 +126,14 @@ impl Content {
             Ok(field) => field.attachments(),
             Err(_) => return Ok(Vec::new()),
         };
-        let mut seen = std::collections::HashSet::new();
+        let mut resolver = Resolver { known: HashMap::new(), objects_left: MAX_RESOLVED_OBJECTS };
         let mut missing = Vec::new();
         for (ty, hash) in attachments {
             let hash = IoHash::from_bytes(hash);
-            if seen.insert(hash) && !self.present(ns, ty, hash, 0).await? {
+            if resolver.known.contains_key(&hash) {
+                continue; // Named twice: judged once.
+            }
+            if !self.present(ns, ty, hash, 0, &mut resolver).await? {
                 missing.push(hash);
             }
         }
@@ -134,29 +141,57 @@ impl Content {
     }
 
     /// Whether one attachment is present: a binary one as a compressed buffer or raw blob, an
-    /// object one as a stored, valid object whose own attachments are present.
+    /// object one as a stored, valid object whose own attachments are present. Each hash is
+    /// judged once per check, and at most [`MAX_RESOLVED_OBJECTS`] objects are read: a
+    /// hostile object graph cannot make a check expensive (past the limit, attachments count
+    /// as missing).
     fn present<'a>(
         &'a self,
         ns: &'a Name,
         ty: CbType,
         hash: IoHash,
         depth: usize,
+        resolver: &'a mut Resolver,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, ContentError>> {
         Box::pin(async move {
-            if ty == CbType::BinaryAttachment {
-                return Ok(self.locate(ns, hash).await?.is_some());
+            if let Some(&known) = resolver.known.get(&hash) {
+                return Ok(known);
             }
-            if depth >= MAX_OBJECT_DEPTH {
-                return Ok(false);
-            }
-            let Some(bytes) = self.read_blob(ns, &hash, MAX_ATTACHED_OBJECT).await? else { return Ok(false) };
-            let Ok(object) = cb::parse(&bytes) else { return Ok(false) };
-            for (ty, h) in object.attachments() {
-                if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1).await? {
-                    return Ok(false);
+            let present = if ty == CbType::BinaryAttachment {
+                self.locate(ns, hash).await?.is_some()
+            } else if depth >= MAX_OBJECT_DEPTH || resolver.objects_left == 0 {
+                false
+            } else {
+                resolver.objects_left -= 1;
+                // Provisionally missing while its children are judged (a cycle cannot be
+                // present).
+                resolver.known.insert(hash, false);
+                match self.read_blob(ns, &hash, MAX_ATTACHED_OBJECT).await? {
+                    None => false,
+                    Some(bytes) => match cb::parse(&bytes) {
+                        Err(_) => false,
+                        Ok(object) => {
+                            let mut all = true;
+                            for (ty, h) in object.attachments() {
+                                if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await? {
+                                    all = false;
+                                    break;
+                                }
+                            }
+                            all
+                        }
+                    },
                 }
-            }
-            Ok(true)
+            };
+            resolver.known.insert(hash, present);
+            Ok(present)
         })
     }
+}
+
+/// One presence check's memory: what each hash was judged, and how many more objects it may
+/// read.
+struct Resolver {
+    known: HashMap<IoHash, bool>,
+    objects_left: usize,
 }

@@ -484,3 +484,74 @@ fn metrics_count_requests_by_route_and_the_store() {
     let stored = text.lines().find(|l| l.starts_with("ddc_store_bytes ")).unwrap();
     assert!(stored.ends_with(&format!(" {}", body.len())), "{stored}");
 }
+
+#[test]
+fn a_ref_is_never_served_while_an_attachment_is_missing() {
+    let s = start();
+    let value = object("cache-value");
+    let k = key("deleted-attachment");
+    let raw = raw_hash("lz4-single-block");
+    let upload = || {
+        let r = req(&s, "PUT", &format!("/api/v1/compressed-blobs/{NS}/{raw}")).set("Content-Type", COMP);
+        assert_eq!(send(r, Some(&buffer("lz4-single-block"))).status, 200);
+    };
+    upload();
+    assert!(needs(&put_ref(&s, "b", &k, &value)).is_empty(), "finalized at once");
+    assert_eq!(get_ref(&s, "b", &k, CB).status, 200);
+    // The attachment goes: no format serves the ref, and finalize takes it back.
+    assert_eq!(send(req(&s, "DELETE", &format!("/api/v1/compressed-blobs/{NS}/{raw}")), None).status, 200);
+    for accept in [CB, "application/json", "application/x-jupiter-inline", "application/octet-stream"] {
+        assert_eq!(get_ref(&s, "b", &k, accept).status, 404, "{accept}");
+    }
+    assert_eq!(results(&batch(&s, vec![get_op(0, "b", &k)]))[&0].0, 404);
+    let fin = format!("/api/v1/refs/{NS}/b/{k}/finalize/{}", IoHash::of(&value).to_hex());
+    assert_eq!(needs(&send(req(&s, "POST", &fin), None)), vec![raw.clone()]);
+    let meta = send(req(&s, "GET", &format!("/api/v1/refs/{NS}/b/{k}/metadata")), None).json();
+    assert_eq!(meta["isFinalized"], false);
+    // Back again: finalize serves it.
+    upload();
+    assert!(needs(&send(req(&s, "POST", &fin), None)).is_empty());
+    assert_eq!(get_ref(&s, "b", &k, CB).body, value);
+}
+
+#[test]
+fn hostile_requests_are_cheap_to_refuse() {
+    let s = start();
+    // A batch without a token is refused before its body is read.
+    let body = Value::Object(vec![("ops".into(), Value::Array(vec![]))]).to_bytes();
+    let anonymous = ureq::post(&url(&s, &format!("/api/v1/refs/{NS}"))).set("Content-Type", CB);
+    assert_eq!(send(anonymous, Some(&body)).status, 401);
+    // An unknown reply suffix on a PUT stores nothing.
+    let object = object("empty-object");
+    let k = key("suffix");
+    let r = req(&s, "PUT", &format!("/api/v1/refs/{NS}/b/{k}.foo"))
+        .set("Content-Type", CB)
+        .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex());
+    assert_eq!(send(r, Some(&object)).status, 400);
+    assert_eq!(get_ref(&s, "b", &k, CB).status, 404);
+    // An object graph that names each next level 100 times, 12 levels deep: each object is
+    // judged once, not 100^12 times.
+    let mut next: Option<IoHash> = None;
+    for level in 0..12 {
+        let fields = match next {
+            None => vec![("leaf".into(), Value::Integer(level))],
+            Some(h) => (0..100).map(|i| (format!("f{i}"), Value::ObjectAttachment(*h.as_bytes()))).collect(),
+        };
+        let bytes = Value::Object(fields).to_bytes();
+        let id = IoHash::of(&bytes);
+        let r = req(&s, "PUT", &format!("/api/v1/blobs/{NS}/{id}"))
+            .set("Content-Type", "application/octet-stream");
+        assert_eq!(send(r, Some(&bytes)).status, 200);
+        next = Some(id);
+    }
+    let top =
+        Value::Object(vec![("root".into(), Value::ObjectAttachment(*next.unwrap().as_bytes()))]).to_bytes();
+    let started = std::time::Instant::now();
+    assert!(needs(&put_ref(&s, "b", &key("deep"), &top)).is_empty());
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
+    // Any method string is one label value, "other".
+    assert_eq!(send(ureq::request("XYZZY", &url(&s, "/health/live")), None).status, 405);
+    let text = String::from_utf8(send(ureq::get(&url(&s, "/metrics")), None).body).unwrap();
+    assert!(!text.contains("XYZZY"), "{text}");
+    assert!(text.contains(r#"method="other""#));
+}

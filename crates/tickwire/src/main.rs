@@ -289,6 +289,12 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             anyhow::bail!("no auth configured: pass --tokens FILE, or --dev-auth for a local try-out")
         }
     };
+    anyhow::ensure!(
+        args.max_buffered_mib <= args.memory_budget_mib,
+        "--max-buffered-mib ({}) must not exceed --memory-budget-mib ({}): such bodies could never be read",
+        args.max_buffered_mib,
+        args.memory_budget_mib
+    );
     let limits = http::Limits {
         max_blob_bytes: args.max_blob_mib << 20,
         max_buffered_bytes: args.max_buffered_mib << 20,

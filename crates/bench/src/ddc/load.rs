@@ -108,7 +108,8 @@ pub struct Call {
 #[derive(Debug)]
 pub struct Tally {
     /// Microseconds from each request's due time (open loop) or send time (closed loop) to
-    /// the end of its response body; successful requests only.
+    /// the end of its response body, for every request: a failed one at the moment it failed
+    /// (a timeout at the timeout), so failures cannot flatter the percentiles.
     pub latency_us: Histogram<u64>,
     pub ok: u64,
     /// Failed requests by kind (`HTTP 503`, `timeout`, `body hash`, ...).
@@ -146,7 +147,10 @@ impl Tally {
                 self.bytes_in += bytes;
                 self.latency_us.saturating_record(done.duration_since(start).as_micros().max(1) as u64);
             }
-            Err(kind) => *self.errors.entry(kind).or_default() += 1,
+            Err(kind) => {
+                *self.errors.entry(kind).or_default() += 1;
+                self.latency_us.saturating_record(start.elapsed().as_micros().max(1) as u64);
+            }
         }
     }
 }

@@ -388,7 +388,9 @@ fn measured(
     let n = data.blobs.len().max(1);
     let pick = move |i: u64| (i as usize) % n;
     // Distinct per run, so a second run against the same --target writes new data too.
-    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    let run =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+            as u64;
     if fresh_uploads {
         match test.name {
             "small_blob_uploads" | "large_blob_uploads" => {
@@ -430,7 +432,13 @@ fn measured(
         }
         "uecb_download" => Arc::new(move |i| {
             let path = format!("{}.uecb", t.ref_path(&d.keys[pick(i)]));
-            t.call(Method::GET, &path, &[], Chunks::default(), Expect::BodyHash(IoHash::of(&d.objects[pick(i)])))
+            t.call(
+                Method::GET,
+                &path,
+                &[],
+                Chunks::default(),
+                Expect::BodyHash(IoHash::of(&d.objects[pick(i)])),
+            )
         }),
         _ => Arc::new(move |i| {
             // uecb_pkg_download, game_download: the object and its one raw attachment.

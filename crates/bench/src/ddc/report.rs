@@ -33,8 +33,9 @@ pub struct TestResult {
     pub requests: u64,
     /// Requests that got a 2xx and whose body verified, over all requests.
     pub success_ratio: f64,
-    /// Of successful requests; open loop: from each request's due time to the end of its
-    /// response body, so queueing behind a slow server counts.
+    /// Of every request (a failed one at the moment it failed); open loop: from each
+    /// request's due time to the end of its response body, so queueing behind a slow server
+    /// counts.
     pub latency_ms: LatencyMs,
     /// Successful requests per second of wall time.
     pub throughput_per_s: f64,

@@ -51,6 +51,8 @@ pub enum PackageError {
     Magic(u32),
     #[error("{0} bytes follow the last payload")]
     TrailingBytes(usize),
+    #[error("the header's reserved bytes are not zero")]
+    Reserved,
     #[error("the first entry must be the root object (flags {0:#x})")]
     Root(u32),
     #[error("entry {index} does not hash to its declared hash")]
@@ -73,6 +75,9 @@ impl<'a> Package<'a> {
             return Err(PackageError::Magic(magic));
         }
         let count = u32_at(body, 4)? as usize + 1;
+        if body.get(8..16).ok_or(PackageError::Truncated)? != [0; 8] {
+            return Err(PackageError::Reserved);
+        }
         let table_end =
             count.checked_mul(ENTRY).and_then(|t| t.checked_add(HEADER)).ok_or(PackageError::Truncated)?;
         let table = body.get(HEADER..table_end).ok_or(PackageError::Truncated)?;

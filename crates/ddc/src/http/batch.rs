@@ -18,6 +18,9 @@ use crate::cb::{self, CbType, Field, Value};
 use crate::refs::{self, Lookup, PutOutcome, RefAddr, error_object};
 use crate::{IoHash, Name};
 
+/// The most ops one batch may hold (the editor sends one per record it checks).
+pub const MAX_OPS: usize = 10_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Get,
@@ -80,7 +83,9 @@ pub async fn batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let ns: Name = ns.parse()?;
+    // Read access before the body is read: an anonymous caller cannot make the server buffer
+    // and parse a body. Each op is checked again below (a PUT needs WriteObject).
+    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
     match content_type(&headers).as_deref() {
         Some(CB) => {}
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
@@ -91,6 +96,9 @@ pub async fn batch(
         .get("ops")
         .filter(|f| f.ty.is_array())
         .ok_or_else(|| ApiError::Invalid("the request has no ops array".into()))?;
+    if ops.iter().nth(MAX_OPS).is_some() {
+        return Err(ApiError::Invalid(format!("a batch holds at most {MAX_OPS} ops")));
+    }
     let ops: Vec<Op<'_>> =
         ops.iter().enumerate().map(|(i, op)| parse_op(&ns, i, op)).collect::<Result<_, _>>()?;
     let mut ids = HashSet::new();
@@ -124,7 +132,8 @@ async fn run(
     payload: Option<(Vec<u8>, Option<IoHash>)>,
 ) -> Result<(u16, Value), ApiError> {
     match kind {
-        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, resolve).await? {
+        // A GET serves the object: its attachments are always resolved.
+        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, true).await? {
             Lookup::Found(row) => match Value::embed_object(&row.object) {
                 Some(object) => (200, object),
                 None => (500, error_object("the stored object is damaged", 500)),

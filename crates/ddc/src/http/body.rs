@@ -47,7 +47,7 @@ impl MemoryBudget {
         MemoryBudget(Arc::new(Semaphore::new(bytes as usize)))
     }
 
-    fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub(super) fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
         let n = u32::try_from(bytes).map_err(|_| ApiError::Busy)?;
         self.0.clone().try_acquire_many_owned(n).map_err(|_| ApiError::Busy)
     }
@@ -57,6 +57,16 @@ impl MemoryBudget {
 pub struct Buffered {
     pub bytes: Vec<u8>,
     _held: Vec<OwnedSemaphorePermit>,
+}
+
+/// A share of the memory budget, given back when dropped.
+pub struct Held(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
+
+impl Buffered {
+    /// The bytes, and the budget they hold (keep it as long as the bytes).
+    pub fn into_parts(self) -> (Vec<u8>, Held) {
+        (self.bytes, Held(self._held))
+    }
 }
 
 /// Reads a whole body of at most `limit` bytes, charging it to `budget` as it arrives.

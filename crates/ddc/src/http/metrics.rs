@@ -117,7 +117,12 @@ pub async fn track(State(ddc): State<Arc<Ddc>>, request: Request, next: Next) ->
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    // A fixed set: any token is a valid HTTP method, and each label value is a series kept
+    // forever.
+    let method = match request.method().as_str() {
+        m @ ("GET" | "HEAD" | "PUT" | "POST" | "DELETE") => m.to_owned(),
+        _ => "other".to_owned(),
+    };
     let bytes_in = content_length(request.headers());
     let response = next.run(request).await;
     let bytes_out = content_length(response.headers());

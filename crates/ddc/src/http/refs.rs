@@ -48,17 +48,19 @@ fn address(
     Ok((addr, format))
 }
 
-/// How a `needs` answer is written: compact binary when the path ends in `.uecb` or `Accept`
-/// prefers it, else JSON (what the editor reads).
-fn needs_reply(needs: &[IoHash], format: Option<&str>, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let cb = match format {
-        Some("uecb") => true,
-        Some("json") | None => {
-            format.is_none()
-                && accepted(headers).iter().find(|t| *t == CB || *t == JSON).is_some_and(|t| t == CB)
-        }
-        Some(other) => return Err(ApiError::Invalid(format!("unknown format suffix .{other}"))),
-    };
+/// Whether a `needs` answer is written as compact binary (the path ends in `.uecb`, or
+/// `Accept` prefers it) rather than JSON (what the editor reads). Checked before anything is
+/// written, so a bad suffix stores nothing.
+fn needs_as_cb(format: Option<&str>, headers: &HeaderMap) -> Result<bool, ApiError> {
+    match format {
+        Some("uecb") => Ok(true),
+        Some("json") => Ok(false),
+        None => Ok(accepted(headers).iter().find(|t| *t == CB || *t == JSON).is_some_and(|t| t == CB)),
+        Some(other) => Err(ApiError::Invalid(format!("unknown format suffix .{other}"))),
+    }
+}
+
+fn needs_reply(needs: &[IoHash], cb: bool) -> Result<Response, ApiError> {
     if cb {
         return Ok(([(header::CONTENT_TYPE, CB)], refs::needs_object(needs)).into_response());
     }
@@ -78,12 +80,13 @@ pub async fn put_ref(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (addr, format) = address(&ddc, &headers, &ns, &bucket, &key, Action::WriteObject)?;
+    let cb = needs_as_cb(format.as_deref(), &headers)?;
     let allow_overwrite = ddc.allow_overwrite
         || headers
             .get(OVERWRITE_HEADER)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let object = match content_type(&headers).as_deref() {
+    let (object, _budget) = match content_type(&headers).as_deref() {
         Some(CB) => {
             let claimed = required_hash(&headers)?;
             let body =
@@ -93,24 +96,25 @@ pub async fn put_ref(
             if actual != claimed {
                 return Err(ApiError::HashMismatch { what: "the object", claimed, actual });
             }
-            body.bytes.clone()
+            let (bytes, held) = body.into_parts();
+            (bytes, Some(held))
         }
         // A raw payload (and, as the reference server does, a JSON text): stored as a blob,
         // and the ref is an object naming it.
         Some(OCTET) | Some(JSON) => {
             let claimed = required_hash(&headers)?;
             let (id, size) = super::blobs::store_raw(&ddc, &addr.ns, Some(claimed), body).await?;
-            refs::raw_wrapper(id, size)
+            (refs::raw_wrapper(id, size), None)
         }
         Some(CBPKG) => {
             let body =
                 read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
-            store_package(&ddc, &addr.ns, &body.bytes).await?
+            (store_package(&ddc, &addr.ns, &body.bytes).await?, Some(body.into_parts().1))
         }
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     };
     match refs::put(&ddc.content, &addr, object, allow_overwrite).await? {
-        PutOutcome::Stored { needs } => needs_reply(&needs, format.as_deref(), &headers),
+        PutOutcome::Stored { needs } => needs_reply(&needs, cb),
         PutOutcome::Conflict { existing } => Err(ApiError::Conflict(existing)),
     }
 }
@@ -144,12 +148,13 @@ pub async fn finalize(
         Some((h, f)) => (h.parse::<IoHash>()?, Some(f.to_ascii_lowercase())),
         None => (hash.parse::<IoHash>()?, None),
     };
+    let cb = needs_as_cb(format.as_deref(), &headers)?;
     match refs::finalize(&ddc.content, &addr, hash).await? {
         FinalizeOutcome::NotFound => Err(ApiError::NotFound("ref not found")),
         FinalizeOutcome::OtherObject { stored } => {
             Err(ApiError::Invalid(format!("the ref holds object {stored}, not {hash}")))
         }
-        FinalizeOutcome::Checked { needs } => needs_reply(&needs, format.as_deref(), &headers),
+        FinalizeOutcome::Checked { needs } => needs_reply(&needs, cb),
     }
 }
 
@@ -198,11 +203,12 @@ impl Format {
 }
 
 /// A finalized ref, or the error a read of it gets.
-async fn finalized_ref(ddc: &Ddc, addr: &RefAddr, resolve: bool) -> Result<RefRow, ApiError> {
-    match refs::lookup(&ddc.content, addr, resolve).await? {
+async fn finalized_ref(ddc: &Ddc, addr: &RefAddr) -> Result<RefRow, ApiError> {
+    match refs::lookup(&ddc.content, addr, true).await? {
         Lookup::Found(row) => Ok(row),
         Lookup::Missing => Err(ApiError::NotFound("ref not found")),
-        Lookup::NotFinalized(_) => Err(ApiError::NotFinalized),
+        Lookup::NotFinalized(row) if !row.finalized => Err(ApiError::NotFinalized),
+        Lookup::NotFinalized(_) => Err(ApiError::NotFound("an attachment of the ref is missing")),
     }
 }
 
@@ -218,7 +224,7 @@ pub async fn get_ref(
 ) -> Result<Response, ApiError> {
     let (addr, suffix) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
     let format = Format::choose(suffix.as_deref(), &headers)?;
-    let row = finalized_ref(&ddc, &addr, false).await?;
+    let row = finalized_ref(&ddc, &addr).await?;
     let mut response = match format {
         Format::Cb => ([(header::CONTENT_TYPE, CB)], row.object.clone()).into_response(),
         Format::Json => {
@@ -253,6 +259,8 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
+            // Both the buffer and its payload are held while decoding: charged to the budget.
+            let _budget = ddc.budget.take(bytes.len() + header.total_raw_size as usize)?;
             match crate::compressed::decode(&bytes) {
                 Ok((_, payload)) => Ok(([(header::CONTENT_TYPE, OCTET)], payload).into_response()),
                 Err(crate::compressed::CompressedError::Oodle) => Err(ApiError::NotFound(
@@ -315,10 +323,41 @@ impl Part {
     }
 }
 
+/// The most entries one package answer holds; an object that reaches more is refused (400).
+const MAX_PACKAGE_ENTRIES: usize = 10_000;
+/// The most bytes of object attachments one package answer holds in memory.
+const MAX_PACKAGE_OBJECT_BYTES: u64 = 64 << 20;
+
+/// A blob's bytes as a stream that opens the file only when the stream reaches it, so a
+/// package with many attachments holds one file open at a time.
+fn blob_stream(
+    ddc: Arc<Ddc>,
+    ns: Name,
+    blob: IoHash,
+    size: u64,
+) -> BoxStream<'static, std::io::Result<Bytes>> {
+    futures_util::stream::once(async move {
+        match ddc.content.blobs.open_blob(&ns, &blob).await {
+            Ok(Some((file, _))) => ReaderStream::with_capacity(file.take(size), 256 * 1024).boxed(),
+            Ok(None) => {
+                let gone = std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the blob was deleted while being sent",
+                );
+                futures_util::stream::once(async move { Err(gone) }).boxed()
+            }
+            Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
 /// `.uecbpkg`: the object, then every attachment it reaches (object attachments' own ones
 /// too), streamed from the blob files; an attachment that cannot be read is an error entry.
-async fn package(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
     let mut parts = vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, row.object.clone())];
+    let mut object_bytes = 0u64;
     let mut seen = std::collections::HashSet::new();
     let mut pending: Vec<(cb::CbType, [u8; 20], usize)> =
         cb::parse(&row.object)?.attachments().into_iter().map(|(t, h)| (t, h, 0)).collect();
@@ -326,6 +365,11 @@ async fn package(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiErro
     while let Some((ty, hash, depth)) = pending.pop() {
         if !seen.insert(hash) {
             continue;
+        }
+        if parts.len() >= MAX_PACKAGE_ENTRIES {
+            return Err(ApiError::Invalid(format!(
+                "the ref reaches more than {MAX_PACKAGE_ENTRIES} attachments"
+            )));
         }
         let id = IoHash::from_bytes(hash);
         if ty == cb::CbType::BinaryAttachment {
@@ -337,18 +381,19 @@ async fn package(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiErro
                 Located::Compressed(_) => EntryFlags::COMPRESSED,
                 Located::Raw(_) => EntryFlags::RAW,
             };
-            match ddc.content.blobs.open_blob(ns, &located.blob()).await? {
-                Some((file, size)) => parts.push(Part {
+            match ddc.content.blobs.size(ns, &located.blob()).await? {
+                Some(size) => parts.push(Part {
                     hash,
                     flags,
                     size,
-                    payload: ReaderStream::with_capacity(file.take(size), 256 * 1024).boxed(),
+                    payload: blob_stream(ddc.clone(), ns.clone(), located.blob(), size),
                 }),
                 None => parts.push(Part::error(hash, "attachment not found", 404)),
             }
             continue;
         }
-        let object = match ddc.content.read_blob(ns, &id, MAX_ATTACHED_OBJECT).await? {
+        let limit = MAX_ATTACHED_OBJECT.min(MAX_PACKAGE_OBJECT_BYTES - object_bytes);
+        let object = match ddc.content.read_blob(ns, &id, limit).await? {
             Some(bytes) if cb::parse(&bytes).is_ok() => bytes,
             _ => {
                 parts.push(Part::error(hash, "object attachment not found or not valid", 404));
@@ -359,6 +404,7 @@ async fn package(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiErro
             let children = cb::parse(&object)?.attachments();
             pending.extend(children.into_iter().rev().map(|(t, h)| (t, h, depth + 1)));
         }
+        object_bytes += object.len() as u64;
         parts.push(Part::bytes(hash, EntryFlags::OBJECT, object));
     }
     let table: Vec<(u64, EntryFlags, [u8; 20])> = parts.iter().map(|p| (p.size, p.flags, p.hash)).collect();
