@@ -2,12 +2,15 @@
 //! grid of square cells on the horizontal plane, blocks of cells owned by spatial servers
 //! ([`layout`]), areas of interest and the cells they touch ([`interest`]), and what a move
 //! of an entity means: nothing, a cell change within one server, or a handover to another
-//! server ([`Layout::classify`]). The gateway drives channels, subscriptions and handovers
-//! from these answers; keeping them here makes them testable against brute force.
+//! server ([`Layout::classify`]), and the route of an entity's messages through a handover
+//! with nothing lost, duplicated or reordered ([`handover`]). The gateway drives channels,
+//! subscriptions and handovers from these answers; keeping them here makes them testable
+//! against brute force and random interleavings.
 //!
 //! Coordinates: positions are `[x, y, z]` with `y` up; the grid lies on the `x`/`z` plane (as
 //! in tickwire's simulated world). A cell is `[column, row]`: column along `x`, row along `z`.
 
+pub mod handover;
 pub mod interest;
 pub mod layout;
 

@@ -1,0 +1,193 @@
+//! The route of one entity's messages to the server that owns it, and the handover of that
+//! ownership to another server without losing, duplicating or reordering a message.
+//!
+//! Every message for the entity (a client's input or RPC) gets the next sequence number and
+//! goes to the owner. The owner reports how far it has processed. To hand the entity over, the
+//! gateway stops sending to the old owner and asks it to release the entity; the old owner
+//! answers with the last sequence number it processed (and will process nothing after it) and
+//! the entity's state. The new owner then gets, in one acquire, the state and every message the
+//! old owner had not processed, in order, followed by the messages that arrived meanwhile.
+//!
+//! Pure state machine: the caller does the sending ([`Action`]s) and feeds back what servers
+//! answer. Messages waiting during a handover are bounded ([`Route::send`] refuses past the
+//! bound, and the caller tells the client to slow down).
+
+use std::collections::VecDeque;
+
+/// A server, as the caller names it.
+pub type ServerId = u64;
+
+/// What the caller must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action<M> {
+    /// Send message `seq` to the owner.
+    Deliver { to: ServerId, seq: u64, message: M },
+    /// Ask the owner to release the entity for handover `handover`.
+    Release { to: ServerId, handover: u64 },
+    /// Give the entity to its new owner: its state, then these messages, in order.
+    Acquire { to: ServerId, handover: u64, state: Vec<u8>, messages: Vec<(u64, M)> },
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("{0} messages are already waiting for a handover to finish")]
+    Full(usize),
+    #[error("a handover is already under way")]
+    Busy,
+    #[error("no handover {0} is under way")]
+    UnknownHandover(u64),
+    #[error("the release says {released} was processed, but only {sent} was sent")]
+    BadRelease { released: u64, sent: u64 },
+}
+
+#[derive(Debug)]
+enum Phase<M> {
+    Owned,
+    /// Waiting for the old owner's release; messages meanwhile wait here.
+    HandingOver {
+        handover: u64,
+        to: ServerId,
+        waiting: VecDeque<(u64, M)>,
+    },
+}
+
+/// One entity's route.
+#[derive(Debug)]
+pub struct Route<M> {
+    owner: ServerId,
+    next_seq: u64,
+    /// Sent to the owner and not yet reported processed, in order.
+    unprocessed: VecDeque<(u64, M)>,
+    phase: Phase<M>,
+    next_handover: u64,
+    max_waiting: usize,
+}
+
+impl<M: Clone> Route<M> {
+    /// A route to `owner`; at most `max_waiting` messages wait during a handover.
+    pub fn new(owner: ServerId, max_waiting: usize) -> Route<M> {
+        Route {
+            owner,
+            next_seq: 1,
+            unprocessed: VecDeque::new(),
+            phase: Phase::Owned,
+            next_handover: 1,
+            max_waiting,
+        }
+    }
+
+    /// The server that owns the entity (during a handover, still the old one).
+    pub fn owner(&self) -> ServerId {
+        self.owner
+    }
+
+    pub fn handing_over(&self) -> bool {
+        matches!(self.phase, Phase::HandingOver { .. })
+    }
+
+    /// A message for the entity: delivered now, or held while a handover is under way.
+    pub fn send(&mut self, message: M) -> Result<Option<Action<M>>, RouteError> {
+        let seq = self.next_seq;
+        match &mut self.phase {
+            Phase::Owned => {
+                self.next_seq += 1;
+                self.unprocessed.push_back((seq, message.clone()));
+                Ok(Some(Action::Deliver { to: self.owner, seq, message }))
+            }
+            Phase::HandingOver { waiting, .. } => {
+                if waiting.len() >= self.max_waiting {
+                    return Err(RouteError::Full(waiting.len()));
+                }
+                self.next_seq += 1;
+                waiting.push_back((seq, message));
+                Ok(None)
+            }
+        }
+    }
+
+    /// The owner has processed every message up to `seq`. Reports from a server that is no
+    /// longer the owner are ignored.
+    pub fn processed(&mut self, from: ServerId, seq: u64) {
+        if from != self.owner {
+            return;
+        }
+        while self.unprocessed.front().is_some_and(|(s, _)| *s <= seq) {
+            self.unprocessed.pop_front();
+        }
+    }
+
+    /// Starts handing the entity over to `to`: nothing more goes to the old owner.
+    pub fn begin_handover(&mut self, to: ServerId) -> Result<Action<M>, RouteError> {
+        if self.handing_over() {
+            return Err(RouteError::Busy);
+        }
+        let handover = self.next_handover;
+        self.next_handover += 1;
+        self.phase = Phase::HandingOver { handover, to, waiting: VecDeque::new() };
+        Ok(Action::Release { to: self.owner, handover })
+    }
+
+    /// The old owner released the entity: it processed everything up to `processed` and
+    /// nothing after, and `state` is the entity's state. The new owner gets the state and
+    /// every message not processed, in order.
+    pub fn released(
+        &mut self,
+        handover: u64,
+        processed: u64,
+        state: Vec<u8>,
+    ) -> Result<Action<M>, RouteError> {
+        let Phase::HandingOver { handover: current, .. } = &self.phase else {
+            return Err(RouteError::UnknownHandover(handover));
+        };
+        if *current != handover {
+            return Err(RouteError::UnknownHandover(handover));
+        }
+        let sent = self.unprocessed.back().map_or(self.next_seq - 1, |(s, _)| *s);
+        if processed > sent {
+            return Err(RouteError::BadRelease { released: processed, sent });
+        }
+        let Phase::HandingOver { to, waiting, .. } = std::mem::replace(&mut self.phase, Phase::Owned) else {
+            unreachable!("checked above");
+        };
+        self.processed(self.owner, processed);
+        self.unprocessed.extend(waiting);
+        self.owner = to;
+        let messages: Vec<(u64, M)> = self.unprocessed.iter().cloned().collect();
+        Ok(Action::Acquire { to, handover, state, messages })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handover_forwards_what_the_old_owner_did_not_process() {
+        let mut r: Route<&str> = Route::new(1, 10);
+        assert_eq!(r.send("a").unwrap(), Some(Action::Deliver { to: 1, seq: 1, message: "a" }));
+        assert_eq!(r.send("b").unwrap(), Some(Action::Deliver { to: 1, seq: 2, message: "b" }));
+        r.processed(1, 1);
+        assert_eq!(r.begin_handover(2).unwrap(), Action::Release { to: 1, handover: 1 });
+        assert_eq!(r.begin_handover(3), Err(RouteError::Busy));
+        assert_eq!(r.send("c").unwrap(), None, "held while the owner releases");
+        assert_eq!(r.released(9, 1, vec![]), Err(RouteError::UnknownHandover(9)));
+        assert_eq!(r.released(1, 5, vec![]), Err(RouteError::BadRelease { released: 5, sent: 2 }));
+        // The old owner processed only "a": "b" and "c" go to the new one, in order.
+        assert_eq!(
+            r.released(1, 1, vec![7]).unwrap(),
+            Action::Acquire { to: 2, handover: 1, state: vec![7], messages: vec![(2, "b"), (3, "c")] }
+        );
+        assert_eq!(r.owner(), 2);
+        assert_eq!(r.send("d").unwrap(), Some(Action::Deliver { to: 2, seq: 4, message: "d" }));
+    }
+
+    #[test]
+    fn waiting_is_bounded() {
+        let mut r: Route<u32> = Route::new(1, 2);
+        r.begin_handover(2).unwrap();
+        r.send(1).unwrap();
+        r.send(2).unwrap();
+        assert_eq!(r.send(3), Err(RouteError::Full(2)));
+    }
+}
