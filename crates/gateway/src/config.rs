@@ -34,6 +34,9 @@ pub struct GatewayConfig {
     pub metrics: MetricsConfig,
     pub channels: crate::channel::ChannelsConfig,
     pub tls: TlsConfig,
+    /// `[spatial]`: the grid of cells and spatial servers, when the world is split among game
+    /// servers (checked at start; spatial channels themselves are not served yet).
+    pub spatial: Option<tickwire_spatial::LayoutConfig>,
 }
 
 /// `[tls]`: TLS on every session listener (TCP and WebSocket), off by default. Either a
@@ -292,6 +295,10 @@ impl GatewayConfig {
                 "channels.update_window: max_updates and target must be above zero, min_bytes at most max_bytes",
             );
         }
+        if let Some(spatial) = &self.spatial {
+            tickwire_spatial::Layout::new(spatial.clone())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
         Ok(())
     }
 }
@@ -360,5 +367,21 @@ mod tests {
         assert!(GatewayConfig::load(None, &["noequals".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat.x=1".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=0s".into()]).is_err());
+    }
+
+    #[test]
+    fn a_spatial_layout_is_checked_at_start() {
+        let report = ["spatial.cell_size=20.0".into(), "spatial.cells=[15, 15]".into()];
+        let with_servers = |servers: &str| {
+            let mut o: Vec<String> = report.to_vec();
+            o.push(format!("spatial.servers={servers}"));
+            GatewayConfig::load(None, &o)
+        };
+        let cfg = with_servers("[3, 3]").unwrap();
+        assert_eq!(cfg.spatial.unwrap().servers, [3, 3]);
+        let err = with_servers("[2, 3]").unwrap_err().to_string();
+        assert!(err.contains("cannot be split evenly among spatial.servers"), "{err}");
+        assert!(GatewayConfig::load(None, &["spatial.cell_size=20.0".into()]).is_err(), "cells are required");
+        assert!(GatewayConfig::default().spatial.is_none());
     }
 }
