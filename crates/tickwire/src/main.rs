@@ -170,7 +170,9 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal, and never when NO_COLOR is set.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     if let Command::Bench { bench: Bench::Sync(args) } = cli.command {
         // Pure CPU work on plain threads: no runtime.

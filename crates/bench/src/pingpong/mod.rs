@@ -151,7 +151,7 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     println!("machine: {}", machine.line());
     let rows = match args.grid {
         None => vec![Row {
-            name: "custom".into(),
+            name: "your flags".into(),
             interval: args.interval,
             max_think: args.max_think,
             heartbeat: args.heartbeat,
@@ -253,7 +253,16 @@ async fn run_row(
     row: &Row,
     runtimes: &[Handle],
 ) -> anyhow::Result<Vec<Step>> {
-    println!("\n== {} ==", row.name);
+    let think =
+        row.max_think.map_or(String::new(), |t| format!(" (plus up to {} ms think time)", t.as_millis()));
+    println!(
+        "\n== {}: a request every {} ms{think}, {} B out, {} B back, heartbeat {} ms ==",
+        row.name,
+        row.interval.as_millis(),
+        row.request_bytes,
+        row.response_bytes,
+        row.heartbeat.as_millis()
+    );
     let overrides = vec![
         format!("session.heartbeat=\"{}ms\"", row.heartbeat.as_millis()),
         // The bench's own load is the subject; the per-connection limit must not shape it.

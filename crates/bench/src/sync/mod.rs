@@ -123,6 +123,9 @@ pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
     }
     if !args.quiet {
         report::print(&report);
+        if let Some(path) = &args.json {
+            println!("wrote {}", path.display());
+        }
     }
     Ok(report)
 }

@@ -55,13 +55,29 @@ pub struct SyncReport {
     pub suites: Vec<SuiteResult>,
 }
 
+/// A flag value as it is spelled on the command line (`sync-players`, not `SyncPlayers`).
+fn cli<T: clap::ValueEnum>(value: &T) -> String {
+    value.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()
+}
+
 pub(super) fn print(report: &SyncReport) {
     println!("machine: {}", report.machine.line());
+    println!(
+        "syncNow: the report's name for one room's state sync per tick (find what changed, encode it once per \
+         audience, hand each player its update)"
+    );
     if report.suites.len() == 1 {
         let s = &report.suites[0];
         println!(
-            "{} players, {:?} state, {:?} dirty, {:?}, {:?}, {} thread(s), {} room(s), {} iterations",
-            s.players, s.state, s.dirty, s.scenario, s.codec, s.threads, s.rooms, s.iterations
+            "--players {} --state {} --dirty {} --scenario {} --codec {} --threads {}: {} room(s), {} iterations",
+            s.players,
+            cli(&s.state),
+            cli(&s.dirty),
+            cli(&s.scenario),
+            cli(&s.codec),
+            s.threads,
+            s.rooms,
+            s.iterations
         );
         println!("  syncNow mean {:.4} ms, p99 {:.4} ms", s.sync_ms.mean, s.sync_ms.p99);
         println!(
@@ -100,7 +116,11 @@ pub(super) fn print(report: &SyncReport) {
             if rows.is_empty() {
                 continue;
             }
-            println!("\n{scenario:?}, {codec:?} codec, Medium state: syncNow mean ms (bytes per player)");
+            println!(
+                "\n--scenario {} --codec {} --state medium: syncNow mean ms (bytes per player)",
+                cli(&scenario),
+                cli(&codec)
+            );
             let mut header = String::from("| Dirty |");
             let mut rule = String::from("|---|");
             for p in &players {
