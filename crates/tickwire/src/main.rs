@@ -156,7 +156,19 @@ enum Bench {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line (the error and its causes), never a backtrace, even
+/// with RUST_BACKTRACE set.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Gateway(_) => "info",

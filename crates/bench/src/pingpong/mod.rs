@@ -169,11 +169,28 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     let threads = args.threads.unwrap_or(machine.cores);
     let runtimes = tickwire_transport::io_threads(threads, "bench-io")?;
     let mut steps = Vec::new();
-    for row in rows {
-        steps.extend(run_row(&args, &plan, &row, &runtimes).await?);
+    // Ctrl-C stops the load (dropping the run stops the child processes), keeps the steps
+    // finished so far, writes them marked incomplete, and fails.
+    let incomplete = {
+        let work = async {
+            for row in &rows {
+                run_row(&args, &plan, row, &runtimes, &mut steps).await?;
+            }
+            anyhow::Ok(())
+        };
+        tokio::select! {
+            done = work => {
+                done?;
+                false
+            }
+            _ = tokio::signal::ctrl_c() => true,
+        }
+    };
+    if incomplete {
+        println!("\ninterrupted: {} step(s) finished", steps.len());
     }
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
-    let report = Report { bench: "pingpong", machine, max_held_clients, steps };
+    let report = Report { bench: "pingpong", machine, incomplete, max_held_clients, steps };
     println!("max held clients: {max_held_clients} ({})", report.machine.line());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
@@ -184,6 +201,7 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
         crate::plot::pingpong(dir, &report)?;
         println!("wrote plots to {}", dir.display());
     }
+    anyhow::ensure!(!report.incomplete, "interrupted before the last step");
     Ok(report)
 }
 
@@ -252,7 +270,8 @@ async fn run_row(
     plan: &Plan,
     row: &Row,
     runtimes: &[Handle],
-) -> anyhow::Result<Vec<Step>> {
+    steps: &mut Vec<Step>,
+) -> anyhow::Result<()> {
     let think =
         row.max_think.map_or(String::new(), |t| format!(" (plus up to {} ms think time)", t.as_millis()));
     println!(
@@ -295,7 +314,6 @@ async fn run_row(
         workers: 1,
     };
     let mut loadgen = LoadGen::start(spec, plan.loadgen_procs, runtimes).await?;
-    let mut steps = Vec::new();
     print_header();
     for (k, &clients) in args.clients.iter().enumerate() {
         let bar = ProgressBar::new_spinner().with_message(format!("ramping to {clients} clients"));
@@ -314,7 +332,7 @@ async fn run_row(
     }
     loadgen.stop().await;
     drop(child);
-    Ok(steps)
+    Ok(())
 }
 
 /// CPU seconds and RSS summed over several processes.

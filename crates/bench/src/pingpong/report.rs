@@ -58,6 +58,8 @@ pub struct Step {
 pub struct Report {
     pub bench: &'static str,
     pub machine: Machine,
+    /// Stopped (Ctrl-C) before every step ran.
+    pub incomplete: bool,
     pub max_held_clients: usize,
     pub steps: Vec<Step>,
 }
