@@ -233,30 +233,48 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     println!("machine: {}", machine.line());
     report::print_header();
     let mut steps = Vec::new();
-    for &clients in &args.clients {
-        while bots.len() < clients {
-            let i = bots.len();
-            let runtime = &runtimes[i % runtimes.len()];
-            bots.push(runtime.spawn(run_bot(
-                target.clone(),
-                i,
-                channel_id,
-                BotMode::Count,
-                bot_stats.clone(),
-                stop.clone(),
-            )));
-            tokio::time::sleep(args.ramp).await;
+    // Ctrl-C stops the load: the steps finished so far are kept, written marked incomplete,
+    // and the command fails (the child gateway stops when it is dropped below).
+    let incomplete = {
+        let work = async {
+            for &clients in &args.clients {
+                while bots.len() < clients {
+                    let i = bots.len();
+                    let runtime = &runtimes[i % runtimes.len()];
+                    bots.push(runtime.spawn(run_bot(
+                        target.clone(),
+                        i,
+                        channel_id,
+                        BotMode::Count,
+                        bot_stats.clone(),
+                        stop.clone(),
+                    )));
+                    tokio::time::sleep(args.ramp).await;
+                }
+                // Let the last joiners get their snapshot before measuring.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let step =
+                    hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats, &groups)
+                        .await?;
+                report::print_row(&step);
+                let held = step.held;
+                steps.push(step);
+                if !held && !args.keep_going {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        };
+        tokio::select! {
+            done = work => {
+                done?;
+                false
+            }
+            _ = tokio::signal::ctrl_c() => true,
         }
-        // Let the last joiners get their snapshot before measuring.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let step =
-            hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats, &groups).await?;
-        report::print_row(&step);
-        let held = step.held;
-        steps.push(step);
-        if !held && !args.keep_going {
-            break;
-        }
+    };
+    if incomplete {
+        println!("\ninterrupted: {} step(s) finished", steps.len());
     }
     stop.cancel();
     for bot in bots.into_iter().chain(others) {
@@ -266,7 +284,8 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     drop(gateway);
 
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
-    let report = ReplicationReport { machine, scenario: "single".into(), max_held_clients, steps };
+    let report =
+        ReplicationReport { machine, scenario: "single".into(), incomplete, max_held_clients, steps };
     println!(
         "max held: {max_held_clients} clients (every client connected, no error, gap or repeat, 50 Hz channel \
          tick, every server frame to every client)"
@@ -274,10 +293,12 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     if let Some(dir) = &args.plot {
         report::plot(dir, &report)?;
     }
+    anyhow::ensure!(!report.incomplete, "interrupted before the last step");
     Ok(report)
 }
 

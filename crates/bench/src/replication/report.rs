@@ -114,6 +114,8 @@ pub struct GroupFigures {
 pub struct ReplicationReport {
     pub machine: Machine,
     pub scenario: String,
+    /// Stopped (Ctrl-C) before every step ran.
+    pub incomplete: bool,
     pub max_held_clients: usize,
     pub steps: Vec<Step>,
 }
