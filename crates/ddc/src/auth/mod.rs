@@ -241,4 +241,30 @@ mod jwt_tests {
             Err(AuthConfigError::Jwt(_))
         ));
     }
+
+    /// A test-only RSA key pair (tests/fixtures/jwt-rs256-test-key*.pem, made with openssl for
+    /// these tests and nothing else).
+    #[test]
+    fn rs256_tokens_verify_and_the_public_key_is_no_hmac_secret() {
+        let public = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt-rs256-test-key.pub.pem");
+        let auth = Auth::from_toml(&format!(
+            "[jwt]\nkeys = [{{ kid = \"rsa\", algorithm = \"RS256\", public_key_file = \"{public}\" }}]"
+        ))
+        .unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let private = include_str!("../../tests/fixtures/jwt-rs256-test-key.pem");
+        let claims = json!({ "exp": now() + 60, "scope": ["ue.ddc:write"] });
+        let key = EncodingKey::from_rsa_pem(private.as_bytes()).unwrap();
+        let t = sign(jsonwebtoken::Algorithm::RS256, Some("rsa"), &key, claims.clone());
+        assert_eq!(auth.check(Some(&t), &ns, Action::WriteObject), Ok(()));
+        assert_eq!(
+            auth.check(Some(&t), &ns, Action::ReadObject),
+            Err(AuthError::Forbidden(Action::ReadObject))
+        );
+        // The classic confusion: an HS256 token whose secret is the (public) RSA key.
+        let public_pem = std::fs::read(public).unwrap();
+        let forged =
+            sign(jsonwebtoken::Algorithm::HS256, Some("rsa"), &EncodingKey::from_secret(&public_pem), claims);
+        assert_eq!(auth.check(Some(&forged), &ns, Action::WriteObject), Err(AuthError::Unauthorized));
+    }
 }
