@@ -135,24 +135,10 @@ impl BlobStore {
         limit: u64,
     ) -> Result<(IoHash, u64), StoreError> {
         let mut file = fs::File::create(tmp).await?;
-        let mut hasher = blake3::Hasher::new();
-        let mut buf = vec![0u8; CHUNK];
-        let mut size = 0u64;
-        loop {
-            let n = body.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            size += n as u64;
-            if size > limit {
-                return Err(StoreError::TooLarge { limit });
-            }
-            hasher.update(&buf[..n]);
-            file.write_all(&buf[..n]).await?;
-        }
+        let hashed = copy_hashing(body, &mut file, limit).await?;
         file.flush().await?;
         file.sync_all().await?;
-        Ok((IoHash::from_hasher(&hasher), size))
+        Ok(hashed)
     }
 
     /// The blob's file and size, if it is stored.
@@ -241,6 +227,16 @@ fn walk(dir: &Path) -> (u64, u64) {
 
 /// The hash and size of what `body` yields (at most `limit` bytes), stored nowhere.
 pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result<(IoHash, u64), StoreError> {
+    copy_hashing(&mut body, &mut tokio::io::sink(), limit).await
+}
+
+/// Copies what `body` yields (at most `limit` bytes) into `out`, hashing it on the way; the
+/// hash and size.
+async fn copy_hashing(
+    body: &mut (impl AsyncRead + Unpin),
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    limit: u64,
+) -> Result<(IoHash, u64), StoreError> {
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; CHUNK];
     let mut size = 0u64;
@@ -254,6 +250,7 @@ pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result
             return Err(StoreError::TooLarge { limit });
         }
         hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).await?;
     }
 }
 

@@ -163,10 +163,6 @@ impl MetaStore {
         Ok(())
     }
 
-    pub fn has_namespace(&self, ns: &Name) -> bool {
-        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns)
-    }
-
     /// Every namespace, sorted.
     pub fn namespaces(&self) -> Vec<Name> {
         let mut all: Vec<Name> =

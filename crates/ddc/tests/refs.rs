@@ -555,3 +555,24 @@ fn hostile_requests_are_cheap_to_refuse() {
     assert!(!text.contains("XYZZY"), "{text}");
     assert!(text.contains(r#"method="other""#));
 }
+
+#[test]
+fn existence_checks_by_kind_of_blob() {
+    let s = start();
+    let small = raw_hash("none-small");
+    let r = req(&s, "PUT", &format!("/api/v1/compressed-blobs/{NS}/{small}")).set("Content-Type", COMP);
+    assert_eq!(send(r, Some(&buffer("none-small"))).status, 200);
+    let absent = IoHash::of(b"absent").to_hex();
+    // The compressed-blob routes count a compressed buffer as present; the raw-blob routes do not.
+    let q = format!("exists?id={small}&id={absent}");
+    let comp = send(req(&s, "POST", &format!("/api/v1/compressed-blobs/{NS}/{q}")), None).json();
+    assert_eq!(comp, serde_json::json!({ "needs": [absent] }));
+    let raw = send(req(&s, "POST", &format!("/api/v1/blobs/{NS}/{q}")), None).json();
+    assert_eq!(raw, serde_json::json!({ "needs": [small, absent] }));
+    let body = serde_json::to_vec(&[&small]).unwrap();
+    let comp = send(req(&s, "POST", &format!("/api/v1/compressed-blobs/{NS}/exist")), Some(&body)).json();
+    assert_eq!(comp, serde_json::json!({ "needs": [] }));
+    let raw = send(req(&s, "POST", &format!("/api/v1/blobs/{NS}/exist")), Some(&body)).json();
+    assert_eq!(raw, serde_json::json!({ "needs": [small] }));
+    assert_eq!(send(req(&s, "POST", &format!("/api/v1/blobs/{NS}/exist")), Some(b"not json")).status, 400);
+}

@@ -28,14 +28,13 @@ enum Kind {
     Put,
 }
 
-struct Op<'a> {
+struct Op {
     id: i128,
     kind: Kind,
     addr: RefAddr,
     resolve: bool,
     /// PUT: the payload object's serialized bytes, and the hash it must have.
     payload: Option<(Vec<u8>, Option<IoHash>)>,
-    _body: std::marker::PhantomData<&'a ()>,
 }
 
 fn invalid(op: usize, what: &str) -> ApiError {
@@ -50,7 +49,7 @@ fn standalone(field: &Field<'_>) -> Vec<u8> {
     out
 }
 
-fn parse_op<'a>(ns: &Name, i: usize, op: Field<'a>) -> Result<Op<'a>, ApiError> {
+fn parse_op(ns: &Name, i: usize, op: Field<'_>) -> Result<Op, ApiError> {
     if !op.ty.is_object() {
         return Err(invalid(i, "not an object"));
     }
@@ -74,7 +73,7 @@ fn parse_op<'a>(ns: &Name, i: usize, op: Field<'a>) -> Result<Op<'a>, ApiError> 
         }
         _ => None,
     };
-    Ok(Op { id, kind, addr, resolve, payload, _body: std::marker::PhantomData })
+    Ok(Op { id, kind, addr, resolve, payload })
 }
 
 pub async fn batch(
@@ -99,7 +98,7 @@ pub async fn batch(
     if ops.iter().nth(MAX_OPS).is_some() {
         return Err(ApiError::Invalid(format!("a batch holds at most {MAX_OPS} ops")));
     }
-    let ops: Vec<Op<'_>> =
+    let ops: Vec<Op> =
         ops.iter().enumerate().map(|(i, op)| parse_op(&ns, i, op)).collect::<Result<_, _>>()?;
     let mut ids = HashSet::new();
     for op in &ops {

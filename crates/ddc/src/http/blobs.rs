@@ -30,16 +30,16 @@ type Json = axum::Json<serde_json::Value>;
 pub fn raw_routes() -> Router<Arc<Ddc>> {
     Router::new()
         .route("/{ns}", post(post_raw))
-        .route("/{ns}/exists", post(exists_raw))
-        .route("/{ns}/exist", post(exist_raw))
+        .route("/{ns}/exists", post(exists::<false>))
+        .route("/{ns}/exist", post(exist::<false>))
         .route("/{ns}/{id}", axum::routing::get(get_raw).head(head_raw).put(put_raw).delete(delete_raw))
 }
 
 pub fn compressed_routes() -> Router<Arc<Ddc>> {
     Router::new()
         .route("/{ns}", post(post_compressed))
-        .route("/{ns}/exists", post(exists_any))
-        .route("/{ns}/exist", post(exist_any))
+        .route("/{ns}/exists", post(exists::<true>))
+        .route("/{ns}/exist", post(exist::<true>))
         .route(
             "/{ns}/{id}",
             axum::routing::get(get_compressed)
@@ -245,17 +245,20 @@ async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool) -> Result<Json
     Ok(axum::Json(json!({ "needs": needs })))
 }
 
-async fn exists_raw(
+/// `POST .../exists?id=..&id=..`. `ANY`: present as a compressed buffer or a raw blob (the
+/// compressed-blob routes); otherwise as a raw blob.
+async fn exists<const ANY: bool>(
     State(ddc): State<Arc<Ddc>>,
     Path(ns): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Json, ApiError> {
     let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    needs(&ddc, &ns, query_ids(query)?, false).await
+    needs(&ddc, &ns, query_ids(query)?, ANY).await
 }
 
-async fn exist_raw(
+/// `POST .../exist` with a JSON array of ids; `ANY` as for [`exists`].
+async fn exist<const ANY: bool>(
     State(ddc): State<Arc<Ddc>>,
     Path(ns): Path<String>,
     headers: HeaderMap,
@@ -263,28 +266,7 @@ async fn exist_raw(
 ) -> Result<Json, ApiError> {
     let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
     let ids = body_ids(&ddc, body).await?;
-    needs(&ddc, &ns, ids, false).await
-}
-
-async fn exists_any(
-    State(ddc): State<Arc<Ddc>>,
-    Path(ns): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Result<Json, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    needs(&ddc, &ns, query_ids(query)?, true).await
-}
-
-async fn exist_any(
-    State(ddc): State<Arc<Ddc>>,
-    Path(ns): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let ids = body_ids(&ddc, body).await?;
-    needs(&ddc, &ns, ids, true).await
+    needs(&ddc, &ns, ids, ANY).await
 }
 
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
