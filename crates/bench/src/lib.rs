@@ -6,6 +6,7 @@
 
 pub mod ddc;
 pub mod hold;
+mod interrupt;
 pub mod machine;
 pub mod pingpong;
 mod plot;

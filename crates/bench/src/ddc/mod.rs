@@ -485,12 +485,9 @@ pub async fn run(args: DdcArgs) -> anyhow::Result<DdcReport> {
         }
         anyhow::Ok(())
     };
-    tokio::select! {
-        done = work => done?,
-        _ = tokio::signal::ctrl_c() => {
-            report.incomplete = true;
-            eprintln!("interrupted: {} of {} tests finished", report.tests.len(), tests.len());
-        }
+    report.incomplete = crate::interrupt::until_interrupted(work).await?;
+    if report.incomplete {
+        eprintln!("interrupted: {} of {} tests finished", report.tests.len(), tests.len());
     }
     report::print_footer(&report);
     if let Some(path) = &args.json {

@@ -178,13 +178,7 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
             }
             anyhow::Ok(())
         };
-        tokio::select! {
-            done = work => {
-                done?;
-                false
-            }
-            _ = tokio::signal::ctrl_c() => true,
-        }
+        crate::interrupt::until_interrupted(work).await?
     };
     if incomplete {
         println!("\ninterrupted: {} step(s) finished", steps.len());

@@ -265,13 +265,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
             }
             anyhow::Ok(())
         };
-        tokio::select! {
-            done = work => {
-                done?;
-                false
-            }
-            _ = tokio::signal::ctrl_c() => true,
-        }
+        crate::interrupt::until_interrupted(work).await?
     };
     if incomplete {
         println!("\ninterrupted: {} step(s) finished", steps.len());
