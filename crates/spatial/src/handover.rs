@@ -137,13 +137,14 @@ impl<M: Clone> Route<M> {
         processed: u64,
         state: Vec<u8>,
     ) -> Result<Action<M>, RouteError> {
-        let Phase::HandingOver { handover: current, .. } = &self.phase else {
+        let Phase::HandingOver { handover: current, waiting, .. } = &self.phase else {
             return Err(RouteError::UnknownHandover(handover));
         };
         if *current != handover {
             return Err(RouteError::UnknownHandover(handover));
         }
-        let sent = self.unprocessed.back().map_or(self.next_seq - 1, |(s, _)| *s);
+        // The held messages took the newest numbers and were never sent to the old owner.
+        let sent = self.next_seq - 1 - waiting.len() as u64;
         if processed > sent {
             return Err(RouteError::BadRelease { released: processed, sent });
         }
@@ -180,6 +181,20 @@ mod tests {
         );
         assert_eq!(r.owner(), 2);
         assert_eq!(r.send("d").unwrap(), Some(Action::Deliver { to: 2, seq: 4, message: "d" }));
+    }
+
+    #[test]
+    fn a_release_cannot_claim_messages_held_back_from_the_old_owner() {
+        let mut r: Route<u32> = Route::new(1, 10);
+        r.send(1).unwrap();
+        r.processed(1, 1);
+        r.begin_handover(2).unwrap();
+        r.send(2).unwrap(); // Held: number 2 never went to server 1.
+        assert_eq!(r.released(1, 2, vec![]), Err(RouteError::BadRelease { released: 2, sent: 1 }));
+        assert_eq!(
+            r.released(1, 1, vec![]).unwrap(),
+            Action::Acquire { to: 2, handover: 1, state: vec![], messages: vec![(2, 2)] }
+        );
     }
 
     #[test]

@@ -145,18 +145,7 @@ impl Area {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::LayoutConfig;
-
-    fn layout() -> Layout {
-        Layout::new(LayoutConfig {
-            origin: [-150.0, -150.0],
-            cell_size: 20.0,
-            cells: [15, 15],
-            servers: [3, 3],
-            server_interest_border: 0,
-        })
-        .unwrap()
-    }
+    use crate::layout::tests::report as layout;
 
     #[test]
     fn the_reports_30_m_sphere() {

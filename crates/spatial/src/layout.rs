@@ -208,7 +208,7 @@ impl Layout {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The report's world: 15x15 cells of 20 m, 3x3 servers of 5x5 cells.
