@@ -71,12 +71,11 @@ fn require_comp(headers: &HeaderMap) -> Result<(), ApiError> {
 
 async fn put_raw(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::WriteObject)?;
     require_octet(&headers)?;
     if let Some(claimed) = super::hash_header(&headers, IOHASH_HEADER)?
         && claimed != id
@@ -125,11 +124,10 @@ pub(super) async fn store_raw(
 
 async fn get_raw(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::ReadObject)?;
     serve_blob(&ddc, &ns, id, OCTET, headers.get(header::RANGE)).await
 }
 
@@ -186,11 +184,10 @@ pub(super) async fn serve_blob(
 
 async fn head_raw(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::ReadObject)?;
     if ddc.content.blobs.exists(&ns, &id).await? {
         Ok(StatusCode::OK)
     } else {
@@ -200,11 +197,10 @@ async fn head_raw(
 
 async fn delete_raw(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::DeleteObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::DeleteObject)?;
     if ddc.content.blobs.delete(&ns, &id).await? {
         Ok(StatusCode::OK)
     } else {
@@ -277,12 +273,11 @@ async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) 
 
 async fn put_compressed(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::WriteObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::WriteObject)?;
     require_comp(&headers)?;
     store_compressed(&ddc, &ns, Some(id), body).await.map(identifier)
 }
@@ -315,21 +310,19 @@ async fn serve_content(ddc: &Ddc, ns: &Name, id: IoHash, headers: &HeaderMap) ->
 
 async fn get_compressed(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::ReadObject)?;
     serve_content(&ddc, &ns, id, &headers).await
 }
 
 async fn head_compressed(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::ReadObject)?;
     match ddc.content.locate(&ns, id).await? {
         Some(_) => Ok(StatusCode::OK),
         None => Err(ApiError::NotFound("blob not found")),
@@ -338,11 +331,10 @@ async fn head_compressed(
 
 async fn delete_compressed(
     State(ddc): State<Arc<Ddc>>,
-    Path((ns, id)): Path<(String, String)>,
+    Path(path): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let ns = ddc.authorize(&headers, &ns, Action::DeleteObject)?;
-    let id: IoHash = id.parse()?;
+    let (ns, id) = blob_path(&ddc, &headers, path, Action::DeleteObject)?;
     match ddc.content.meta.content_blob(&ns, id).await? {
         Some(blob) => {
             // The content id first: a crash in between leaves an unnamed blob, never a name
@@ -364,9 +356,20 @@ fn ref_blob_path(
     action: Action,
 ) -> Result<(Name, IoHash), ApiError> {
     let (ns, bucket, key, id) = parts;
-    let ns = ddc.authorize(headers, &ns, action)?;
+    let named = blob_path(ddc, headers, (ns, id), action)?;
     Name::bucket(&bucket)?;
     key.parse::<RefKey>()?;
+    Ok(named)
+}
+
+/// The namespace (authorized for `action`) and blob id of a `{ns}/{id}` path.
+fn blob_path(
+    ddc: &Ddc,
+    headers: &HeaderMap,
+    (ns, id): (String, String),
+    action: Action,
+) -> Result<(Name, IoHash), ApiError> {
+    let ns = ddc.authorize(headers, &ns, action)?;
     Ok((ns, id.parse()?))
 }
 
