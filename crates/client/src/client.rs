@@ -29,6 +29,7 @@ pub struct Client {
     commands: mpsc::Sender<Command>,
     pushes: tokio::sync::Mutex<mpsc::Receiver<Push>>,
     player_id: String,
+    connection_id: u64,
 }
 
 impl Client {
@@ -36,14 +37,20 @@ impl Client {
     pub async fn connect(opts: ConnectOptions) -> Result<Client, ClientError> {
         let conn = Connection::connect(opts).await?;
         let player_id = conn.welcome().player_id.clone();
+        let connection_id = conn.welcome().connection_id;
         let (commands, rx) = mpsc::channel(COMMAND_QUEUE);
         let (push_tx, pushes) = mpsc::channel(PUSH_QUEUE);
         tokio::spawn(drive(conn, rx, push_tx));
-        Ok(Client { commands, pushes: tokio::sync::Mutex::new(pushes), player_id })
+        Ok(Client { commands, pushes: tokio::sync::Mutex::new(pushes), player_id, connection_id })
     }
 
     pub fn player_id(&self) -> &str {
         &self.player_id
+    }
+
+    /// This session's connection id (Welcome.connection_id): how servers name this client.
+    pub fn connection_id(&self) -> u64 {
+        self.connection_id
     }
 
     /// Calls `method` and waits for its response body. A non-OK status is an error.

@@ -10,6 +10,7 @@
 mod client;
 mod connection;
 mod error;
+mod spatial;
 mod target;
 
 pub use client::Client;

@@ -24,6 +24,7 @@ use crate::handshake::handshake_with;
 use crate::registry::Registry;
 use crate::router::Router;
 use crate::shared::Shared;
+use crate::spatial::SpatialRouter;
 use crate::stats::Stats;
 use crate::workers::{WorkerSet, bind_handoffs, receive_handoff};
 
@@ -63,7 +64,11 @@ impl Gateway {
     /// echo.
     pub fn new(config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let auth = provider_from_config(&config.auth)?;
-        let router = Arc::new(ChannelRouter::for_gateway(&config)?);
+        let channels = ChannelRouter::for_gateway(&config)?;
+        let router: Arc<dyn Router> = match &config.spatial {
+            Some(layout) => Arc::new(SpatialRouter::new(layout.clone(), &config, channels)?),
+            None => Arc::new(channels),
+        };
         let tls = tls_from_config(&config)?;
         Ok(Gateway { config, auth, router, workers: None, tls })
     }

@@ -20,6 +20,7 @@ mod registry;
 mod router;
 mod session_task;
 mod shared;
+mod spatial;
 mod stats;
 mod workers;
 
@@ -34,6 +35,7 @@ pub use channel::{
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig, TlsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};
+pub use spatial::SpatialRouter;
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;
 

@@ -160,6 +160,7 @@ impl SessionTask {
                 max_frame_bytes: self.shared.decoder.max_frame_bytes(),
                 player_id: self.handle.player_id.to_string(),
                 ack_delay_ms: millis(cfg.ack_delay),
+                connection_id: self.handle.conn_id,
             })),
         })
     }

@@ -86,6 +86,15 @@ impl<M: Clone> Route<M> {
         matches!(self.phase, Phase::HandingOver { .. })
     }
 
+    /// Messages not yet reported processed, sent or held: what a caller bounds.
+    pub fn in_flight(&self) -> usize {
+        let waiting = match &self.phase {
+            Phase::Owned => 0,
+            Phase::HandingOver { waiting, .. } => waiting.len(),
+        };
+        self.unprocessed.len() + waiting
+    }
+
     /// A message for the entity: delivered now, or held while a handover is under way.
     pub fn send(&mut self, message: M) -> Result<Option<Action<M>>, RouteError> {
         let seq = self.next_seq;
@@ -159,6 +168,23 @@ impl<M: Clone> Route<M> {
     }
 }
 
+impl<M: Clone> Route<M> {
+    /// The owner is gone without releasing the entity (its session ended), during a handover or
+    /// not. `to` takes it: the state, and every message not reported processed, in order. The
+    /// lost owner may have processed some of them without reporting it, so across a lost
+    /// server delivery is at least once (an orderly handover is exactly once).
+    pub fn lost(&mut self, to: ServerId, state: Vec<u8>) -> Action<M> {
+        let handover = self.next_handover;
+        self.next_handover += 1;
+        if let Phase::HandingOver { waiting, .. } = std::mem::replace(&mut self.phase, Phase::Owned) {
+            self.unprocessed.extend(waiting);
+        }
+        self.owner = to;
+        let messages: Vec<(u64, M)> = self.unprocessed.iter().cloned().collect();
+        Action::Acquire { to, handover, state, messages }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +221,26 @@ mod tests {
             r.released(1, 1, vec![]).unwrap(),
             Action::Acquire { to: 2, handover: 1, state: vec![], messages: vec![(2, 2)] }
         );
+    }
+
+    #[test]
+    fn a_lost_owner_hands_everything_unreported_to_the_next() {
+        let mut r: Route<u32> = Route::new(1, 10);
+        r.send(1).unwrap();
+        r.send(2).unwrap();
+        r.processed(1, 1);
+        r.begin_handover(2).unwrap();
+        r.send(3).unwrap();
+        assert_eq!(r.in_flight(), 2);
+        // Server 1 died before releasing: 2 (sent, unreported) and 3 (held) go to server 3.
+        assert_eq!(
+            r.lost(3, vec![9]),
+            Action::Acquire { to: 3, handover: 2, state: vec![9], messages: vec![(2, 2), (3, 3)] }
+        );
+        assert!(!r.handing_over());
+        assert_eq!(r.send(4).unwrap(), Some(Action::Deliver { to: 3, seq: 4, message: 4 }));
+        // A late release of the abandoned handover is refused.
+        assert_eq!(r.released(1, 1, vec![]), Err(RouteError::UnknownHandover(1)));
     }
 
     #[test]

@@ -117,6 +117,24 @@ impl Area {
         }
     }
 
+    /// The same area moved so that its reference point (a sphere's centre, a box's centre, a
+    /// cone's apex) is at `p`: how an area follows its client's entity.
+    pub fn centred_at(&self, p: [f32; 3]) -> Area {
+        match *self {
+            Area::Sphere { radius, .. } => Area::Sphere { center: p, radius },
+            Area::Box { min, max } => {
+                let half = [(max[0] - min[0]) / 2.0, (max[1] - min[1]) / 2.0, (max[2] - min[2]) / 2.0];
+                Area::Box {
+                    min: [p[0] - half[0], p[1] - half[1], p[2] - half[2]],
+                    max: [p[0] + half[0], p[1] + half[1], p[2] + half[2]],
+                }
+            }
+            Area::Cone { direction, half_angle, range, .. } => {
+                Area::Cone { apex: p, direction, half_angle, range }
+            }
+        }
+    }
+
     /// The cells the area's footprint touches: for a sphere and a box exactly those; for a
     /// cone, those within its range of the apex (a superset: it may include cells behind the
     /// apex, never miss one the cone reaches).
@@ -146,6 +164,22 @@ impl Area {
 mod tests {
     use super::*;
     use crate::layout::tests::report as layout;
+
+    #[test]
+    fn an_area_centred_elsewhere_keeps_its_shape() {
+        let b = Area::Box { min: [0.0, 0.0, 0.0], max: [4.0, 2.0, 6.0] };
+        assert_eq!(
+            b.centred_at([10.0, 1.0, 10.0]),
+            Area::Box { min: [8.0, 0.0, 7.0], max: [12.0, 2.0, 13.0] }
+        );
+        let s = Area::Sphere { center: [0.0; 3], radius: 30.0 };
+        assert_eq!(s.centred_at([1.0, 2.0, 3.0]), Area::Sphere { center: [1.0, 2.0, 3.0], radius: 30.0 });
+        let c = Area::Cone { apex: [0.0; 3], direction: [1.0, 0.0, 0.0], half_angle: 0.5, range: 9.0 };
+        assert!(matches!(
+            c.centred_at([5.0, 0.0, 0.0]),
+            Area::Cone { apex: [5.0, 0.0, 0.0], range: 9.0, .. }
+        ));
+    }
 
     #[test]
     fn the_reports_30_m_sphere() {

@@ -1,4 +1,5 @@
-//! Protobuf messages generated from `proto/tickwire/v1/control.proto` and `channel.proto`.
+//! Protobuf messages generated from `proto/tickwire/v1/control.proto`, `channel.proto` and
+//! `spatial.proto`.
 //!
 //! `bytes` fields are [`bytes::Bytes`], so decoding a message from a `Bytes` buffer slices
 //! payloads out of it instead of copying them.

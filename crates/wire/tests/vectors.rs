@@ -51,6 +51,7 @@ fn control_from(v: &Value) -> Control {
             max_frame_bytes: n(w, "max_frame_bytes") as u32,
             player_id: s(w, "player_id"),
             ack_delay_ms: n(w, "ack_delay_ms") as u32,
+            connection_id: n(w, "connection_id"),
         })
     } else if let Some(c) = v.get("close") {
         control::Kind::Close(Close { reason: n(c, "reason") as i32, message: s(c, "message") })

@@ -51,6 +51,23 @@ pub(crate) struct Figures {
     pub coalesced: AtomicU64,
 }
 
+impl Figures {
+    /// One tick's fan-out pass took `elapsed`.
+    pub fn record_pass(&self, elapsed: Duration) {
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+        self.record_pass_time(elapsed);
+    }
+
+    /// A fan-out pass (tick or after-patch) took `elapsed`.
+    fn record_pass_time(&self, elapsed: Duration) {
+        let micros = elapsed.as_micros() as u64;
+        if let Ok(mut h) = self.pass_times.lock() {
+            let _ = h.record(micros.max(1));
+        }
+        self.pass_sum_us.fetch_add(micros, Ordering::Relaxed);
+    }
+}
+
 /// What the router asks of a channel.
 pub(crate) enum Msg {
     Subscribe {
@@ -564,11 +581,7 @@ impl Channel {
             self.remove_subscriber(conn_id);
         }
         self.count_subscribers();
-        let micros = started.elapsed().as_micros() as u64;
-        if let Ok(mut h) = self.figures.pass_times.lock() {
-            let _ = h.record(micros.max(1));
-        }
-        self.figures.pass_sum_us.fetch_add(micros, Ordering::Relaxed);
+        self.figures.record_pass_time(started.elapsed());
     }
 }
 

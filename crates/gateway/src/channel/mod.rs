@@ -22,11 +22,12 @@ use tickwire_wire::proto::{
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
+pub(crate) use actor::Figures;
 pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindowConfig};
 
 use crate::auth::Role;
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
-use actor::{Channel, Figures, Msg};
+use actor::{Channel, Msg};
 
 /// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds). Fine enough that
 /// a reader taking windows from bucket differences (as `tickwire bench replication` does) can
@@ -75,6 +76,8 @@ pub enum ChannelConfigError {
     Read { path: std::path::PathBuf, source: std::io::Error },
     #[error("schema file {path}: {source}")]
     Schema { path: std::path::PathBuf, source: tickwire_state::SchemaError },
+    #[error("{0}")]
+    Layout(tickwire_spatial::LayoutError),
 }
 
 struct Entry {
@@ -501,6 +504,12 @@ impl ChannelRouter {
         drop(reg);
         permit.send(Msg::Claim { owner: session.clone(), request_id: id });
         None
+    }
+
+    /// The figures every channel adds to, for another actor that reports as a channel (the
+    /// spatial world).
+    pub(crate) fn shared_figures(&self) -> Arc<Figures> {
+        self.figures.clone()
     }
 
     /// The channel figures the metrics endpoint exports, read directly.

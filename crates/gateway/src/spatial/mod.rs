@@ -1,0 +1,367 @@
+//! The spatial world (docs/protocol.md section 14): the `spatial.*` methods, entity messages
+//! (`channel.send` to an entity) and areas of interest, served by one world task (`world.rs`
+//! for servers, entities and handovers; `view.rs` for what clients see). Present when the
+//! gateway's configuration has a `[spatial]` layout; [`SpatialRouter`] then sits in front of
+//! the channel router and passes it everything else.
+//!
+//! Ids: cells are spatial channels `CELL_BASE + cell index` and entities are entity channels
+//! `ENTITY_BASE + n`, both above any id `channel.create` gives out and below 2^53 (exact in
+//! JSON and JavaScript).
+
+mod view;
+mod world;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message;
+use tickwire_spatial::{Layout, LayoutConfig};
+use tickwire_state::{Field, KeyKind, Limits, Schema, SchemaDef, Type};
+use tickwire_wire::proto::{
+    ChannelRef, ChannelSend, Despawn, Publish, RegisterServer, Release, Request, Response, SetInterest,
+    SpawnEntity, Status, Subscribe, UpdateChannel,
+};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+
+use crate::auth::Role;
+use crate::channel::{ChannelConfigError, ChannelRouter, Figures};
+use crate::router::{Gauge, Router, SessionHandle, error_response};
+use world::World;
+
+/// Spatial channel (cell) ids start here.
+pub(crate) const CELL_BASE: u64 = 1 << 40;
+/// Entity channel ids start here.
+pub(crate) const ENTITY_BASE: u64 = 1 << 41;
+/// The key of the world's `channel.updates` batches in a session's window of updates.
+pub(crate) const WORLD_KEY: u64 = (1 << 42) - 1;
+/// Ids of the spatial world end here.
+const SPATIAL_END: u64 = 1 << 42;
+
+/// Messages that wait for a handover to finish, per entity.
+const MAX_WAITING: usize = 1024;
+/// Messages an entity's server may leave unprocessed (sent, and not yet reported processed in a
+/// publish or release) before senders get UNAVAILABLE.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// The entity schema when `[channels.entity]` names none: a position, a heading and free data.
+const DEFAULT_ENTITY_SCHEMA: &str = r#"{"fields": [
+    {"name": "pos", "type": "vec3"},
+    {"name": "yaw", "type": "float"},
+    {"name": "data", "type": "string"}
+]}"#;
+
+/// The bounds and rates the world runs with, from `[channels]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpatialSettings {
+    pub limits: Limits,
+    pub tick: Duration,
+    pub fanout: Duration,
+    pub max_entities: usize,
+    pub max_view_cells: usize,
+    pub max_waiting: usize,
+    pub max_in_flight: usize,
+}
+
+/// What the world counts, read by the metrics endpoint.
+#[derive(Debug, Default)]
+pub(crate) struct SpatialFigures {
+    /// Handovers completed (a release answered).
+    pub handovers: AtomicU64,
+    /// Entities that moved from one cell to another (a handover counts here too).
+    pub cell_changes: AtomicU64,
+    pub entities: AtomicU64,
+    /// Spatial servers registered in a slot.
+    pub servers: AtomicU64,
+    /// Publishes per slot (a server's frame rate).
+    pub publishes: Vec<AtomicU64>,
+    /// Entities of publishes that were not applied (not owned by the sender).
+    pub ignored: AtomicU64,
+    /// Entity messages accepted.
+    pub messages: AtomicU64,
+    /// `channel.updates` messages queued (one per viewer per pass).
+    pub fanouts: AtomicU64,
+    /// Passes in which a due viewer's window was full: its changes merge into a later one.
+    pub coalesced: AtomicU64,
+    pub viewers: AtomicU64,
+}
+
+/// What the router asks of the world.
+enum Msg {
+    Register(SessionHandle, RegisterServer, u64),
+    Spawn(SessionHandle, SpawnEntity, u64),
+    Publish(SessionHandle, Publish, u64),
+    Release(SessionHandle, Release, u64),
+    Despawn(SessionHandle, Despawn, u64),
+    Interest(SessionHandle, SetInterest, u64),
+    Send(SessionHandle, u64, Bytes, u64),
+    Left(u64),
+}
+
+/// Serves the spatial world in front of the channel router.
+pub struct SpatialRouter {
+    inbox: mpsc::Sender<Msg>,
+    /// Taken by [`Router::on_start`], which starts the world's task.
+    world: Mutex<Option<(World, mpsc::Receiver<Msg>)>>,
+    figures: Arc<SpatialFigures>,
+    channel_figures: Arc<Figures>,
+    slots: usize,
+    cells: u32,
+    fallback: Arc<ChannelRouter>,
+}
+
+fn is_spatial(id: u64) -> bool {
+    (CELL_BASE..SPATIAL_END).contains(&id)
+}
+
+impl SpatialRouter {
+    /// The world `layout` describes, with the entity schema and bounds of `config.channels`,
+    /// in front of `channels`.
+    pub fn new(
+        layout: LayoutConfig,
+        config: &crate::GatewayConfig,
+        channels: ChannelRouter,
+    ) -> Result<SpatialRouter, ChannelConfigError> {
+        let layout = Layout::new(layout).map_err(ChannelConfigError::Layout)?;
+        let c = &config.channels;
+        let entity_def = match &c.entity.schema_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ChannelConfigError::Read { path: path.clone(), source })?;
+                SchemaDef::parse(&text, &path.to_string_lossy())
+                    .map_err(|source| ChannelConfigError::Schema { path: path.clone(), source })?
+            }
+            None => {
+                SchemaDef::parse(DEFAULT_ENTITY_SCHEMA, "default.json").expect("the default schema parses")
+            }
+        };
+        let entity_json: Arc<str> = serde_json::to_string(&entity_def).expect("schemas serialize").into();
+        let cell_def = SchemaDef::new([Field::new(
+            "entities",
+            Type::map(KeyKind::Int, Type::Struct(entity_def.fields)),
+        )]);
+        let cell_json: Arc<str> = serde_json::to_string(&cell_def).expect("schemas serialize").into();
+        let cell_schema: Arc<Schema> = Schema::new(cell_def).map_err(|source| {
+            ChannelConfigError::Schema { path: c.entity.schema_file.clone().unwrap_or_default(), source }
+        })?;
+        let settings = SpatialSettings {
+            limits: Limits { max_len: c.max_list_len, max_bytes: c.max_state_bytes, ..Limits::default() },
+            tick: c.entity.tick(),
+            fanout: c.entity.fanout(),
+            max_entities: c.max_channels,
+            max_view_cells: c.max_subscriptions_per_session,
+            max_waiting: MAX_WAITING,
+            max_in_flight: MAX_IN_FLIGHT,
+        };
+        let [sx, sz] = layout.config().servers;
+        let slots = (sx * sz) as usize;
+        let figures = Arc::new(SpatialFigures {
+            publishes: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            ..SpatialFigures::default()
+        });
+        let cells = layout.cell_count();
+        let world = World::new(layout, settings, cell_schema, cell_json, entity_json, figures.clone());
+        let (inbox, rx) = mpsc::channel(c.inbox_capacity);
+        Ok(SpatialRouter {
+            inbox,
+            world: Mutex::new(Some((world, rx))),
+            figures,
+            channel_figures: channels.shared_figures(),
+            slots,
+            cells,
+            fallback: Arc::new(channels),
+        })
+    }
+
+    /// Queues `msg` for the world, or answers why not.
+    fn to_world(&self, id: u64, msg: Msg) -> Option<Response> {
+        match self.inbox.try_send(msg) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                Some(error_response(id, Status::Unavailable, "the spatial world is busy; retry".into()))
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Some(error_response(id, Status::Unavailable, "the spatial world is not running".into()))
+            }
+        }
+    }
+
+    fn on_spatial(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        let id = request.id;
+        let server = session.role() == Role::Server;
+        let s = session.clone();
+        let servers_only = |what: &str| {
+            let msg = format!("{what} is for game servers (log in with a server credential)");
+            Some(error_response(id, Status::PermissionDenied, msg))
+        };
+        macro_rules! decode {
+            ($ty:ty) => {
+                match <$ty>::decode(request.body) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let msg = format!("malformed {}: {e}", stringify!($ty));
+                        return Some(error_response(id, Status::InvalidArgument, msg));
+                    }
+                }
+            };
+        }
+        let msg = match request.method.as_str() {
+            "spatial.interest" => Msg::Interest(s, decode!(SetInterest), id),
+            method if !server => return servers_only(method),
+            "spatial.register" => Msg::Register(s, decode!(RegisterServer), id),
+            "spatial.spawn" => Msg::Spawn(s, decode!(SpawnEntity), id),
+            "spatial.publish" => Msg::Publish(s, decode!(Publish), id),
+            "spatial.release" => Msg::Release(s, decode!(Release), id),
+            "spatial.despawn" => Msg::Despawn(s, decode!(Despawn), id),
+            other => return Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
+        };
+        self.to_world(id, msg)
+    }
+
+    /// The spatial channel a `channel.*` request names, if it names one.
+    fn spatial_target(request: &Request) -> Option<u64> {
+        let body = request.body.clone();
+        let id = match request.method.as_str() {
+            "channel.send" => ChannelSend::decode(body).ok()?.channel_id,
+            "channel.subscribe" => Subscribe::decode(body).ok()?.channel_id,
+            "channel.update" => UpdateChannel::decode(body).ok()?.channel_id,
+            "channel.unsubscribe" | "channel.remove" | "channel.claim" => {
+                ChannelRef::decode(body).ok()?.channel_id
+            }
+            _ => return None,
+        };
+        is_spatial(id).then_some(id)
+    }
+}
+
+impl Router for SpatialRouter {
+    fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        if request.method.starts_with("spatial.") {
+            return self.on_spatial(session, request);
+        }
+        let Some(target) = Self::spatial_target(&request) else {
+            return self.fallback.on_request(session, request);
+        };
+        let id = request.id;
+        if request.method == "channel.send" && target >= ENTITY_BASE {
+            let body = ChannelSend::decode(request.body).map(|s| s.body).unwrap_or_default();
+            return self.to_world(id, Msg::Send(session.clone(), target, body, id));
+        }
+        let msg = format!(
+            "channel {target} belongs to the spatial world: clients see cells through spatial.interest, \
+             servers change entities with spatial.publish, and messages go to entities with channel.send"
+        );
+        Some(error_response(id, Status::InvalidArgument, msg))
+    }
+
+    fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {
+        self.fallback.on_push(session, push);
+    }
+
+    fn on_start(&self, runtimes: &[Handle]) {
+        self.fallback.on_start(runtimes);
+        let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let task = run(world, rx, self.channel_figures.clone());
+        match runtimes.first() {
+            Some(rt) => drop(rt.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
+    }
+
+    fn on_session_closed(&self, session: &SessionHandle) {
+        let inbox = self.inbox.clone();
+        let conn = session.conn_id();
+        // Delivered even when the inbox is momentarily full; never blocks this task.
+        tokio::spawn(async move {
+            let _ = inbox.send(Msg::Left(conn)).await;
+        });
+        self.fallback.on_session_closed(session);
+    }
+
+    fn gauges(&self) -> Vec<Gauge> {
+        let f = &self.figures;
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let mut out = self.fallback.gauges();
+        out.extend([
+            Gauge::new("spatial_cells", f64::from(self.cells)),
+            Gauge::new("spatial_entities", get(&f.entities) as f64),
+            Gauge::new("spatial_servers", get(&f.servers) as f64),
+            Gauge::new("spatial_server_slots", self.slots as f64),
+            Gauge::new("spatial_viewers", get(&f.viewers) as f64),
+            Gauge::counter("spatial_handovers", get(&f.handovers)),
+            Gauge::counter("spatial_cell_changes", get(&f.cell_changes)),
+            Gauge::counter("spatial_publishes_ignored_entities", get(&f.ignored)),
+            Gauge::counter("spatial_entity_messages", get(&f.messages)),
+            Gauge::counter("spatial_fanouts", get(&f.fanouts)),
+            Gauge::counter("spatial_updates_coalesced", get(&f.coalesced)),
+        ]);
+        for (slot, n) in f.publishes.iter().enumerate() {
+            out.push(Gauge::counter("spatial_server_publishes", get(n)).label("slot", slot.to_string()));
+        }
+        out
+    }
+}
+
+/// The world's task: messages as they come, a fan-out pass every tick. Pass times go into the
+/// channels' `channel_tick_duration_seconds` (the world is one channel actor there).
+async fn run(mut world: World, mut inbox: mpsc::Receiver<Msg>, figures: Arc<Figures>) {
+    let mut ticker = tokio::time::interval(world.settings.tick);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            msg = inbox.recv() => match msg {
+                Some(msg) => on_msg(&mut world, msg, Instant::now()),
+                None => break,
+            },
+            _ = ticker.tick() => {
+                let started = Instant::now();
+                world.tick(started);
+                world.figures.viewers.store(world.viewers.len() as u64, Ordering::Relaxed);
+                figures.record_pass(started.elapsed());
+            }
+        }
+    }
+}
+
+fn on_msg(world: &mut World, msg: Msg, now: Instant) {
+    let (who, response) = match msg {
+        Msg::Register(s, req, id) => {
+            let r = world.register(&s, req, id);
+            (s, r)
+        }
+        Msg::Spawn(s, req, id) => {
+            let r = world.spawn(&s, req, id);
+            (s, Some(r))
+        }
+        Msg::Publish(s, req, id) => {
+            let r = world.publish(&s, req, id);
+            (s, Some(r))
+        }
+        Msg::Release(s, req, id) => {
+            let r = world.release(&s, req, id);
+            (s, r)
+        }
+        Msg::Despawn(s, req, id) => {
+            let r = world.despawn(&s, req, id);
+            (s, Some(r))
+        }
+        Msg::Interest(s, req, id) => {
+            let r = world.set_interest(&s, req, id, now);
+            (s, Some(r))
+        }
+        Msg::Send(s, entity, body, id) => {
+            let r = world.send(&s, entity, body, id);
+            (s, Some(r))
+        }
+        Msg::Left(conn) => {
+            world.left(conn);
+            return;
+        }
+    };
+    if let Some(response) = response {
+        let _ = who.respond(response);
+    }
+}

@@ -1,0 +1,298 @@
+//! What clients see of the spatial world: each client's area of interest, the cells it
+//! touches, and the fan-out pass that sends every due client one `channel.updates` message with
+//! a delta (or a snapshot) of each cell in its view that changed since the version it holds.
+//!
+//! One message per client per pass, whatever the number of cells in view: a client near a
+//! corner of four cells costs the gateway one write, not four. When a client is due is decided
+//! by the pure scheduler of `tickwire-fanout` (fed `now`), and whether it may take more by its
+//! session's window of updates in flight, as for any channel: a slow reader gets merged deltas
+//! at its pace. A resume that dropped undelivered batches sends the client a snapshot of every
+//! cell in its view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message;
+use tickwire_fanout::{Due, Options, Outcome, Version};
+use tickwire_spatial::Area;
+use tickwire_state::{Codec, Key};
+use tickwire_wire::proto::{
+    ChannelEvent, ChannelEventKind, ChannelUpdate, ChannelUpdates, DeltaCodec, Follow, InterestResult,
+    Response, SetInterest, Status, set_interest,
+};
+
+use super::world::World;
+use super::{CELL_BASE, WORLD_KEY};
+use crate::router::{PushError, SessionHandle, error_response, push_envelope};
+
+pub(super) struct Viewer {
+    handle: SessionHandle,
+    /// As last set (not re-centred).
+    area: Area,
+    follow: Follow,
+    codec: DeltaCodec,
+    /// The cells in view, and the version of each the client holds (`None`: it needs a
+    /// snapshot).
+    held: BTreeMap<u32, Option<Version>>,
+}
+
+fn point(v: Option<tickwire_wire::proto::Vec3>) -> [f32; 3] {
+    v.map_or([0.0; 3], |v| [v.x, v.y, v.z])
+}
+
+/// The area a `spatial.interest` asks for (`None`: no area).
+fn area_of(req: &SetInterest) -> Option<Area> {
+    Some(match req.area.as_ref()? {
+        set_interest::Area::Sphere(s) => Area::Sphere { center: point(s.center), radius: s.radius },
+        set_interest::Area::Box(b) => Area::Box { min: point(b.min), max: point(b.max) },
+        set_interest::Area::Cone(c) => Area::Cone {
+            apex: point(c.apex),
+            direction: point(c.direction),
+            half_angle: c.half_angle,
+            range: c.range,
+        },
+    })
+}
+
+impl World {
+    /// `spatial.interest`: sets (or clears) the client's area, and with it the cells it sees.
+    pub fn set_interest(
+        &mut self,
+        client: &SessionHandle,
+        req: SetInterest,
+        id: u64,
+        now: Instant,
+    ) -> Response {
+        let conn = client.conn_id();
+        let Some(area) = area_of(&req) else {
+            self.leave_view(conn);
+            let result =
+                InterestResult { cells: Vec::new(), cell_schema_json: self.cell_schema_json.to_string() };
+            return Response {
+                id,
+                status: Status::Ok as i32,
+                body: result.encode_to_vec().into(),
+                error: String::new(),
+            };
+        };
+        if let Err(e) = area.check() {
+            return error_response(id, Status::InvalidArgument, format!("area of interest: {e}"));
+        }
+        let follow = req.follow();
+        let options = req.options.unwrap_or_default();
+        let centred = match follow {
+            Follow::Off => area,
+            _ => self.controlled_position(conn).map_or(area, |p| area.centred_at(p)),
+        };
+        let cells = self.cells_of_area(&centred);
+        if cells.len() > self.settings.max_view_cells {
+            let msg = format!(
+                "the area touches {} cells; at most {} (spatial.max_view_cells)",
+                cells.len(),
+                self.settings.max_view_cells
+            );
+            return error_response(id, Status::ResourceExhausted, msg);
+        }
+        let interval = match options.fanout_interval_ms {
+            0 => self.settings.fanout,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        let schedule = Options {
+            interval,
+            delay: Duration::from_millis(u64::from(options.fanout_delay_ms)),
+            skip_first_full_state: false,
+        };
+        let viewer = self.viewers.entry(conn).or_insert_with(|| Viewer {
+            handle: client.clone(),
+            area,
+            follow,
+            codec: options.codec(),
+            held: BTreeMap::new(),
+        });
+        let codec_changed = viewer.codec != options.codec();
+        viewer.area = area;
+        viewer.follow = follow;
+        viewer.codec = options.codec();
+        if codec_changed {
+            viewer.held.values_mut().for_each(|held| *held = None);
+        }
+        if !self.schedule.set_options(conn, schedule, false) {
+            self.schedule.join(conn, schedule, now, self.world_version);
+        }
+        self.show(conn, &cells);
+        let result = InterestResult {
+            cells: cells.iter().map(|&c| self.cell_info(c)).collect(),
+            cell_schema_json: self.cell_schema_json.to_string(),
+        };
+        Response { id, status: Status::Ok as i32, body: result.encode_to_vec().into(), error: String::new() }
+    }
+
+    fn cells_of_area(&self, area: &Area) -> Vec<u32> {
+        area.cells(&self.layout).into_iter().map(|c| self.cell_index(c)).collect()
+    }
+
+    /// The position of the entity `conn` controls, if any.
+    fn controlled_position(&self, conn: u64) -> Option<[f32; 3]> {
+        self.entities.values().find(|e| e.controller == conn).map(|e| e.position)
+    }
+
+    /// Makes `cells` the viewer's view: cells it leaves get an UNSUBSCRIBED event (the client
+    /// drops their entities), cells it enters get a snapshot at its next update.
+    fn show(&mut self, conn: u64, cells: &[u32]) {
+        let Some(viewer) = self.viewers.get_mut(&conn) else { return };
+        let left: Vec<u32> = viewer.held.keys().filter(|c| !cells.contains(c)).copied().collect();
+        for cell in &left {
+            viewer.held.remove(cell);
+            let event = ChannelEvent {
+                channel_id: CELL_BASE + u64::from(*cell),
+                kind: ChannelEventKind::Unsubscribed as i32,
+                reason: "left the area of interest".into(),
+            };
+            let _ = viewer.handle.push("channel.event", event.encode_to_vec().into());
+        }
+        let mut entered = false;
+        for &cell in cells {
+            viewer.held.entry(cell).or_insert_with(|| {
+                entered = true;
+                None
+            });
+        }
+        if entered {
+            // Due again even if nothing in the world changed: the new cells need snapshots.
+            self.schedule.resnapshot(conn);
+        }
+    }
+
+    /// After entity `entity_id` moved: the area of the client controlling it follows, if it
+    /// asked to (on every move, or only when the entity changed cell).
+    pub fn follow(&mut self, entity_id: u64, cell_changed: bool) {
+        let Some(e) = self.entities.get(&entity_id) else { return };
+        let (conn, position) = (e.controller, e.position);
+        let Some(viewer) = self.viewers.get(&conn) else { return };
+        let moves = match viewer.follow {
+            Follow::Off => false,
+            Follow::Cell => cell_changed,
+            Follow::Always => true,
+        };
+        if !moves {
+            return;
+        }
+        let cells = self.cells_of_area(&viewer.area.centred_at(position));
+        if cells.len() <= self.settings.max_view_cells {
+            self.show(conn, &cells);
+        }
+    }
+
+    pub fn leave_view(&mut self, conn: u64) {
+        if let Some(viewer) = self.viewers.remove(&conn) {
+            viewer.handle.flow.lock().forget(WORLD_KEY);
+        }
+        self.schedule.leave(conn);
+    }
+
+    /// One fan-out pass at `now`: seals the cells, and sends every due viewer one message with
+    /// what changed in its view. Returns how many viewers got one.
+    pub fn tick(&mut self, now: Instant) -> u64 {
+        let mut changed = false;
+        for cell in &mut self.cells {
+            let before = cell.state.version();
+            changed |= cell.state.seal() != before;
+        }
+        if changed {
+            self.world_version += 1;
+        }
+        let World { cells, viewers, schedule, figures, world_version, .. } = self;
+        for (&conn, viewer) in viewers.iter_mut() {
+            if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
+                viewer.held.values_mut().for_each(|held| *held = None);
+                schedule.rewind(conn, None);
+            }
+        }
+        let mut due = Vec::new();
+        schedule.due(now, *world_version, &mut due);
+        // Each cell's update from each version, encoded once per pass and shared.
+        let mut encoded: HashMap<(u32, Version, i32), Option<(Bytes, Version)>> = HashMap::new();
+        let no_player = Key::Int(0);
+        let mut gone = Vec::new();
+        let mut sent = 0;
+        for Due { id: conn, from } in due {
+            let Some(viewer) = viewers.get_mut(&conn) else { continue };
+            if !viewer.handle.flow.has_room(now) {
+                figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                schedule.record(conn, now, Outcome::Refused);
+                continue;
+            }
+            let codec = match viewer.codec {
+                DeltaCodec::Binary => Codec::Binary,
+                DeltaCodec::Json => Codec::Json,
+            };
+            let mut updates = Vec::new();
+            let mut advanced = Vec::new();
+            for (&cell, &held) in viewer.held.iter() {
+                let c = &mut cells[cell as usize];
+                let version = c.state.version();
+                if held == Some(version) {
+                    continue;
+                }
+                let base = held.unwrap_or(0);
+                let entry = encoded.entry((cell, base, viewer.codec as i32)).or_insert_with(|| {
+                    let prepared = c.cache.get(&c.state, base, codec).ok()?;
+                    let update = prepared.update_for(&c.state, &no_player, false).ok()?;
+                    // A delta with nothing visible in it moves the version on without a message.
+                    let bytes = if held.is_some() && !update.has_changes() {
+                        Bytes::new()
+                    } else {
+                        Bytes::from(update.to_vec())
+                    };
+                    Some((bytes, prepared.to()))
+                });
+                match entry {
+                    Some((bytes, to)) => {
+                        if !bytes.is_empty() {
+                            updates.push(ChannelUpdate {
+                                channel_id: CELL_BASE + u64::from(cell),
+                                codec: viewer.codec as i32,
+                                update: bytes.clone(),
+                            });
+                        }
+                        advanced.push((cell, *to));
+                    }
+                    // The history for a delta from `held` is gone: a snapshot next pass.
+                    None => advanced.push((cell, 0)),
+                }
+            }
+            if updates.is_empty() {
+                for (cell, to) in advanced {
+                    viewer.held.insert(cell, (to != 0).then_some(to));
+                }
+                let outcome =
+                    if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: *world_version } };
+                schedule.record(conn, now, outcome);
+                continue;
+            }
+            let body = ChannelUpdates { updates }.encode_to_vec();
+            let envelope = push_envelope("channel.updates", body.into());
+            match viewer.handle.offer_update(now, WORLD_KEY, from, envelope) {
+                Ok(()) => {
+                    for (cell, to) in advanced {
+                        viewer.held.insert(cell, (to != 0).then_some(to));
+                    }
+                    figures.fanouts.fetch_add(1, Ordering::Relaxed);
+                    sent += 1;
+                    schedule.record(conn, now, Outcome::Sent { to: *world_version });
+                }
+                Err(PushError::Full) => {
+                    figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                    schedule.record(conn, now, Outcome::Refused);
+                }
+                Err(PushError::Closed) => gone.push(conn),
+            }
+        }
+        for conn in gone {
+            self.leave_view(conn);
+        }
+        sent
+    }
+}
