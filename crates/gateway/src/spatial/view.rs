@@ -185,6 +185,11 @@ impl World {
         }
     }
 
+    /// The clients that see at least one cell for which `shown` holds.
+    pub fn viewers_of(&self, shown: impl Fn(u32) -> bool) -> Vec<SessionHandle> {
+        self.viewers.values().filter(|v| v.held.keys().any(|&c| shown(c))).map(|v| v.handle.clone()).collect()
+    }
+
     pub fn leave_view(&mut self, conn: u64) {
         if let Some(viewer) = self.viewers.remove(&conn) {
             viewer.handle.flow.lock().forget(WORLD_KEY);

@@ -148,7 +148,7 @@ impl World {
         CellInfo { channel_id: CELL_BASE + u64::from(index), column, row }
     }
 
-    fn slot_of_cell(&self, index: u32) -> u32 {
+    pub(super) fn slot_of_cell(&self, index: u32) -> u32 {
         let [c, r] = self.layout.server_of(self.cell_at(index));
         r * self.layout.config().servers[0] + c
     }
@@ -167,8 +167,11 @@ impl World {
             SpatialEvent { kind: kind as i32, slot, connection_id: conn, reason: reason.into() }
                 .encode_to_vec()
                 .into();
+        // Every spatial server but the one concerned, the observers, and the clients that see
+        // one of the slot's cells.
         let servers = self.slots.iter().flatten().filter(|s| s.conn_id() != conn);
-        for to in servers.chain(&self.observers) {
+        let viewers = self.viewers_of(|cell| self.slot_of_cell(cell) == slot);
+        for to in servers.chain(&self.observers).chain(&viewers) {
             let _ = to.push("spatial.event", body.clone());
         }
     }
