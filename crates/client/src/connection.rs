@@ -344,7 +344,7 @@ impl Connection {
                             envelope::Kind::Response(r) => Event::Response(r),
                             envelope::Kind::Push(p) => {
                                 // The gateway paces channel state by these acknowledgements.
-                                if p.topic == "channel.update" {
+                                if p.topic == "channel.update" || p.topic == "channel.updates" {
                                     self.session.ack_soon(now);
                                 }
                                 Event::Push(p)

@@ -19,7 +19,7 @@ pub struct Latency {
     pub p99: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Tick {
     pub p50: f64,
     pub p99: f64,
@@ -85,6 +85,13 @@ pub struct Step {
     pub slow: Option<GroupFigures>,
     /// The frozen clients (`--frozen-clients`), apart from the ramp's.
     pub frozen: Option<GroupFigures>,
+    /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handovers_per_s: Option<f64>,
+    /// Scenario `spatial`: the slowest fan-out pass of the world over the hold, in ms (the
+    /// upper bound of its histogram bucket; `tick_ms.max`, repeated under the name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tick_ms: Option<f64>,
     /// Connections (clients and the game server) and channels, from the gateway's metrics.
     pub gateway_connections: u64,
     pub gateway_channels: u64,
@@ -153,6 +160,13 @@ pub(super) fn print_row(step: &Step) {
         step.version_gaps,
         step.version_repeats,
     );
+    if let Some(h) = step.handovers_per_s {
+        println!(
+            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s",
+            ms(s.tick_ms.max),
+            s.msgs_out_per_s / step.clients.max(1) as f64
+        );
+    }
     if !step.held {
         println!("  not held: {}", step.hold.failures());
     }

@@ -57,6 +57,15 @@ impl Default for BotStats {
 }
 
 impl BotStats {
+    /// A new bot's own update counter.
+    pub(crate) fn add_bot(&self) -> Arc<AtomicU64> {
+        let counter = Arc::new(AtomicU64::new(0));
+        if let Ok(mut v) = self.per_bot.lock() {
+            v.push(counter.clone());
+        }
+        counter
+    }
+
     /// Updates received so far by each bot.
     pub fn updates_per_bot(&self) -> Vec<u64> {
         self.per_bot.lock().map(|v| v.iter().map(|c| c.load(Ordering::Relaxed)).collect()).unwrap_or_default()
@@ -106,10 +115,7 @@ async fn bot_session(
     client.call("channel.subscribe", sub.encode_to_vec().into()).await.context("subscribing")?;
     let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
     let mut replica = Replica::new(schema);
-    let counter = Arc::new(AtomicU64::new(0));
-    if let Ok(mut v) = stats.per_bot.lock() {
-        v.push(counter.clone());
-    }
+    let counter = stats.add_bot();
     let _connected = Connected::count(&stats.connected);
 
     let mut bot =
@@ -193,10 +199,10 @@ async fn bot_session(
 }
 
 /// Holds one place in [`BotStats::connected`] for as long as it lives, however the bot ends.
-struct Connected<'a>(&'a AtomicU64);
+pub(crate) struct Connected<'a>(&'a AtomicU64);
 
 impl<'a> Connected<'a> {
-    fn count(counter: &'a AtomicU64) -> Connected<'a> {
+    pub(crate) fn count(counter: &'a AtomicU64) -> Connected<'a> {
         counter.fetch_add(1, Ordering::Relaxed);
         Connected(counter)
     }
@@ -241,7 +247,12 @@ fn peek(update: &[u8]) -> Option<Peeked> {
     Some(Peeked { snapshot, from, to, ts })
 }
 
-async fn send_input(client: &Client, channel_id: u64, player: &str, input: Input) -> anyhow::Result<()> {
+pub(crate) async fn send_input(
+    client: &Client,
+    channel_id: u64,
+    player: &str,
+    input: Input,
+) -> anyhow::Result<()> {
     let msg =
         InputMessage { player: player.to_owned(), forward: input.forward, yaw: input.yaw, jump: input.jump };
     let send =

@@ -10,6 +10,8 @@ pub mod bots;
 pub mod demo;
 pub mod server;
 pub mod slow_link;
+pub mod spatial_bots;
+pub mod spatial_server;
 mod world;
 
 pub use bot::Bot;

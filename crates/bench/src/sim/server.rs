@@ -93,7 +93,7 @@ impl GameServer {
     /// Runs the simulation until `stop`.
     pub async fn run(self, seed: u64, stop: CancellationToken) -> anyhow::Result<()> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let arena = Arena::generate(&mut rng, 60);
+        let arena = Arena::generate(&mut rng, 100.0, 60);
         let (inputs_tx, mut inputs) = mpsc::channel::<(u64, InputMessage)>(4096);
         let reader = self.client.clone();
         let reading = stop.clone();

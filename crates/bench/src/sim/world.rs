@@ -38,9 +38,9 @@ pub struct Arena {
 }
 
 impl Arena {
-    /// The B3 `single` arena: 200 × 200 m with `count` obstacles of 2–8 m, placed from `rng`.
-    pub fn generate(rng: &mut impl Rng, count: usize) -> Arena {
-        let half_size = 100.0;
+    /// An arena of `2 * half_size` metres square with `count` obstacles of 2–8 m, placed from
+    /// `rng`. B3 `single`: 200 × 200 m and 60 obstacles.
+    pub fn generate(rng: &mut impl Rng, half_size: f32, count: usize) -> Arena {
         let obstacles = (0..count)
             .map(|_| {
                 let (w, d) = (rng.random_range(2.0..8.0), rng.random_range(2.0..8.0));
@@ -213,7 +213,7 @@ mod tests {
     #[test]
     fn generated_arenas_have_free_spawns() {
         let mut rng = SmallRng::seed_from_u64(3);
-        let arena = Arena::generate(&mut rng, 60);
+        let arena = Arena::generate(&mut rng, 100.0, 60);
         assert_eq!(arena.obstacles.len(), 60);
         for _ in 0..100 {
             let [x, z] = arena.spawn(&mut rng);

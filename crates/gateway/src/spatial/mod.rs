@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use prost::Message;
 use tickwire_spatial::{Layout, LayoutConfig};
 use tickwire_state::{Field, KeyKind, Limits, Schema, SchemaDef, Type};
@@ -97,7 +96,7 @@ enum Msg {
     Release(SessionHandle, Release, u64),
     Despawn(SessionHandle, Despawn, u64),
     Interest(SessionHandle, SetInterest, u64),
-    Send(SessionHandle, u64, Bytes, u64),
+    Send(SessionHandle, ChannelSend, u64),
     Left(u64),
 }
 
@@ -246,9 +245,11 @@ impl Router for SpatialRouter {
             return self.fallback.on_request(session, request);
         };
         let id = request.id;
-        if request.method == "channel.send" && target >= ENTITY_BASE {
-            let body = ChannelSend::decode(request.body).map(|s| s.body).unwrap_or_default();
-            return self.to_world(id, Msg::Send(session.clone(), target, body, id));
+        if request.method == "channel.send"
+            && target >= ENTITY_BASE
+            && let Ok(send) = ChannelSend::decode(request.body.clone())
+        {
+            return self.to_world(id, Msg::Send(session.clone(), send, id));
         }
         let msg = format!(
             "channel {target} belongs to the spatial world: clients see cells through spatial.interest, \
@@ -352,8 +353,8 @@ fn on_msg(world: &mut World, msg: Msg, now: Instant) {
             let r = world.set_interest(&s, req, id, now);
             (s, Some(r))
         }
-        Msg::Send(s, entity, body, id) => {
-            let r = world.send(&s, entity, body, id);
+        Msg::Send(s, send, id) => {
+            let r = world.send(&s, send, id);
             (s, Some(r))
         }
         Msg::Left(conn) => {

@@ -82,6 +82,10 @@ impl World {
         }
         let follow = req.follow();
         let options = req.options.unwrap_or_default();
+        for e in self.entities.values_mut().filter(|e| e.controller == conn && e.controller_session.is_none())
+        {
+            e.controller_session = Some(client.clone());
+        }
         let centred = match follow {
             Follow::Off => area,
             _ => self.controlled_position(conn).map_or(area, |p| area.centred_at(p)),
@@ -243,25 +247,19 @@ impl World {
                 }
                 let base = held.unwrap_or(0);
                 let entry = encoded.entry((cell, base, viewer.codec as i32)).or_insert_with(|| {
+                    // Sent even when nothing visible changed: the client's replica must move to
+                    // the new version, or the next delta would not apply.
                     let prepared = c.cache.get(&c.state, base, codec).ok()?;
                     let update = prepared.update_for(&c.state, &no_player, false).ok()?;
-                    // A delta with nothing visible in it moves the version on without a message.
-                    let bytes = if held.is_some() && !update.has_changes() {
-                        Bytes::new()
-                    } else {
-                        Bytes::from(update.to_vec())
-                    };
-                    Some((bytes, prepared.to()))
+                    Some((Bytes::from(update.to_vec()), prepared.to()))
                 });
                 match entry {
                     Some((bytes, to)) => {
-                        if !bytes.is_empty() {
-                            updates.push(ChannelUpdate {
-                                channel_id: CELL_BASE + u64::from(cell),
-                                codec: viewer.codec as i32,
-                                update: bytes.clone(),
-                            });
-                        }
+                        updates.push(ChannelUpdate {
+                            channel_id: CELL_BASE + u64::from(cell),
+                            codec: viewer.codec as i32,
+                            update: bytes.clone(),
+                        });
                         advanced.push((cell, *to));
                     }
                     // The history for a delta from `held` is gone: a snapshot next pass.

@@ -16,9 +16,9 @@ use tickwire_spatial::handover::{Action, Route, RouteError};
 use tickwire_spatial::{Cell, Layout, Move};
 use tickwire_state::{Key, Patch, PreparedCache, Schema, State, Step};
 use tickwire_wire::proto::{
-    CellInfo, Despawn, EntityMessage, EntityState, Handover, HandoverKind, Publish, PublishResult,
-    RegisterResult, RegisterServer, Release, Response, SpatialEvent, SpatialEventKind, SpawnEntity,
-    SpawnResult, Status, Vec3,
+    CellInfo, ChannelMessage, ChannelSend, Despawn, EntityMessage, EntityState, Handover, HandoverKind,
+    Publish, PublishResult, RegisterResult, RegisterServer, Release, Response, SpatialEvent,
+    SpatialEventKind, SpawnEntity, SpawnResult, Status, Vec3,
 };
 
 use super::view::Viewer;
@@ -50,6 +50,9 @@ pub(super) struct Entity {
     /// The slot of the server that owns the entity (or will, once one registers in it).
     owner_slot: u32,
     pub controller: u64,
+    /// The controller's session, once the world has seen it (a message to the entity, or an
+    /// area of interest): servers reach the controller through it.
+    pub controller_session: Option<SessionHandle>,
     /// The slot a handover under way goes to.
     handing_to: Option<u32>,
 }
@@ -329,6 +332,7 @@ impl World {
             route: Route::new(server.conn_id(), self.settings.max_waiting),
             owner_slot: slot,
             controller: req.controller_connection,
+            controller_session: None,
             handing_to: None,
         };
         self.entities.insert(entity_id, entity);
@@ -537,13 +541,37 @@ impl World {
         ok(id, Bytes::new())
     }
 
-    /// `channel.send` to an entity: to its owner, numbered, through any handover.
-    pub fn send(&mut self, from: &SessionHandle, entity_id: u64, body: Bytes, id: u64) -> Response {
+    /// `channel.send` to an entity: to its owner, numbered, through any handover; or, from a
+    /// server with `to_connection` set, to the entity's controller.
+    pub fn send(&mut self, from: &SessionHandle, send: ChannelSend, id: u64) -> Response {
+        let (entity_id, body) = (send.channel_id, send.body);
         let server = self.servers.contains_key(&from.conn_id());
         let max_in_flight = self.settings.max_in_flight;
         let Some(e) = self.entities.get_mut(&entity_id) else {
             return error_response(id, Status::NotFound, format!("no entity {entity_id}"));
         };
+        if send.to_connection != 0 {
+            if !server {
+                let msg = "clients may only send to the entity's owner (to_connection 0)".to_owned();
+                return error_response(id, Status::PermissionDenied, msg);
+            }
+            let to = e.controller_session.as_ref().filter(|c| c.conn_id() == send.to_connection);
+            let Some(to) = to else {
+                let msg = format!(
+                    "connection {} is not entity {entity_id}'s controller, or has not sent to it or set an area of interest yet",
+                    send.to_connection
+                );
+                return error_response(id, Status::NotFound, msg);
+            };
+            let message = ChannelMessage { channel_id: entity_id, from_connection: from.conn_id(), body };
+            return match to.push("channel.message", message.encode_to_vec().into()) {
+                Ok(()) => ok(id, Bytes::new()),
+                Err(e) => error_response(id, Status::Unavailable, format!("controller: {e}")),
+            };
+        }
+        if e.controller == from.conn_id() && e.controller_session.is_none() {
+            e.controller_session = Some(from.clone());
+        }
         if !server && e.controller != from.conn_id() {
             let msg = format!("only entity {entity_id}'s controller and servers may send to it");
             return error_response(id, Status::PermissionDenied, msg);

@@ -1,0 +1,118 @@
+//! The gateway's `/metrics` as the replication bench reads it: counters whose differences over a
+//! window give rates, and the cumulative pass-time histogram whose bucket differences give a
+//! window's quantiles (so scraping resets nothing and other readers are undisturbed).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::report;
+
+/// The gateway's `/metrics`, parsed to `name{labels} value` pairs.
+#[derive(Clone)]
+pub(super) struct Scrape(Vec<(String, f64)>);
+
+/// The pass-time histogram's series prefix; its buckets are cumulative, so a window is the
+/// difference of two scrapes and no scrape disturbs another reader.
+pub(super) const TICK_BUCKET: &str = "channel_tick_duration_seconds_bucket{le=\"";
+
+impl Scrape {
+    pub(super) fn fetch(addr: SocketAddr) -> anyhow::Result<Scrape> {
+        let text = ureq::get(&format!("http://{addr}/metrics"))
+            .timeout(Duration::from_secs(2))
+            .call()
+            .context("scraping the gateway's /metrics")?
+            .into_string()?;
+        Ok(Scrape::parse(&text))
+    }
+
+    pub(super) fn parse(text: &str) -> Scrape {
+        let pairs = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter_map(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
+            .collect();
+        Scrape(pairs)
+    }
+
+    pub(super) fn get(&self, series: &str) -> f64 {
+        self.0.iter().find(|(k, _)| k == series).map_or(0.0, |(_, v)| *v)
+    }
+
+    /// (upper bound in seconds, cumulative count) of the pass-time buckets, `+Inf` last.
+    fn tick_buckets(&self) -> Vec<(f64, f64)> {
+        let mut out: Vec<(f64, f64)> = self
+            .0
+            .iter()
+            .filter_map(|(k, v)| {
+                let le = k.strip_prefix(TICK_BUCKET)?.strip_suffix("\"}")?;
+                let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((bound, *v))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+}
+
+/// The fan-out passes between two scrapes: (bucket upper bound in seconds, cumulative count),
+/// `+Inf` last. Built once per pair of scrapes; each quantile is then a lookup.
+pub(super) struct TickWindow(Vec<(f64, f64)>);
+
+impl TickWindow {
+    pub(super) fn between(before: &Scrape, after: &Scrape) -> TickWindow {
+        let b0 = before.tick_buckets();
+        let counts = after
+            .tick_buckets()
+            .into_iter()
+            .map(|(bound, n)| (bound, n - b0.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, m)| *m)))
+            .collect();
+        TickWindow(counts)
+    }
+
+    /// The `q` quantile, in milliseconds: the upper bound of the bucket it falls in (so "p99
+    /// 2 ms" reads "99% of passes took at most 2 ms"). `q = 1.0` gives the bound of the
+    /// slowest pass's bucket. 0 when there were no passes; infinite when a pass exceeded the
+    /// largest finite bucket.
+    fn quantile(&self, q: f64) -> f64 {
+        let total = self.0.last().map_or(0.0, |(_, n)| *n);
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let rank = (q * total).ceil().max(1.0);
+        self.0.iter().find(|(_, n)| *n >= rank).map_or(f64::INFINITY, |(bound, _)| bound * 1e3)
+    }
+
+    /// p50, p99 and max, as the report shows them.
+    pub(super) fn tick(&self) -> report::Tick {
+        report::Tick { p50: self.quantile(0.5), p99: self.quantile(0.99), max: self.quantile(1.0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape(buckets: &[(&str, f64)]) -> Scrape {
+        let text: String =
+            buckets.iter().map(|(le, n)| format!("{TICK_BUCKET}{le}\"}} {n}\n")).collect::<String>();
+        Scrape::parse(&text)
+    }
+
+    #[test]
+    fn window_quantiles_come_from_bucket_differences() {
+        let before = scrape(&[("0.001", 90.0), ("0.002", 95.0), ("0.02", 100.0), ("+Inf", 100.0)]);
+        // 100 passes in the window: 10 under 1 ms, 89 more under 2 ms, 1 at 20 ms.
+        let after = scrape(&[("0.001", 100.0), ("0.002", 184.0), ("0.02", 200.0), ("+Inf", 200.0)]);
+        let window = TickWindow::between(&before, &after);
+        assert_eq!(window.quantile(0.05), 1.0);
+        assert_eq!(window.quantile(0.5), 2.0);
+        assert_eq!(window.quantile(0.99), 20.0);
+        assert_eq!(window.quantile(1.0), 20.0);
+        assert_eq!(TickWindow::between(&after, &after).quantile(0.99), 0.0, "no passes");
+        let slow = scrape(&[("0.001", 100.0), ("0.002", 184.0), ("0.02", 200.0), ("+Inf", 201.0)]);
+        assert!(TickWindow::between(&before, &slow).quantile(1.0).is_infinite(), "past the last bucket");
+    }
+}

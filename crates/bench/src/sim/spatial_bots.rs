@@ -1,0 +1,251 @@
+//! Simulated players of the B3 `spatial` scenario: each bot has its character spawned, sets a
+//! 30 m sphere of interest that follows the character only when it changes cell (the report's
+//! "updated only on handover"), sends its inputs to its entity, and counts the `channel.updates`
+//! messages it receives: versions checked per cell (no gap, no repeat), and the age of the
+//! first entity in each cell update, read without decoding the rest (`peek_cell`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use prost::Message;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_state::Version;
+use tickwire_wire::proto::{
+    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, SetInterest, Sphere, Vec3, set_interest,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::bot::Bot;
+use super::bots::{BotStats, Connected, send_input};
+use super::server::{BLOCKED, now_us};
+use super::spatial_server::{SpawnRequest, slot_of};
+use super::world::{Arena, Input};
+
+/// The report's area of interest: a 30 m sphere.
+pub const INTEREST_RADIUS: f32 = 30.0;
+
+/// Runs bot `index` until `stop`; `spawners[slot]` spawns characters in that slot's block. An
+/// error before `stop` is counted in [`BotStats::errors`] and returned.
+pub async fn run_spatial_bot(
+    target: Target,
+    index: usize,
+    arena: Arc<Arena>,
+    spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>>,
+    stats: Arc<BotStats>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let result = session(target, index, &arena, &spawners, &stats, &stop).await;
+    if result.is_err() && !stop.is_cancelled() {
+        stats.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    result
+}
+
+async fn session(
+    target: Target,
+    index: usize,
+    arena: &Arena,
+    spawners: &[mpsc::Sender<SpawnRequest>],
+    stats: &BotStats,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut opts = ConnectOptions::new(target);
+    let player = format!("bot-{index}");
+    opts.token = player.clone();
+    opts.client_name = "tickwire-sim-spatial-bot".into();
+    let client = Client::connect(opts).await.with_context(|| format!("connecting {player}"))?;
+    let mut rng = SmallRng::seed_from_u64(index as u64);
+    let at = arena.spawn(&mut rng);
+    let yaw = rng.random_range(0.0..std::f32::consts::TAU);
+    let (reply, entity) = oneshot::channel();
+    let request = SpawnRequest { at, yaw, controller: client.connection_id(), reply };
+    spawners[slot_of(at)].send(request).await.context("the spawning server is gone")?;
+    let entity_id = entity.await.context("the spawning server is gone")?.context("spawning")?;
+    let area = set_interest::Area::Sphere(Sphere {
+        center: Some(Vec3 { x: at[0], y: 0.0, z: at[1] }),
+        radius: INTEREST_RADIUS,
+    });
+    let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
+    client.spatial_interest(interest).await.context("setting the area of interest")?;
+    let counter = stats.add_bot();
+    let _connected = Connected::count(&stats.connected);
+
+    let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
+    send_input(&client, entity_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    second.tick().await;
+    // The version of each cell in view this bot holds.
+    let mut held: HashMap<u64, Version> = HashMap::new();
+    let result = loop {
+        tokio::select! {
+            () = stop.cancelled() => break Ok(()),
+            _ = second.tick() => {
+                if let Some(input) = bot.every_second() {
+                    send_input(&client, entity_id, &player, input).await?;
+                }
+            }
+            push = client.next_push() => {
+                let Some(push) = push else { break Err(anyhow::anyhow!("{player}: the session ended")) };
+                match push.topic.as_str() {
+                    "channel.updates" => {
+                        let Ok(batch) = ChannelUpdates::decode(push.body) else {
+                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        };
+                        let now = now_us();
+                        for update in batch.updates {
+                            stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
+                            let Some(peeked) = peek_cell(&update.update) else {
+                                stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            };
+                            if let (false, Some(&have)) = (peeked.snapshot, held.get(&update.channel_id)) {
+                                if peeked.from > have {
+                                    stats.version_gaps.fetch_add(1, Ordering::Relaxed);
+                                } else if peeked.from < have {
+                                    stats.version_repeats.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            held.insert(update.channel_id, peeked.to);
+                            if let Some(ts) = peeked.ts
+                                && let Ok(mut h) = stats.latency_us.lock()
+                            {
+                                let _ = h.record((now - ts).max(1) as u64);
+                            }
+                        }
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    "channel.event" => {
+                        // Left the area: the cell's next update, if it comes back, is a snapshot.
+                        if let Ok(e) = ChannelEvent::decode(push.body) {
+                            held.remove(&e.channel_id);
+                        }
+                    }
+                    "channel.message" => {
+                        if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
+                            && let Some(input) = bot.observe(true, bot.yaw())
+                        {
+                            send_input(&client, entity_id, &player, input).await?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    client.close().await;
+    result
+}
+
+/// What a counting bot reads of one cell's binary update.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PeekedCell {
+    pub snapshot: bool,
+    pub from: Version,
+    pub to: Version,
+    /// The publish time of the first entity the update inserts, sets or patches, if it carries
+    /// one.
+    pub ts: Option<i64>,
+}
+
+/// Reads the header, then the first op of the `entities` map (root field 0) and, inside it,
+/// field 0 of the entity (`ts_us`), which comes first whenever it is set (docs/protocol.md
+/// 12.2). `None` if the header does not parse.
+pub fn peek_cell(update: &[u8]) -> Option<PeekedCell> {
+    let varint = |buf: &mut &[u8]| prost::encoding::decode_varint(buf).ok();
+    let (&kind, mut buf) = update.split_first()?;
+    let snapshot = match kind {
+        0x01 => false,
+        0x02 => true,
+        _ => return None,
+    };
+    let from = varint(&mut buf)?;
+    let to = varint(&mut buf)?;
+    let ts = (|| {
+        // Root field 0: SET (a whole map: INSERTs) or PATCH (a map patch).
+        let ftag = varint(&mut buf)?;
+        if ftag != 1 && ftag != 2 {
+            return None;
+        }
+        let etag = varint(&mut buf)?.checked_sub(1)?;
+        match etag & 3 {
+            // INSERT: the key (a zigzag varint), then the value.
+            0 => {
+                varint(&mut buf)?;
+            }
+            // PATCH or SET: the value (or its patch) follows.
+            1 | 3 => {}
+            _ => return None,
+        }
+        // The entity's field 0 SET: the timestamp, zigzag.
+        if varint(&mut buf)? != 1 {
+            return None;
+        }
+        let z = varint(&mut buf)?;
+        Some(((z >> 1) as i64) ^ -((z & 1) as i64))
+    })();
+    Some(PeekedCell { snapshot, from, to, ts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::spatial_server::ENTITY_SCHEMA;
+    use tickwire_state::{Codec, Field, Key, KeyKind, Patch, Schema, SchemaDef, State, Type};
+
+    fn cell_state() -> State {
+        let entity = SchemaDef::parse(ENTITY_SCHEMA, "e.json").unwrap();
+        let cell =
+            SchemaDef::new([Field::new("entities", Type::map(KeyKind::Int, Type::Struct(entity.fields)))]);
+        State::new(Schema::new(cell).unwrap())
+    }
+
+    fn set(state: &mut State, id: u64, ts: i64, x: f32) {
+        let line = format!(
+            r#"{{"op":"set","path":"/entities/{id}","value":{{"ts_us":{ts},"pos":[{x},0,1],"yaw":1,"blocked":false}}}}"#
+        );
+        state.apply_patch(&Patch::parse_json(state.schema(), line.as_bytes()).unwrap()).unwrap();
+    }
+
+    fn update(state: &State, from: Version) -> Vec<u8> {
+        state.prepare(from, Codec::Binary).unwrap().update_for(state, &Key::Int(0), false).unwrap().to_vec()
+    }
+
+    #[test]
+    fn peek_reads_the_first_entity_timestamp_as_the_gateway_encodes_it() {
+        let mut state = cell_state();
+        set(&mut state, 1 << 41, 1_700_000_000_000_000, 1.0);
+        set(&mut state, (1 << 41) + 1, 5, 2.0);
+        let v1 = state.seal();
+        // A snapshot: the entities map SET whole, as INSERTs (in the map's own order).
+        let p = peek_cell(&update(&state, 0)).unwrap();
+        assert_eq!((p.snapshot, p.from, p.to), (true, 0, v1));
+        assert!(matches!(p.ts, Some(1_700_000_000_000_000 | 5)), "{p:?}");
+        // A delta where the first entity changed: its entry is SET or PATCHed.
+        set(&mut state, 1 << 41, 1_700_000_000_000_777, 1.5);
+        let v2 = state.seal();
+        let p = peek_cell(&update(&state, v1)).unwrap();
+        assert_eq!(p, PeekedCell { snapshot: false, from: v1, to: v2, ts: Some(1_700_000_000_000_777) });
+        // A new entity: an INSERT with its key.
+        set(&mut state, (1 << 41) + 9, 42, 3.0);
+        let v3 = state.seal();
+        assert_eq!(peek_cell(&update(&state, v2)).unwrap().ts, Some(42));
+        // A removal carries no timestamp; the header still reads.
+        state
+            .remove(&[tickwire_state::Step::Field(0), tickwire_state::Step::Key(&Key::Int(1 << 41))])
+            .unwrap();
+        let v4 = state.seal();
+        assert_eq!(
+            peek_cell(&update(&state, v3)).unwrap(),
+            PeekedCell { snapshot: false, from: v3, to: v4, ts: None }
+        );
+        assert_eq!(peek_cell(&[]), None);
+        assert_eq!(peek_cell(&[9, 0, 0]), None);
+    }
+}

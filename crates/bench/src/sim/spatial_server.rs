@@ -1,0 +1,248 @@
+//! The B3 `spatial` game servers: a 300 × 300 m world split into 15 × 15 cells of 20 m, owned
+//! by 3 × 3 spatial servers. Each server simulates the characters in its block at 30 frames per
+//! second (the same walk, jump and collisions as `single`) and publishes them with
+//! `spatial.publish`; the gateway hands a character over when it walks into another server's
+//! block, and the servers release and acquire it (docs/protocol.md section 14).
+//!
+//! Spawning is the bench harness's job here (a master server's in a game): a bot asks the
+//! server of its spawn point, in process, to spawn its character with the bot as controller.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use prost::Message;
+use serde::Deserialize;
+use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_wire::proto::{
+    ChannelSend, EntityMessage, EntityState, Handover, HandoverKind, RegisterServer, Release, SpawnEntity,
+    Vec3,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::server::{BLOCKED, InputMessage, ServerStats, now_us};
+use super::world::{Arena, Character, FPS, Input};
+
+/// Half the world's side, in metres.
+pub const HALF_SIZE: f32 = 150.0;
+/// Obstacles in the 300 × 300 m world: the `single` arena's density (60 per 200 × 200 m).
+pub const OBSTACLES: usize = 135;
+/// Servers along each axis, and cells along each axis.
+pub const SERVERS: u32 = 3;
+pub const CELLS: u32 = 15;
+pub const CELL_SIZE: f32 = 20.0;
+
+/// One entity's value: field 0 is the publish time, so a counting client finds it first in
+/// every entity op (docs/protocol.md 12.2: a struct's fields come in order).
+pub const ENTITY_SCHEMA: &str = r#"{"fields": [
+    {"name": "ts_us", "type": "int"},
+    {"name": "pos", "type": {"quantized_vec3": {"min": -160.0, "max": 160.0, "precision": 0.01}}},
+    {"name": "yaw", "type": {"quantized_float": {"min": 0.0, "max": 6.2832, "precision": 0.001}}},
+    {"name": "blocked", "type": "bool"}
+]}"#;
+
+/// The gateway settings of the scenario (`--set` values); `schema_file` holds [`ENTITY_SCHEMA`].
+pub fn gateway_overrides(schema_file: &std::path::Path) -> Vec<String> {
+    vec![
+        format!("spatial.origin=[{}, {}]", -HALF_SIZE, -HALF_SIZE),
+        format!("spatial.cell_size={CELL_SIZE}"),
+        format!("spatial.cells=[{CELLS}, {CELLS}]"),
+        format!("spatial.servers=[{SERVERS}, {SERVERS}]"),
+        "spatial.server_interest_border=0".into(),
+        format!("channels.entity.schema_file={:?}", schema_file.display().to_string()),
+    ]
+}
+
+/// The server slot whose block holds `(x, z)`.
+pub fn slot_of(at: [f32; 2]) -> usize {
+    let block = (2.0 * HALF_SIZE) / SERVERS as f32;
+    let along = |v: f32| (((v + HALF_SIZE) / block).floor() as i64).clamp(0, i64::from(SERVERS) - 1) as usize;
+    along(at[1]) * SERVERS as usize + along(at[0])
+}
+
+/// A bot's request to its spawn point's server.
+pub struct SpawnRequest {
+    pub at: [f32; 2],
+    pub yaw: f32,
+    pub controller: u64,
+    pub reply: oneshot::Sender<anyhow::Result<u64>>,
+}
+
+/// The value a server publishes, and hands over in a release.
+#[derive(Debug, Deserialize)]
+struct EntityValue {
+    pos: [f32; 3],
+    yaw: f32,
+}
+
+struct Owned {
+    character: Character,
+    controller: u64,
+    /// The last entity message this server processed.
+    processed: u64,
+    /// Published at least once since this server took it.
+    published: bool,
+}
+
+pub struct SpatialServer {
+    client: Client,
+    slot: u32,
+}
+
+fn v3(p: [f32; 3]) -> Option<Vec3> {
+    Some(Vec3 { x: p[0], y: p[1], z: p[2] })
+}
+
+fn value_json(c: &Character, ts: i64) -> String {
+    format!(
+        r#"{{"ts_us":{ts},"pos":[{},{},{}],"yaw":{},"blocked":{}}}"#,
+        c.pos[0], c.pos[1], c.pos[2], c.yaw, c.blocked
+    )
+}
+
+impl SpatialServer {
+    /// Connects and registers in `slot`.
+    pub async fn connect(target: Target, slot: u32) -> anyhow::Result<SpatialServer> {
+        let mut opts = ConnectOptions::new(target);
+        opts.token = format!("server:spatial-{slot}");
+        opts.client_name = "tickwire-sim-spatial-server".into();
+        let client = Client::connect(opts).await.context("connecting a spatial server")?;
+        client
+            .spatial_register(RegisterServer { slot: Some(slot), observe_only: false })
+            .await
+            .with_context(|| format!("registering spatial server {slot}"))?;
+        Ok(SpatialServer { client, slot })
+    }
+
+    /// Runs the server until `stop`: spawns what `spawns` asks for, simulates and publishes
+    /// its characters every frame, processes their inputs, releases and acquires them.
+    pub async fn run(
+        self,
+        arena: Arc<Arena>,
+        mut spawns: mpsc::Receiver<SpawnRequest>,
+        stats: Arc<ServerStats>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let client = &self.client;
+        let mut owned: HashMap<u64, Owned> = HashMap::new();
+        let dt = 1.0 / FPS as f32;
+        let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
+        frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut frame: u64 = 0;
+        let mut hits = Vec::new();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                Some(req) = spawns.recv() => {
+                    let c = Character::new(req.at, req.yaw);
+                    let spawn = SpawnEntity {
+                        position: v3(c.pos),
+                        value_json: value_json(&c, now_us()),
+                        controller_connection: req.controller,
+                    };
+                    let result = client.spatial_spawn(spawn).await.map(|r| r.entity_id);
+                    if let Ok(id) = &result {
+                        owned.insert(*id, Owned { character: c, controller: req.controller, processed: 0, published: false });
+                    }
+                    let _ = req.reply.send(result.map_err(anyhow::Error::from));
+                }
+                push = client.next_push() => {
+                    let Some(push) = push else { anyhow::bail!("spatial server {}: the session ended", self.slot) };
+                    match push.topic.as_str() {
+                        "spatial.message" => {
+                            let m = EntityMessage::decode(push.body)?;
+                            if let Some(o) = owned.get_mut(&m.entity_id) {
+                                apply_input(o, &m);
+                            }
+                        }
+                        "spatial.handover" => {
+                            let h = Handover::decode(push.body)?;
+                            match h.kind() {
+                                HandoverKind::Release => {
+                                    let Some(o) = owned.remove(&h.entity_id) else { continue };
+                                    let release = Release {
+                                        entity_id: h.entity_id,
+                                        handover_id: h.handover_id,
+                                        processed_seq: o.processed,
+                                        value_json: value_json(&o.character, now_us()),
+                                        position: v3(o.character.pos),
+                                    };
+                                    client.spatial_release(release).await.context("releasing")?;
+                                }
+                                HandoverKind::Acquire => {
+                                    let v: EntityValue = serde_json::from_str(&h.value_json).context("an acquired value")?;
+                                    let mut c = Character::new([v.pos[0], v.pos[2]], v.yaw);
+                                    c.pos[1] = v.pos[1];
+                                    let mut o = Owned { character: c, controller: h.controller_connection, processed: 0, published: false };
+                                    for m in &h.messages {
+                                        apply_input(&mut o, m);
+                                    }
+                                    owned.insert(h.entity_id, o);
+                                }
+                                HandoverKind::Unspecified => {}
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                _ = frame_timer.tick() => {
+                    frame += 1;
+                    let ts = now_us();
+                    let mut entities = Vec::with_capacity(owned.len());
+                    for (&entity_id, o) in owned.iter_mut() {
+                        let c = &mut o.character;
+                        let before = (c.pos, c.yaw, c.blocked);
+                        c.step(&arena, dt);
+                        if c.blocked && !before.2 {
+                            hits.push((entity_id, o.controller));
+                        }
+                        if (c.pos, c.yaw, c.blocked) != before || !o.published {
+                            o.published = true;
+                            entities.push(EntityState {
+                                entity_id,
+                                position: v3(c.pos),
+                                value_json: value_json(c, ts),
+                                processed_seq: o.processed,
+                            });
+                        }
+                    }
+                    client.spatial_publish(entities).await.context("publishing a frame")?;
+                    for (entity_id, to_connection) in hits.drain(..) {
+                        let send = ChannelSend { channel_id: entity_id, to_connection, broadcast: 0, body: Bytes::from_static(BLOCKED) };
+                        // The player may have left, or not be known to the world yet.
+                        let _ = client.call("channel.send", send.encode_to_vec().into()).await;
+                    }
+                    stats.frames.store(frame, Ordering::Relaxed);
+                    stats.characters.store(owned.len() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+fn apply_input(o: &mut Owned, m: &EntityMessage) {
+    if let Ok(input) = serde_json::from_slice::<InputMessage>(&m.body) {
+        o.character.apply(Input { forward: input.forward, yaw: input.yaw, jump: input.jump });
+    }
+    o.processed = m.seq;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_the_report_blocks() {
+        assert_eq!(slot_of([-149.0, -149.0]), 0);
+        assert_eq!(slot_of([-50.1, -149.0]), 0);
+        assert_eq!(slot_of([-49.9, -149.0]), 1);
+        assert_eq!(slot_of([149.0, -149.0]), 2);
+        assert_eq!(slot_of([0.0, 0.0]), 4);
+        assert_eq!(slot_of([149.0, 149.0]), 8);
+        assert_eq!(slot_of([-149.0, 60.0]), 6);
+    }
+}
