@@ -9,7 +9,7 @@
 //! at its pace. A resume that dropped undelivered batches sends the client a snapshot of every
 //! cell in its view.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -19,13 +19,16 @@ use tickwire_fanout::{Due, Options, Outcome, Version};
 use tickwire_spatial::Area;
 use tickwire_state::{Codec, Key};
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelEventKind, ChannelUpdate, ChannelUpdates, DeltaCodec, Follow, InterestResult,
-    Response, SetInterest, Status, set_interest,
+    ChannelEvent, ChannelEventKind, ChannelUpdate, DeltaCodec, Follow, InterestResult, Response, SetInterest,
+    Status, set_interest,
 };
 
 use super::world::World;
 use super::{CELL_BASE, WORLD_KEY};
-use crate::router::{PushError, SessionHandle, error_response, push_envelope};
+use crate::router::{PushError, SessionHandle, error_response, push_envelope_concat};
+
+/// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
+const UPDATES_TAG: u8 = 0x0a;
 
 pub(super) struct Viewer {
     handle: SessionHandle,
@@ -221,11 +224,15 @@ impl World {
         }
         let mut due = Vec::new();
         schedule.due(now, *world_version, &mut due);
-        // Each cell's update from each version, encoded once per pass and shared.
-        let mut encoded: HashMap<(u32, Version, i32), Option<(Bytes, Version)>> = HashMap::new();
+        // Each cell's update from each version, encoded once per pass as its entry of
+        // `ChannelUpdates.updates` (tag, length, message) and shared by every viewer at that
+        // version: a viewer's message is these entries end to end.
+        let mut encoded: Vec<Vec<(Version, i32, Option<(Bytes, Version)>)>> = vec![Vec::new(); cells.len()];
         let no_player = Key::Int(0);
         let mut gone = Vec::new();
         let mut sent = 0;
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut advanced: Vec<(u32, Version)> = Vec::new();
         for Due { id: conn, from } in due {
             let Some(viewer) = viewers.get_mut(&conn) else { continue };
             if !viewer.handle.flow.has_room(now) {
@@ -237,8 +244,8 @@ impl World {
                 DeltaCodec::Binary => Codec::Binary,
                 DeltaCodec::Json => Codec::Json,
             };
-            let mut updates = Vec::new();
-            let mut advanced = Vec::new();
+            parts.clear();
+            advanced.clear();
             for (&cell, &held) in viewer.held.iter() {
                 let c = &mut cells[cell as usize];
                 let version = c.state.version();
@@ -246,28 +253,38 @@ impl World {
                     continue;
                 }
                 let base = held.unwrap_or(0);
-                let entry = encoded.entry((cell, base, viewer.codec as i32)).or_insert_with(|| {
-                    // Sent even when nothing visible changed: the client's replica must move to
-                    // the new version, or the next delta would not apply.
-                    let prepared = c.cache.get(&c.state, base, codec).ok()?;
-                    let update = prepared.update_for(&c.state, &no_player, false).ok()?;
-                    Some((Bytes::from(update.to_vec()), prepared.to()))
-                });
-                match entry {
-                    Some((bytes, to)) => {
-                        updates.push(ChannelUpdate {
-                            channel_id: CELL_BASE + u64::from(cell),
-                            codec: viewer.codec as i32,
-                            update: bytes.clone(),
+                let cache = &mut encoded[cell as usize];
+                let at = match cache.iter().position(|(b, k, _)| *b == base && *k == viewer.codec as i32) {
+                    Some(at) => at,
+                    None => {
+                        let entry = c.cache.get(&c.state, base, codec).ok().and_then(|prepared| {
+                            let update = prepared.update_for(&c.state, &no_player, false).ok()?;
+                            // Sent even when nothing visible changed: the client's replica must
+                            // move to the new version, or the next delta would not apply.
+                            let message = ChannelUpdate {
+                                channel_id: CELL_BASE + u64::from(cell),
+                                codec: viewer.codec as i32,
+                                update: update.to_vec().into(),
+                            };
+                            let mut field = vec![UPDATES_TAG];
+                            message.encode_length_delimited(&mut field).ok()?;
+                            Some((Bytes::from(field), prepared.to()))
                         });
+                        cache.push((base, viewer.codec as i32, entry));
+                        cache.len() - 1
+                    }
+                };
+                match &cache[at].2 {
+                    Some((field, to)) => {
+                        parts.push(field.clone());
                         advanced.push((cell, *to));
                     }
                     // The history for a delta from `held` is gone: a snapshot next pass.
                     None => advanced.push((cell, 0)),
                 }
             }
-            if updates.is_empty() {
-                for (cell, to) in advanced {
+            if parts.is_empty() {
+                for &(cell, to) in &advanced {
                     viewer.held.insert(cell, (to != 0).then_some(to));
                 }
                 let outcome =
@@ -275,11 +292,10 @@ impl World {
                 schedule.record(conn, now, outcome);
                 continue;
             }
-            let body = ChannelUpdates { updates }.encode_to_vec();
-            let envelope = push_envelope("channel.updates", body.into());
+            let envelope = push_envelope_concat("channel.updates", &parts);
             match viewer.handle.offer_update(now, WORLD_KEY, from, envelope) {
                 Ok(()) => {
-                    for (cell, to) in advanced {
+                    for &(cell, to) in &advanced {
                         viewer.held.insert(cell, (to != 0).then_some(to));
                     }
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
