@@ -27,6 +27,10 @@ use super::world::World;
 use super::{CELL_BASE, WORLD_KEY};
 use crate::router::{PushError, SessionHandle, error_response, push_envelope_concat};
 
+/// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
+/// entry and the version it leads to, or `None` if it cannot be built (a snapshot is due).
+type Encoded = (Version, i32, Option<(Bytes, Version)>);
+
 /// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
 const UPDATES_TAG: u8 = 0x0a;
 
@@ -227,7 +231,7 @@ impl World {
         // Each cell's update from each version, encoded once per pass as its entry of
         // `ChannelUpdates.updates` (tag, length, message) and shared by every viewer at that
         // version: a viewer's message is these entries end to end.
-        let mut encoded: Vec<Vec<(Version, i32, Option<(Bytes, Version)>)>> = vec![Vec::new(); cells.len()];
+        let mut encoded: Vec<Vec<Encoded>> = vec![Vec::new(); cells.len()];
         let no_player = Key::Int(0);
         let mut gone = Vec::new();
         let mut sent = 0;
