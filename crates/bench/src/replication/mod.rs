@@ -63,6 +63,19 @@ impl Scenario {
     }
 }
 
+/// Runs a game server, and says on stderr at once if it stops with an error (its frame rate
+/// then reads 0 in the steps that follow).
+async fn say_if_failed(
+    what: String,
+    server: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let result = server.await;
+    if let Err(e) = &result {
+        eprintln!("{what} stopped: {e:#}");
+    }
+    result
+}
+
 /// The game servers of a run and how bots join them.
 enum Game {
     Single { channel_id: u64 },
@@ -83,7 +96,8 @@ impl Game {
                 let server = GameServer::connect(target.clone()).await?;
                 let channel_id = server.channel_id;
                 let stats = server.stats.clone();
-                let task = runtimes[0].spawn(server.run(7, stop.clone()));
+                let task =
+                    runtimes[0].spawn(say_if_failed("the game server".into(), server.run(7, stop.clone())));
                 Ok((Game::Single { channel_id }, vec![stats], vec![task]))
             }
             Scenario::Spatial => {
@@ -97,7 +111,10 @@ impl Game {
                     let (tx, rx) = mpsc::channel(1024);
                     let figures = Arc::new(ServerStats::default());
                     let run = server.run(arena.clone(), rx, figures.clone(), stop.clone());
-                    tasks.push(runtimes[slot as usize % runtimes.len()].spawn(run));
+                    tasks.push(
+                        runtimes[slot as usize % runtimes.len()]
+                            .spawn(say_if_failed(format!("spatial server {slot}"), run)),
+                    );
                     spawners.push(tx);
                     stats.push(figures);
                 }

@@ -40,7 +40,12 @@ pub async fn run_spatial_bot(
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let result = session(target, index, &arena, &spawners, &stats, &stop).await;
+    // Setting up (connect, spawn, interest) waits on the gateway and a server: `stop` ends it
+    // too, so an overloaded run still ends.
+    let result = tokio::select! {
+        () = stop.cancelled() => Ok(()),
+        r = session(target, index, &arena, &spawners, &stats, &stop) => r,
+    };
     if result.is_err() && !stop.is_cancelled() {
         stats.errors.fetch_add(1, Ordering::Relaxed);
     }
