@@ -305,11 +305,20 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         println!("\ninterrupted: {} step(s) finished", steps.len());
     }
     stop.cancel();
-    for bot in bots.into_iter().chain(others) {
-        let _ = bot.await;
-    }
-    for task in server_tasks {
-        let _ = task.await;
+    // Bots and servers stop at their next await; one stuck behind a call an overloaded gateway
+    // has not answered is abandoned after a grace period, so the run always ends.
+    let tasks: Vec<_> = bots.into_iter().chain(others).chain(server_tasks).collect();
+    let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
+    let grace = Duration::from_secs(10);
+    let all = async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    };
+    if tokio::time::timeout(grace, all).await.is_err() {
+        let stuck = aborts.iter().filter(|a| !a.is_finished()).count();
+        eprintln!("{stuck} bot or server task(s) had not stopped {grace:?} after the run; abandoned");
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
     }
     drop(gateway);
 

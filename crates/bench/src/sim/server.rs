@@ -57,6 +57,9 @@ pub struct InputMessage {
 pub struct ServerStats {
     pub frames: AtomicU64,
     pub characters: AtomicU64,
+    /// Requests the gateway refused as busy (UNAVAILABLE): frames not published, releases
+    /// retried.
+    pub refused: AtomicU64,
 }
 
 /// Microseconds since the Unix epoch: the clock both the server and the bots read.

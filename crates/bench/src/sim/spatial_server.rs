@@ -16,7 +16,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use prost::Message;
 use serde::Deserialize;
-use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_client::{Client, ClientError, ConnectOptions, Target};
 use tickwire_wire::proto::{
     ChannelSend, EntityMessage, EntityState, Handover, HandoverKind, RegisterServer, Release, SpawnEntity,
     Vec3,
@@ -171,7 +171,15 @@ impl SpatialServer {
                                         value_json: value_json(&o.character, now_us()),
                                         position: v3(o.character.pos),
                                     };
-                                    client.spatial_release(release).await.context("releasing")?;
+                                    // A busy world refuses with UNAVAILABLE: retry, as the
+                                    // protocol says (the release is what the handover waits on).
+                                    while let Err(e) = client.spatial_release(release.clone()).await {
+                                        if !is_busy(&e) {
+                                            return Err(e).context("releasing");
+                                        }
+                                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                                        tokio::time::sleep(Duration::from_millis(1)).await;
+                                    }
                                 }
                                 HandoverKind::Acquire => {
                                     let v: EntityValue = serde_json::from_str(&h.value_json).context("an acquired value")?;
@@ -210,7 +218,16 @@ impl SpatialServer {
                             });
                         }
                     }
-                    client.spatial_publish(entities).await.context("publishing a frame")?;
+                    match client.spatial_publish(entities).await {
+                        Ok(_) => {}
+                        // A busy world: this frame is lost to the clients (the next one carries
+                        // every character again); counted, and the frame rate shows it.
+                        Err(e) if is_busy(&e) => {
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        Err(e) => return Err(e).context("publishing a frame"),
+                    }
                     for (entity_id, to_connection) in hits.drain(..) {
                         let send = ChannelSend { channel_id: entity_id, to_connection, broadcast: 0, body: Bytes::from_static(BLOCKED) };
                         // The player may have left, or not be known to the world yet.
@@ -222,6 +239,10 @@ impl SpatialServer {
             }
         }
     }
+}
+
+fn is_busy(e: &ClientError) -> bool {
+    matches!(e, ClientError::Status { status: tickwire_wire::proto::Status::Unavailable, .. })
 }
 
 fn apply_input(o: &mut Owned, m: &EntityMessage) {
