@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use tickwire_bench::sim::demo::{DemoOptions, run};
+use tickwire_bench::replication::Scenario;
+use tickwire_bench::sim::demo::{DemoOptions, Second, run};
 use tickwire_gateway::GatewayConfig;
 
-#[test]
-fn the_demo_runs_and_stops() {
+fn demo(scenario: Scenario, bots: usize) -> Vec<Second> {
     let runtimes = tickwire_transport::io_threads(2, "demo-test").unwrap();
     let config = GatewayConfig::load(
         None,
@@ -18,9 +18,14 @@ fn the_demo_runs_and_stops() {
         ],
     )
     .unwrap();
-    let opts = DemoOptions { bots: 8, duration: Some(Duration::from_secs(3)), config, print: false };
+    let opts = DemoOptions { scenario, bots, duration: Some(Duration::from_secs(3)), config, print: false };
     let main = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let seconds = main.block_on(run(opts, &runtimes)).unwrap();
+    main.block_on(run(opts, &runtimes)).unwrap()
+}
+
+#[test]
+fn the_demo_runs_and_stops() {
+    let seconds = demo(Scenario::Single, 8);
     assert!(seconds.len() >= 3, "{seconds:?}");
     let last = seconds.last().unwrap();
     assert_eq!(last.clients, 8, "{seconds:?}");
@@ -29,4 +34,16 @@ fn the_demo_runs_and_stops() {
     // received state, and every update it received applied to its replica.
     assert!(last.min_updates > 0, "every bot received updates: {seconds:?}");
     assert_eq!(last.decode_errors, 0, "every update applied to every replica");
+}
+
+#[test]
+fn the_spatial_demo_runs_and_stops() {
+    let seconds = demo(Scenario::Spatial, 12);
+    assert!(seconds.len() >= 3, "{seconds:?}");
+    let last = seconds.last().unwrap();
+    assert_eq!(last.clients, 12, "{seconds:?}");
+    assert_eq!(last.characters, 12, "every bot's character was spawned by its spot's server: {seconds:?}");
+    assert!(last.min_updates > 0, "every bot received the cells around it: {seconds:?}");
+    assert_eq!(last.decode_errors, 0, "every cell update read");
+    assert!(last.server_fps > 0.0, "every spatial server publishes: {seconds:?}");
 }

@@ -35,7 +35,7 @@ pub struct GatewayConfig {
     pub channels: crate::channel::ChannelsConfig,
     pub tls: TlsConfig,
     /// `[spatial]`: the grid of cells and spatial servers, when the world is split among game
-    /// servers (checked at start; spatial channels themselves are not served yet).
+    /// servers (docs/protocol.md section 14).
     pub spatial: Option<tickwire_spatial::LayoutConfig>,
 }
 

@@ -78,6 +78,10 @@ struct GatewayArgs {
 
 #[derive(clap::Args)]
 struct DemoArgs {
+    /// `single`: one game server owns the world channel. `spatial`: nine spatial servers share a
+    /// 300 m world and hand characters over as they walk.
+    #[arg(long, value_enum, default_value_t = tickwire_bench::replication::Scenario::Single)]
+    scenario: tickwire_bench::replication::Scenario,
     /// Simulated players.
     #[arg(long, default_value_t = 50)]
     bots: usize,
@@ -379,6 +383,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let runtimes = tickwire_transport::io_threads(cores, "tickwire-io")?;
     let opts = tickwire_bench::sim::demo::DemoOptions {
+        scenario: args.scenario,
         bots: args.bots,
         duration: args.duration,
         config,

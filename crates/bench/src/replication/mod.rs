@@ -21,128 +21,17 @@ use tokio_util::sync::CancellationToken;
 use crate::hold::Hold;
 use crate::machine::{Machine, ProcSample};
 use crate::server::ChildGateway;
-use crate::sim::Arena;
 use crate::sim::bots::{BotMode, BotStats, run_bot};
-use crate::sim::server::{GameServer, ServerStats};
+use crate::sim::game::Game;
+pub use crate::sim::game::Scenario;
+use crate::sim::server::ServerStats;
 use crate::sim::slow_link::{Pace, SlowLink};
-use crate::sim::spatial_bots::run_spatial_bot;
-use crate::sim::spatial_server::{self, SpatialServer, SpawnRequest};
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
+use crate::sim::spatial_server;
 pub use report::{GroupFigures, ReplicationReport, Step};
 use scrape::{Scrape, TickWindow};
-use tokio::sync::mpsc;
 
 fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Scenario {
-    /// One game server, one global channel, every client at 50 Hz.
-    Single,
-    /// 3 x 3 spatial servers over 15 x 15 cells of 20 m; each client sees a 30 m sphere that
-    /// moves with its character when it changes cell.
-    Spatial,
-}
-
-impl Scenario {
-    fn name(self) -> &'static str {
-        match self {
-            Scenario::Single => "single",
-            Scenario::Spatial => "spatial",
-        }
-    }
-
-    /// The gateway counters of updates queued and of the subscribers they went to.
-    fn fanout_series(self) -> (&'static str, &'static str) {
-        match self {
-            Scenario::Single => ("channel_fanouts", "channel_subscribers"),
-            Scenario::Spatial => ("spatial_fanouts", "spatial_viewers"),
-        }
-    }
-}
-
-/// Runs a game server, and says on stderr at once if it stops with an error (its frame rate
-/// then reads 0 in the steps that follow).
-async fn say_if_failed(
-    what: String,
-    server: impl std::future::Future<Output = anyhow::Result<()>>,
-) -> anyhow::Result<()> {
-    let result = server.await;
-    if let Err(e) = &result {
-        eprintln!("{what} stopped: {e:#}");
-    }
-    result
-}
-
-/// The game servers of a run and how bots join them.
-enum Game {
-    Single { channel_id: u64 },
-    Spatial { arena: Arc<Arena>, spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>> },
-}
-
-impl Game {
-    /// Starts the scenario's game servers on `runtimes`; returns the game, each server's
-    /// figures and their tasks.
-    async fn start(
-        scenario: Scenario,
-        target: &Target,
-        runtimes: &[tokio::runtime::Handle],
-        stop: &CancellationToken,
-    ) -> anyhow::Result<(Game, Vec<Arc<ServerStats>>, Vec<tokio::task::JoinHandle<anyhow::Result<()>>>)> {
-        match scenario {
-            Scenario::Single => {
-                let server = GameServer::connect(target.clone()).await?;
-                let channel_id = server.channel_id;
-                let stats = server.stats.clone();
-                let task =
-                    runtimes[0].spawn(say_if_failed("the game server".into(), server.run(7, stop.clone())));
-                Ok((Game::Single { channel_id }, vec![stats], vec![task]))
-            }
-            Scenario::Spatial => {
-                let mut rng = SmallRng::seed_from_u64(7);
-                let arena =
-                    Arc::new(Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES));
-                let (mut spawners, mut stats, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
-                let slots = spatial_server::SERVERS * spatial_server::SERVERS;
-                for slot in 0..slots {
-                    let server = SpatialServer::connect(target.clone(), slot).await?;
-                    let (tx, rx) = mpsc::channel(1024);
-                    let figures = Arc::new(ServerStats::default());
-                    let run = server.run(arena.clone(), rx, figures.clone(), stop.clone());
-                    tasks.push(
-                        runtimes[slot as usize % runtimes.len()]
-                            .spawn(say_if_failed(format!("spatial server {slot}"), run)),
-                    );
-                    spawners.push(tx);
-                    stats.push(figures);
-                }
-                Ok((Game::Spatial { arena, spawners: Arc::new(spawners) }, stats, tasks))
-            }
-        }
-    }
-
-    /// Bot `i` of the ramp.
-    fn bot(
-        &self,
-        target: &Target,
-        i: usize,
-        stats: &Arc<BotStats>,
-        stop: &CancellationToken,
-    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static {
-        let (target, stats, stop) = (target.clone(), stats.clone(), stop.clone());
-        let game = match self {
-            Game::Single { channel_id } => Err(*channel_id),
-            Game::Spatial { arena, spawners } => Ok((arena.clone(), spawners.clone())),
-        };
-        async move {
-            match game {
-                Err(channel_id) => run_bot(target, i, channel_id, BotMode::Count, stats, stop).await,
-                Ok((arena, spawners)) => run_spatial_bot(target, i, arena, spawners, stats, stop).await,
-            }
-        }
-    }
 }
 
 /// Flags of `tickwire bench replication`.
@@ -282,7 +171,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
                 while bots.len() < clients {
                     let i = bots.len();
                     let runtime = &runtimes[i % runtimes.len()];
-                    bots.push(runtime.spawn(game.bot(&target, i, &bot_stats, &stop)));
+                    bots.push(runtime.spawn(game.bot(&target, i, BotMode::Count, &bot_stats, &stop)));
                     tokio::time::sleep(args.ramp).await;
                 }
                 // Let the last joiners get their snapshot before measuring.

@@ -1,6 +1,8 @@
-//! `tickwire demo`: a gateway, the simulated game server and bots in one process, with a live
+//! `tickwire demo`: a gateway, the simulated game servers and bots in one process, with a live
 //! one-line-per-second summary. It shows the whole path at work: inputs by RPC to the owning
-//! server, the server's patches into the channel, and 50 Hz deltas out to every client.
+//! server, the server's patches into the channel, and 50 Hz deltas out to every client. With
+//! `--scenario spatial`, nine spatial servers share the world and hand characters over as they
+//! walk, and each bot sees the cells around it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,15 +10,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tickwire_client::Target;
-use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig};
+use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig, Router, SpatialRouter};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use super::bots::{BotMode, BotStats, run_bot};
-use super::server::GameServer;
+use super::bots::{BotMode, BotStats};
+use super::game::{Game, Scenario};
+use super::spatial_server;
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
+    pub scenario: Scenario,
     pub bots: usize,
     /// Stop after this long (default: run until Ctrl-C).
     pub duration: Option<Duration>,
@@ -39,61 +43,83 @@ pub struct Second {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub bytes_per_s: f64,
+    /// The slowest game server's frame rate.
     pub server_fps: f64,
+    /// Characters simulated, over every server.
     pub characters: u64,
+    /// Scenario `spatial`: entities handed over from one spatial server to another, per second.
+    pub handovers_per_s: f64,
     /// The fewest state updates any bot has received since the start.
     pub min_updates: u64,
     /// Updates a bot's replica could not apply, since the start (always 0 unless a bug).
     pub decode_errors: u64,
 }
 
-/// Runs the demo on `runtimes` (the gateway's I/O threads; the server and bots share them).
-pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<Second>> {
-    // Our own handle on the channel router, to read the gateway's fan-out rate.
-    let router = Arc::new(ChannelRouter::for_gateway(&opts.config)?);
+/// A figure of the router's `/metrics`, by name (0 if absent).
+fn gauge(router: &dyn Router, name: &str) -> f64 {
+    router.gauges().iter().find(|g| g.name == name && g.labels.is_empty()).map_or(0.0, |g| g.value)
+}
+
+/// Runs the demo on `runtimes` (the gateway's I/O threads; the servers and bots share them).
+pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<Second>> {
+    // The spatial world's entity schema, in a file the gateway reads.
+    let schema_file = tempfile::NamedTempFile::new()?;
+    if opts.scenario == Scenario::Spatial {
+        std::fs::write(schema_file.path(), spatial_server::ENTITY_SCHEMA)?;
+        opts.config.spatial = Some(spatial_server::layout());
+        opts.config.channels.entity.schema_file = Some(schema_file.path().to_owned());
+    }
+    // Our own handle on the router, to read the gateway's figures.
+    let channels = ChannelRouter::for_gateway(&opts.config)?;
+    let router: Arc<dyn Router> = match &opts.config.spatial {
+        Some(layout) => Arc::new(SpatialRouter::new(layout.clone(), &opts.config, channels)?),
+        None => Arc::new(channels),
+    };
     let gateway = Gateway::new(opts.config.clone())?
         .with_router(router.clone())
         .start_on(runtimes)
         .context("starting the gateway")?;
     let addr = *gateway.tcp_addrs().first().context("the demo needs a TCP listener")?;
+    let spatial = opts.scenario == Scenario::Spatial;
     if opts.print {
-        println!("gateway on tcp://{addr}; a game server and {} bots are joining (Ctrl-C stops)", opts.bots);
+        let servers =
+            if spatial { "nine spatial servers (3 x 3 over 15 x 15 cells of 20 m)" } else { "a game server" };
+        println!("gateway on tcp://{addr}; {servers} and {} bots are joining (Ctrl-C stops)", opts.bots);
         println!(
-            "each line: clients connected; the world channel's tick rate (its 50 Hz schedule); state \
+            "each line: clients connected; the {} tick rate (its 50 Hz schedule); state \
              updates the gateway sent and each client received per second (one per server frame: the \
              world changes 30 times a second); their age from server publish to client receipt; bytes \
-             to clients; the game server's frame rate"
+             to clients; the slowest game server's frame rate{}",
+            if spatial { "spatial world's" } else { "world channel's" },
+            if spatial { "; characters handed over between servers per second" } else { "" }
         );
         if let Some(m) = gateway.metrics_addr() {
             println!("metrics at http://{m}/metrics");
         }
     }
     let stop = CancellationToken::new();
-    let server = GameServer::connect(Target::Tcp(addr)).await?;
-    let channel_id = server.channel_id;
-    let server_stats = server.stats.clone();
-    let server_task = runtimes[0].spawn(server.run(1, stop.clone()));
+    let target = Target::Tcp(addr);
+    let (game, server_stats, server_tasks) = Game::start(opts.scenario, &target, runtimes, &stop).await?;
+    let (fanouts, subscribers) = opts.scenario.fanout_series();
 
     let stats = Arc::new(BotStats::default());
     let mut bots = Vec::with_capacity(opts.bots);
     for i in 0..opts.bots {
         let runtime = &runtimes[i % runtimes.len()];
-        bots.push(runtime.spawn(run_bot(
-            Target::Tcp(addr),
-            i,
-            channel_id,
-            BotMode::Replica,
-            stats.clone(),
-            stop.clone(),
-        )));
+        bots.push(runtime.spawn(game.bot(&target, i, BotMode::Replica, &stats, &stop)));
     }
 
     let started = Instant::now();
     let mut seconds = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
-    let (mut last_counts, mut last_bytes, mut last_frames) = (Vec::new(), 0u64, 0u64);
-    let mut last_figures = router.figures();
+    let frames = || -> Vec<u64> { server_stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).collect() };
+    // Counters of the router, for differences over a second.
+    let counters = |router: &dyn Router| {
+        [gauge(router, "channel_ticks"), gauge(router, fanouts), gauge(router, "spatial_handovers")]
+    };
+    let (mut last_counts, mut last_bytes, mut last_frames) = (Vec::new(), 0u64, frames());
+    let mut last_figures = counters(&*router);
     let mut last_at = Instant::now();
     loop {
         tokio::select! {
@@ -111,7 +137,7 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
         rates.sort_by(f64::total_cmp);
         last_counts = counts;
         let bytes = stats.bytes.load(Ordering::Relaxed);
-        let frames = server_stats.frames.load(Ordering::Relaxed);
+        let frames = frames();
         let (p50, p99) = match stats.latency_us.lock() {
             Ok(mut h) => {
                 let q = (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3);
@@ -120,12 +146,14 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
             }
             Err(_) => (0.0, 0.0),
         };
-        let figures = router.figures();
-        let per_s = |now: u64, then: u64, per: u64| (now - then) as f64 / elapsed / per.max(1) as f64;
+        let figures = counters(&*router);
+        let per_s = |i: usize, per: f64| (figures[i] - last_figures[i]) / elapsed / per.max(1.0);
+        // The spatial world is one task: its ticks are the world's.
+        let channels = if spatial { 1.0 } else { gauge(&*router, "channel_num") };
         let second = Second {
             clients: stats.connected.load(Ordering::Relaxed),
-            channel_tick_hz: per_s(figures.ticks, last_figures.ticks, figures.channels),
-            sent_hz: per_s(figures.fanouts, last_figures.fanouts, figures.subscribers),
+            channel_tick_hz: per_s(0, channels),
+            sent_hz: per_s(1, gauge(&*router, subscribers)),
             fanout_hz_mean: if rates.is_empty() {
                 0.0
             } else {
@@ -135,15 +163,20 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
             latency_p50_ms: p50,
             latency_p99_ms: p99,
             bytes_per_s: (bytes - last_bytes) as f64 / elapsed,
-            server_fps: (frames - last_frames) as f64 / elapsed,
-            characters: server_stats.characters.load(Ordering::Relaxed),
+            server_fps: frames
+                .iter()
+                .zip(&last_frames)
+                .map(|(n, l)| (n - l) as f64 / elapsed)
+                .fold(f64::INFINITY, f64::min),
+            characters: server_stats.iter().map(|s| s.characters.load(Ordering::Relaxed)).sum(),
+            handovers_per_s: per_s(2, 1.0),
             min_updates: last_counts.iter().copied().min().unwrap_or(0),
             decode_errors: stats.decode_errors.load(Ordering::Relaxed),
         };
         (last_bytes, last_frames, last_figures) = (bytes, frames, figures);
         if opts.print {
             println!(
-                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s to clients  server {:>4.1} fps",
+                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s to clients  server {:>4.1} fps{}",
                 started.elapsed().as_secs(),
                 second.clients,
                 second.channel_tick_hz,
@@ -154,6 +187,11 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
                 second.latency_p99_ms,
                 second.bytes_per_s / 1024.0,
                 second.server_fps,
+                if spatial {
+                    format!("  {:>5.1} handovers/s", second.handovers_per_s)
+                } else {
+                    String::new()
+                },
             );
         }
         seconds.push(second);
@@ -167,8 +205,10 @@ pub async fn run(opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<S
             tracing::warn!(error = %e, "a bot stopped early");
         }
     }
-    if let Ok(Err(e)) = server_task.await {
-        tracing::warn!(error = %e, "the game server stopped early");
+    for task in server_tasks {
+        if let Ok(Err(e)) = task.await {
+            tracing::warn!(error = %e, "a game server stopped early");
+        }
     }
     gateway.shutdown(Duration::from_secs(5)).await;
     if opts.print {

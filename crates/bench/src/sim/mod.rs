@@ -8,6 +8,7 @@
 mod bot;
 pub mod bots;
 pub mod demo;
+pub mod game;
 pub mod server;
 pub mod slow_link;
 pub mod spatial_bots;

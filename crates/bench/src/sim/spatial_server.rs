@@ -57,6 +57,17 @@ pub fn gateway_overrides(schema_file: &std::path::Path) -> Vec<String> {
     ]
 }
 
+/// The scenario's `[spatial]` layout.
+pub fn layout() -> tickwire_spatial::LayoutConfig {
+    tickwire_spatial::LayoutConfig {
+        origin: [-HALF_SIZE, -HALF_SIZE],
+        cell_size: CELL_SIZE,
+        cells: [CELLS, CELLS],
+        servers: [SERVERS, SERVERS],
+        server_interest_border: 0,
+    }
+}
+
 /// The server slot whose block holds `(x, z)`.
 pub fn slot_of(at: [f32; 2]) -> usize {
     let block = (2.0 * HALF_SIZE) / SERVERS as f32;

@@ -1,0 +1,125 @@
+//! The game of a B3 scenario, shared by `tickwire bench replication` and `tickwire demo`: its
+//! game servers (one for `single`, nine spatial servers for `spatial`) and how a bot joins it.
+
+use std::sync::Arc;
+
+use tickwire_client::Target;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::Arena;
+use super::bots::{BotMode, BotStats, run_bot};
+use super::server::{GameServer, ServerStats};
+use super::spatial_bots::run_spatial_bot;
+use super::spatial_server::{self, SpatialServer, SpawnRequest};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// One game server, one global channel, every client at 50 Hz.
+    Single,
+    /// 3 x 3 spatial servers over 15 x 15 cells of 20 m; each client sees a 30 m sphere that
+    /// moves with its character when it changes cell.
+    Spatial,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Single => "single",
+            Scenario::Spatial => "spatial",
+        }
+    }
+
+    /// The gateway counters of updates queued and of the subscribers they went to.
+    pub fn fanout_series(self) -> (&'static str, &'static str) {
+        match self {
+            Scenario::Single => ("channel_fanouts", "channel_subscribers"),
+            Scenario::Spatial => ("spatial_fanouts", "spatial_viewers"),
+        }
+    }
+}
+
+/// Runs a game server, and says on stderr at once if it stops with an error (its frame rate
+/// then reads 0 in the steps that follow).
+pub async fn say_if_failed(
+    what: String,
+    server: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let result = server.await;
+    if let Err(e) = &result {
+        eprintln!("{what} stopped: {e:#}");
+    }
+    result
+}
+
+/// The game servers of a run and how bots join them.
+pub enum Game {
+    Single { channel_id: u64 },
+    Spatial { arena: Arc<Arena>, spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>> },
+}
+
+impl Game {
+    /// Starts the scenario's game servers on `runtimes`; returns the game, each server's
+    /// figures and their tasks.
+    pub async fn start(
+        scenario: Scenario,
+        target: &Target,
+        runtimes: &[tokio::runtime::Handle],
+        stop: &CancellationToken,
+    ) -> anyhow::Result<(Game, Vec<Arc<ServerStats>>, Vec<tokio::task::JoinHandle<anyhow::Result<()>>>)> {
+        match scenario {
+            Scenario::Single => {
+                let server = GameServer::connect(target.clone()).await?;
+                let channel_id = server.channel_id;
+                let stats = server.stats.clone();
+                let task =
+                    runtimes[0].spawn(say_if_failed("the game server".into(), server.run(7, stop.clone())));
+                Ok((Game::Single { channel_id }, vec![stats], vec![task]))
+            }
+            Scenario::Spatial => {
+                let mut rng = SmallRng::seed_from_u64(7);
+                let arena =
+                    Arc::new(Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES));
+                let (mut spawners, mut stats, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+                let slots = spatial_server::SERVERS * spatial_server::SERVERS;
+                for slot in 0..slots {
+                    let server = SpatialServer::connect(target.clone(), slot).await?;
+                    let (tx, rx) = mpsc::channel(1024);
+                    let figures = Arc::new(ServerStats::default());
+                    let run = server.run(arena.clone(), rx, figures.clone(), stop.clone());
+                    tasks.push(
+                        runtimes[slot as usize % runtimes.len()]
+                            .spawn(say_if_failed(format!("spatial server {slot}"), run)),
+                    );
+                    spawners.push(tx);
+                    stats.push(figures);
+                }
+                Ok((Game::Spatial { arena, spawners: Arc::new(spawners) }, stats, tasks))
+            }
+        }
+    }
+
+    /// Bot `i`. `mode`: what a `single` bot does with its updates (spatial bots count).
+    pub fn bot(
+        &self,
+        target: &Target,
+        i: usize,
+        mode: BotMode,
+        stats: &Arc<BotStats>,
+        stop: &CancellationToken,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static {
+        let (target, stats, stop) = (target.clone(), stats.clone(), stop.clone());
+        let game = match self {
+            Game::Single { channel_id } => Err(*channel_id),
+            Game::Spatial { arena, spawners } => Ok((arena.clone(), spawners.clone())),
+        };
+        async move {
+            match game {
+                Err(channel_id) => run_bot(target, i, channel_id, mode, stats, stop).await,
+                Ok((arena, spawners)) => run_spatial_bot(target, i, arena, spawners, stats, stop).await,
+            }
+        }
+    }
+}
