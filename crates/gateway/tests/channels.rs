@@ -348,3 +348,34 @@ async fn private_channels_rates_and_skipping_the_first_state() {
     assert!(pending.is_err(), "bob got more than his snapshot within his interval: {pending:?}");
     assert!(gw.shutdown(WAIT).await);
 }
+
+#[tokio::test]
+async fn channel_list_finds_channels_by_type_and_name_and_hides_what_the_caller_may_not_join() {
+    use tickwire_wire::proto::{ChannelType, ListChannels, ListChannelsResult};
+    let gw = common::start(&[]).await;
+    let server = client(&gw, "server:game").await;
+    let world = create(&server, ChannelType::Global).await.unwrap().channel_id;
+    let room = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    let secret = create(&server, ChannelType::Private).await.unwrap().channel_id;
+    async fn list(c: &Client, ty: ChannelType, name: &str) -> Vec<(u64, i32, u64)> {
+        let req = ListChannels { r#type: ty as i32, name: name.into() };
+        let body = c.call("channel.list", req.encode_to_vec().into()).await.unwrap();
+        let r = ListChannelsResult::decode(body).unwrap();
+        assert!(!r.truncated);
+        r.channels.iter().map(|c| (c.channel_id, c.r#type, c.owner_connection)).collect()
+    }
+    let player = client(&gw, "player").await;
+    let owner = server.connection_id();
+    let (global, subworld) = (ChannelType::Global as i32, ChannelType::Subworld as i32);
+    // A player sees the channels it may subscribe to: not the private one.
+    assert_eq!(
+        list(&player, ChannelType::Unspecified, "").await,
+        [(world, global, owner), (room, subworld, owner)]
+    );
+    assert_eq!(list(&player, ChannelType::Global, "").await, [(world, global, owner)]);
+    assert_eq!(list(&player, ChannelType::Unspecified, "test").await.len(), 2, "create() names them `test`");
+    assert_eq!(list(&player, ChannelType::Unspecified, "nope").await, []);
+    assert!(list(&server, ChannelType::Private, "").await.iter().any(|c| c.0 == secret), "its owner sees it");
+    let bad = player.call("channel.list", Bytes::from_static(&[0xff])).await;
+    assert_eq!(status(bad), tickwire_wire::proto::Status::InvalidArgument);
+}

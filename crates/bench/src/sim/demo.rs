@@ -101,6 +101,20 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
     let target = Target::Tcp(addr);
     let (game, server_stats, server_tasks) = Game::start(opts.scenario, &target, runtimes, &stop).await?;
     let (fanouts, subscribers) = opts.scenario.fanout_series();
+    if opts.print {
+        match &game {
+            Game::Single { channel_id } => println!(
+                "your own client can join: the world is channel {channel_id} (or find it with channel.list, type \
+                 GLOBAL); subscribe with channel.subscribe, and play by channel.send to it with the JSON body \
+                 {{\"player\":\"<your player id>\",\"forward\":true,\"yaw\":0.0,\"jump\":false}} \
+                 (yaw in radians; your character appears with your first input; docs/protocol.md section 13)"
+            ),
+            Game::Spatial { .. } => println!(
+                "your own client can watch: spatial.interest with a sphere (the world spans -150..150 m on x and z) \
+                 and read channel.updates (docs/protocol.md section 14)"
+            ),
+        }
+    }
 
     let stats = Arc::new(BotStats::default());
     let mut bots = Vec::with_capacity(opts.bots);

@@ -6,8 +6,9 @@
 
 mod actor;
 mod config;
+mod registry;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -16,8 +17,8 @@ use hdrhistogram::Histogram;
 use prost::Message;
 use tickwire_state::{Limits, Schema, SchemaDef, State};
 use tickwire_wire::proto::{
-    ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess, Request, Response,
-    Status, Subscribe, UpdateChannel,
+    ChannelInfo, ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess,
+    ListChannels, ListChannelsResult, Request, Response, Status, Subscribe, UpdateChannel,
 };
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -28,6 +29,8 @@ pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindow
 use crate::auth::Role;
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
 use actor::{Channel, Msg};
+use registry::Registry;
+use registry::{Entry, SharedRegistry, lock};
 
 /// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds). Fine enough that
 /// a reader taking windows from bucket differences (as `tickwire bench replication` does) can
@@ -49,6 +52,9 @@ const TICK_BUCKETS: &[(&str, u64)] = &[
     ("0.1", 100_000),
     ("0.25", 250_000),
 ];
+
+/// The most channels one `channel.list` answer holds.
+const MAX_LISTED: usize = 1000;
 
 /// Channel figures at one instant, summed over every channel. The counters are totals since
 /// the start; rates are differences over time.
@@ -78,51 +84,6 @@ pub enum ChannelConfigError {
     Schema { path: std::path::PathBuf, source: tickwire_state::SchemaError },
     #[error("{0}")]
     Layout(tickwire_spatial::LayoutError),
-}
-
-struct Entry {
-    inbox: mpsc::Sender<Msg>,
-    ty: ChannelType,
-    owner: Option<u64>,
-}
-
-#[derive(Default)]
-struct Member {
-    owned: HashSet<u64>,
-    subscribed: HashSet<u64>,
-}
-
-#[derive(Default)]
-struct Registry {
-    channels: HashMap<u64, Entry>,
-    members: HashMap<u64, Member>,
-    /// The owner of the global channel.
-    master: Option<u64>,
-    global: Option<u64>,
-}
-
-impl Registry {
-    /// Drops a channel and the bookkeeping that names it (its owner's set, the global slot).
-    fn forget(&mut self, channel_id: u64) -> Option<Entry> {
-        let entry = self.channels.remove(&channel_id)?;
-        if self.global == Some(channel_id) {
-            self.global = None;
-            self.master = None;
-        }
-        if let Some(owner) = entry.owner.and_then(|o| self.members.get_mut(&o)) {
-            owner.owned.remove(&channel_id);
-        }
-        Some(entry)
-    }
-}
-
-/// The registry, shared with the channel actors (an orphaned channel removes itself).
-type SharedRegistry = Arc<Mutex<Registry>>;
-
-fn lock(registry: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
-    // A panic while holding the lock cannot leave the maps half-updated in a way that matters
-    // more than stopping every channel call would; keep serving.
-    registry.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Serves the `channel.*` methods.
@@ -311,7 +272,10 @@ impl ChannelRouter {
                     tokio::spawn(channel.run(rx));
                 }
             }
-            reg.channels.insert(channel_id, Entry { inbox: tx, ty, owner: Some(session.conn_id()) });
+            reg.channels.insert(
+                channel_id,
+                Entry { name: Arc::from(req.name.as_str()), inbox: tx, ty, owner: Some(session.conn_id()) },
+            );
             let member = reg.members.entry(session.conn_id()).or_default();
             member.owned.insert(channel_id);
             if ty == ChannelType::Global {
@@ -400,6 +364,10 @@ impl ChannelRouter {
         };
         match request.method.as_str() {
             "channel.create" => Some(self.create(session, id, request.body)),
+            "channel.list" => Some(match ListChannels::decode(request.body) {
+                Ok(req) => self.list(session, id, &req),
+                Err(e) => return bad(e),
+            }),
             "channel.subscribe" => {
                 let sub = match Subscribe::decode(request.body) {
                     Ok(s) => s,
@@ -473,6 +441,31 @@ impl ChannelRouter {
             }
             other => Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
         }
+    }
+
+    /// The channels `session` may subscribe to that match the filter, by id.
+    fn list(&self, session: &SessionHandle, id: u64, req: &ListChannels) -> Response {
+        let reg = self.registry();
+        let mut found: Vec<ChannelInfo> = reg
+            .channels
+            .iter()
+            .filter(|(_, e)| req.r#type == 0 || e.ty as i32 == req.r#type)
+            .filter(|(_, e)| req.name.is_empty() || *e.name == *req.name)
+            .filter(|(_, e)| {
+                Self::allowed(self.type_config(e.ty).subscribe, session.conn_id(), e.owner, reg.master)
+            })
+            .map(|(&channel_id, e)| ChannelInfo {
+                channel_id,
+                r#type: e.ty as i32,
+                name: e.name.to_string(),
+                owner_connection: e.owner.unwrap_or(0),
+            })
+            .collect();
+        drop(reg);
+        found.sort_unstable_by_key(|c| c.channel_id);
+        let truncated = found.len() > MAX_LISTED;
+        found.truncate(MAX_LISTED);
+        ok(id, ListChannelsResult { channels: found, truncated }.encode_to_vec().into())
     }
 
     /// Makes `session` the owner of a channel whose owner left (kept by its type's rule).

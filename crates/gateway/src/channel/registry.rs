@@ -1,0 +1,58 @@
+//! The channel registry: every channel's inbox, type, name and owner, and what each session
+//! owns and is subscribed to. Shared by the router and the channel actors (an orphaned channel
+//! removes itself) behind one mutex that no one holds across an await.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use tickwire_wire::proto::ChannelType;
+use tokio::sync::mpsc;
+
+use super::actor::Msg;
+
+pub(super) struct Entry {
+    /// From `CreateChannel.name`, for `channel.list`.
+    pub name: Arc<str>,
+    pub inbox: mpsc::Sender<Msg>,
+    pub ty: ChannelType,
+    pub owner: Option<u64>,
+}
+
+#[derive(Default)]
+pub(super) struct Member {
+    pub owned: HashSet<u64>,
+    pub subscribed: HashSet<u64>,
+}
+
+#[derive(Default)]
+pub(super) struct Registry {
+    pub channels: HashMap<u64, Entry>,
+    pub members: HashMap<u64, Member>,
+    /// The owner of the global channel.
+    pub master: Option<u64>,
+    pub global: Option<u64>,
+}
+
+impl Registry {
+    /// Drops a channel and the bookkeeping that names it (its owner's set, the global slot).
+    pub fn forget(&mut self, channel_id: u64) -> Option<Entry> {
+        let entry = self.channels.remove(&channel_id)?;
+        if self.global == Some(channel_id) {
+            self.global = None;
+            self.master = None;
+        }
+        if let Some(owner) = entry.owner.and_then(|o| self.members.get_mut(&o)) {
+            owner.owned.remove(&channel_id);
+        }
+        Some(entry)
+    }
+}
+
+/// The registry, shared with the channel actors (an orphaned channel removes itself).
+pub(super) type SharedRegistry = Arc<Mutex<Registry>>;
+
+pub(super) fn lock(registry: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
+    // A panic while holding the lock cannot leave the maps half-updated in a way that matters
+    // more than stopping every channel call would; keep serving.
+    registry.lock().unwrap_or_else(|e| e.into_inner())
+}
