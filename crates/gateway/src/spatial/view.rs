@@ -146,7 +146,7 @@ impl World {
 
     /// The position of the entity `conn` controls, if any.
     fn controlled_position(&self, conn: u64) -> Option<[f32; 3]> {
-        self.entities.values().find(|e| e.controller == conn).map(|e| e.position)
+        self.controlled.get(&conn).and_then(|id| self.entities.get(id)).map(|e| e.position)
     }
 
     /// Makes `cells` the viewer's view: cells it leaves get an UNSUBSCRIBED event (the client

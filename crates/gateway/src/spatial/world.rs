@@ -67,6 +67,8 @@ pub(super) struct World {
     servers: HashMap<u64, Option<u32>>,
     observers: Vec<SessionHandle>,
     pub entities: HashMap<u64, Entity>,
+    /// Connection id of a controller → the entity it controls (the latest spawned for it).
+    pub controlled: HashMap<u64, u64>,
     next_entity: u64,
     pub viewers: HashMap<u64, Viewer>,
     /// When each viewer is due; its version is `world_version`.
@@ -126,6 +128,7 @@ impl World {
             servers: HashMap::new(),
             observers: Vec::new(),
             entities: HashMap::new(),
+            controlled: HashMap::new(),
             next_entity: 0,
             viewers: HashMap::new(),
             schedule: Scheduler::new(),
@@ -336,6 +339,9 @@ impl World {
             handing_to: None,
         };
         self.entities.insert(entity_id, entity);
+        if req.controller_connection != 0 {
+            self.controlled.insert(req.controller_connection, entity_id);
+        }
         self.figures.entities.store(self.entities.len() as u64, Ordering::Relaxed);
         let result = SpawnResult { entity_id, cell: Some(self.cell_info(index)) };
         ok(id, result.encode_to_vec().into())
@@ -534,9 +540,12 @@ impl World {
                 format!("entity {entity_id} is not this server's"),
             );
         }
-        let cell = e.cell;
+        let (cell, controller) = (e.cell, e.controller);
         self.remove_from_cell(cell, entity_id);
         self.entities.remove(&entity_id);
+        if self.controlled.get(&controller) == Some(&entity_id) {
+            self.controlled.remove(&controller);
+        }
         self.figures.entities.store(self.entities.len() as u64, Ordering::Relaxed);
         ok(id, Bytes::new())
     }
@@ -606,6 +615,9 @@ impl World {
     /// slot, or go to the server of the cell they walked into), a viewer's view goes.
     pub fn left(&mut self, conn: u64) {
         self.leave_view(conn);
+        if let Some(e) = self.controlled.get(&conn).and_then(|id| self.entities.get_mut(id)) {
+            e.controller_session = None;
+        }
         let Some(slot) = self.servers.remove(&conn) else { return };
         let Some(slot) = slot else {
             self.observers.retain(|o| o.conn_id() != conn);
