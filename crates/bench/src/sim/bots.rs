@@ -66,6 +66,16 @@ impl BotStats {
         counter
     }
 
+    /// Counts a delta from `from` that reached a bot holding `held`: a gap if it starts at a
+    /// version the bot never saw, a repeat if at one it had passed. Snapshots start anywhere.
+    pub(crate) fn check_chain(&self, snapshot: bool, from: Version, held: Option<Version>) {
+        match held {
+            Some(have) if !snapshot && from > have => self.version_gaps.fetch_add(1, Ordering::Relaxed),
+            Some(have) if !snapshot && from < have => self.version_repeats.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+    }
+
     /// Updates received so far by each bot.
     pub fn updates_per_bot(&self) -> Vec<u64> {
         self.per_bot.lock().map(|v| v.iter().map(|c| c.load(Ordering::Relaxed)).collect()).unwrap_or_default()
@@ -157,13 +167,7 @@ async fn bot_session(
                     continue;
                 };
                 // Each delta must start where the previous update ended.
-                if let (false, Some(have)) = (peeked.snapshot, held) {
-                    if peeked.from > have {
-                        stats.version_gaps.fetch_add(1, Ordering::Relaxed);
-                    } else if peeked.from < have {
-                        stats.version_repeats.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                stats.check_chain(peeked.snapshot, peeked.from, held);
                 held = Some(peeked.to);
                 let ts = match mode {
                     BotMode::Replica => {

@@ -110,13 +110,7 @@ async fn session(
                                 stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
-                            if let (false, Some(&have)) = (peeked.snapshot, held.get(&update.channel_id)) {
-                                if peeked.from > have {
-                                    stats.version_gaps.fetch_add(1, Ordering::Relaxed);
-                                } else if peeked.from < have {
-                                    stats.version_repeats.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
+                            stats.check_chain(peeked.snapshot, peeked.from, held.get(&update.channel_id).copied());
                             held.insert(update.channel_id, peeked.to);
                             if let Some(ts) = peeked.ts
                                 && let Ok(mut h) = stats.latency_us.lock()
