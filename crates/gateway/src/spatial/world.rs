@@ -93,8 +93,18 @@ fn to_vec3(p: [f32; 3]) -> Option<Vec3> {
     Some(Vec3 { x: p[0], y: p[1], z: p[2] })
 }
 
-/// A JSON object's text without line breaks (patch lines are one per line), or why not.
+/// A value's JSON text on one line (a patch holds one op per line), or why not. Text that is
+/// one whole JSON object (checked without building it: nothing may follow it, or it could add
+/// keys to the patch op it is pasted into) and has no line break is taken as it is; the patch
+/// parser checks it against the schema when it is applied.
 fn one_line_object(json: &str) -> Result<String, String> {
+    let text = json.trim();
+    if text.starts_with('{')
+        && !text.contains(['\n', '\r'])
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+    {
+        return Ok(text.to_owned());
+    }
     let value: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("value_json: {e}"))?;
     if !value.is_object() {
         return Err("value_json must be a JSON object".into());
@@ -650,5 +660,22 @@ impl SpatialFigures {
         if let Some(n) = self.publishes.get(slot as usize) {
             n.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line_object;
+
+    #[test]
+    fn a_value_is_one_whole_object_on_one_line() {
+        assert_eq!(one_line_object(r#" {"a": 1} "#).unwrap(), r#"{"a": 1}"#);
+        assert_eq!(one_line_object("{\"a\":\n1}").unwrap(), r#"{"a":1}"#, "line breaks go");
+        // Text after the object could add keys to the op it is pasted into: refused.
+        assert!(one_line_object(r#"{"a":1},"path":"/entities/9""#).is_err());
+        assert!(one_line_object(r#"{"a":1}}"#).is_err());
+        assert!(one_line_object("[1]").is_err());
+        assert!(one_line_object("{").is_err());
+        assert!(one_line_object("").is_err());
     }
 }
