@@ -143,7 +143,8 @@ impl Gateway {
                     local = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
                     runtime.spawn(shared.tracker.track_future(accept_loop(shared.clone(), listener, ws)));
                 }
-                tracing::info!(%local, transport = if ws { "ws" } else { "tcp" }, threads = runtimes.len(), "listening");
+                // `tickwire gateway` prints the address once on stdout; this is for embedders.
+                tracing::debug!(%local, transport = if ws { "ws" } else { "tcp" }, threads = runtimes.len(), "listening");
                 out.push(local);
             }
         }

@@ -528,3 +528,40 @@ async fn a_lost_spatial_server_raises_its_event_and_another_takes_its_slot_over(
         (entity_id, 2, player.connection_id(), &b"three"[..])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spatial_server_sees_its_block_and_its_interest_border() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("spatial.server_interest_border=1");
+    let gw = common::start(&overrides).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let s1 = server(&gw, "s1", Some(1)).await;
+    let s3 = server(&gw, "s3", Some(3)).await;
+    let spawn = |x: f32, z: f32| SpawnEntity {
+        position: v3([x, 0.0, z]),
+        value_json: format!(r#"{{"pos":[{x},0,{z}]}}"#),
+        ..SpawnEntity::default()
+    };
+    // Cell [2, 0] is slot 1's, one cell beyond slot 0's block; cell [3, 3] is two cells away.
+    let near = s1.spatial_spawn(spawn(25.0, 5.0)).await.unwrap().entity_id;
+    let far = s3.spatial_spawn(spawn(35.0, 35.0)).await.unwrap().entity_id;
+    let own = s0.spatial_spawn(spawn(5.0, 5.0)).await.unwrap().entity_id;
+    let schema = SchemaDef::parse(
+        r#"{"fields": [{"name": "pos", "type": "vec3"}, {"name": "yaw", "type": "float"}, {"name": "data", "type": "string"}]}"#,
+        "e.json",
+    )
+    .unwrap();
+    let cell = SchemaDef::new([tickwire_state::Field::new(
+        "entities",
+        tickwire_state::Type::map(tickwire_state::KeyKind::Int, tickwire_state::Type::Struct(schema.fields)),
+    )]);
+    let mut view = View::new(&serde_json::to_string(&cell).unwrap());
+    view.until(&s0, "slot 0's server sees its own entity and the one across its border", |v, _| {
+        let seen = v.entities();
+        seen.contains_key(&own) && seen.contains_key(&near)
+    })
+    .await;
+    // 3 x 3 cells: its 2 x 2 block and a border of one, clipped to the 4 x 4 world.
+    assert_eq!(view.cells.len(), 9, "{:?}", view.cells.keys().collect::<Vec<_>>());
+    assert!(!view.entities().contains_key(&far), "two cells away is beyond the border");
+}

@@ -28,6 +28,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the real-time gateway.
+    ///
+    /// Auth is chosen by `auth.mode` in the config (or `--set auth.mode=...`): `dev` (the
+    /// default: anyone may connect, the Hello token becomes the player id, and a token
+    /// `server:NAME` logs in as a game server) or `jwt` (the token must be a JWT signed with
+    /// `auth.jwt_secret` (HS256) or `auth.jwt_public_key_file` (RS256); its `sub` is the player id
+    /// and a `role` claim of `server` makes a game server). See docs/protocol.md section 4.
     Gateway(GatewayArgs),
     /// See it all work: a gateway, a simulated game server and bots, with a live summary.
     Demo(DemoArgs),

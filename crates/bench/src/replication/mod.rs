@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
 use tickwire_client::Target;
 use tokio_util::sync::CancellationToken;
 
@@ -168,12 +169,21 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let incomplete = {
         let work = async {
             for &clients in &args.clients {
+                // Progress on stderr, only at a terminal (indicatif hides itself otherwise).
+                let bar =
+                    ProgressBar::new(clients as u64).with_message(format!("ramping to {clients} clients"));
+                bar.set_style(
+                    ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len}").expect("template"),
+                );
+                bar.set_position(bots.len() as u64);
                 while bots.len() < clients {
                     let i = bots.len();
                     let runtime = &runtimes[i % runtimes.len()];
                     bots.push(runtime.spawn(game.bot(&target, i, BotMode::Count, &bot_stats, &stop)));
+                    bar.set_position(bots.len() as u64);
                     tokio::time::sleep(args.ramp).await;
                 }
+                bar.finish_and_clear();
                 // Let the last joiners get their snapshot before measuring.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let step =
@@ -356,6 +366,8 @@ async fn hold(
     let mut last_at = Instant::now();
     let (mut prev, mut prev_cpu, mut prev_frames) = (first, cpu0, frames0.clone());
     let mut samples = Vec::new();
+    let bar = ProgressBar::new(args.step_hold.as_secs()).with_message(format!("holding {clients} clients"));
+    bar.set_style(ProgressStyle::with_template("{msg} [{bar:20}] {pos}/{len}s").expect("template"));
     while started.elapsed() < args.step_hold {
         ticker.tick().await;
         let dt = last_at.elapsed().as_secs_f64();
@@ -404,10 +416,19 @@ async fn hold(
                 server_fps: slowest(&frames, &prev_frames, dt),
             },
         };
+        bar.set_position(started.elapsed().as_secs());
+        bar.set_message(format!(
+            "holding {clients} clients: {:.1} updates/s per client (p5 {:.1}), age p99 {:.0} ms, gateway {:.0}% of a core",
+            sample.figures.fanout_hz.mean,
+            sample.figures.fanout_hz.p5,
+            sample.figures.latency_ms.p99,
+            sample.figures.gateway_cpu_pct
+        ));
         rates.extend(second);
         samples.push(sample);
         (prev, prev_cpu, prev_frames) = (s, cpu, frames);
     }
+    bar.finish_and_clear();
     let last = scrape().await??;
     let cpu1 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
     let counts1 = BotCounts::read(bots);

@@ -32,6 +32,8 @@ pub struct DemoOptions {
 /// The last second's figures.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Second {
+    /// Sessions the gateway serves, other than the game servers: the bots and any client of
+    /// your own.
     pub clients: u64,
     /// The world channel's tick rate at the gateway (its 50 Hz schedule).
     pub channel_tick_hz: f64,
@@ -42,6 +44,7 @@ pub struct Second {
     pub fanout_hz_p5: f64,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+    /// Bytes the gateway wrote, to every session.
     pub bytes_per_s: f64,
     /// The slowest game server's frame rate.
     pub server_fps: f64,
@@ -85,14 +88,20 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         let servers =
             if spatial { "nine spatial servers (3 x 3 over 15 x 15 cells of 20 m)" } else { "a game server" };
         println!("gateway on tcp://{addr}; {servers} and {} bots are joining (Ctrl-C stops)", opts.bots);
+        println!("each line, for the last second:");
+        println!("  clients   sessions the gateway serves besides the game servers (bots, and yours)");
         println!(
-            "each line: clients connected; the {} tick rate (its 50 Hz schedule); state \
-             updates the gateway sent and each client received per second (one per server frame: the \
-             world changes 30 times a second); their age from server publish to client receipt; bytes \
-             to clients; the slowest game server's frame rate{}",
-            if spatial { "spatial world's" } else { "world channel's" },
-            if spatial { "; characters handed over between servers per second" } else { "" }
+            "  tick      the {} tick rate (its 50 Hz schedule)",
+            if spatial { "spatial world's" } else { "world channel's" }
         );
+        println!("  updates   state updates the gateway sent, and each bot received, per second (p5: the");
+        println!("            slowest 5% of bots); the world changes 30 times a second, so about 30");
+        println!("  age       from the server's publish to the bot's receipt, p50 and p99");
+        println!("  KB/s      bytes the gateway wrote");
+        println!("  server    the slowest game server's frame rate");
+        if spatial {
+            println!("  handovers characters handed over from one spatial server to another per second");
+        }
         if let Some(m) = gateway.metrics_addr() {
             println!("metrics at http://{m}/metrics");
         }
@@ -150,7 +159,8 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
             .collect();
         rates.sort_by(f64::total_cmp);
         last_counts = counts;
-        let bytes = stats.bytes.load(Ordering::Relaxed);
+        let served = gateway.stats().snapshot();
+        let bytes = served.bytes_out;
         let frames = frames();
         let (p50, p99) = match stats.latency_us.lock() {
             Ok(mut h) => {
@@ -165,7 +175,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         // The spatial world is one task: its ticks are the world's.
         let channels = if spatial { 1.0 } else { gauge(&*router, "channel_num") };
         let second = Second {
-            clients: stats.connected.load(Ordering::Relaxed),
+            clients: served.sessions_open.saturating_sub(server_stats.len() as u64),
             channel_tick_hz: per_s(0, channels),
             sent_hz: per_s(1, gauge(&*router, subscribers)),
             fanout_hz_mean: if rates.is_empty() {
@@ -190,7 +200,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         (last_bytes, last_frames, last_figures) = (bytes, frames, figures);
         if opts.print {
             println!(
-                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s to clients  server {:>4.1} fps{}",
+                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s  server {:>4.1} fps{}",
                 started.elapsed().as_secs(),
                 second.clients,
                 second.channel_tick_hz,

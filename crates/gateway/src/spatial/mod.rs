@@ -330,7 +330,7 @@ async fn run(mut world: World, mut inbox: mpsc::Receiver<Msg>, figures: Arc<Figu
 fn on_msg(world: &mut World, msg: Msg, now: Instant) {
     let (who, response) = match msg {
         Msg::Register(s, req, id) => {
-            let r = world.register(&s, req, id);
+            let r = world.register(&s, req, id, now);
             (s, r)
         }
         Msg::Spawn(s, req, id) => {

@@ -153,7 +153,8 @@ impl World {
     /// drops their entities), cells it enters get a snapshot at its next update.
     fn show(&mut self, conn: u64, cells: &[u32]) {
         let Some(viewer) = self.viewers.get_mut(&conn) else { return };
-        let left: Vec<u32> = viewer.held.keys().filter(|c| !cells.contains(c)).copied().collect();
+        let wanted: std::collections::BTreeSet<u32> = cells.iter().copied().collect();
+        let left: Vec<u32> = viewer.held.keys().filter(|c| !wanted.contains(c)).copied().collect();
         for cell in &left {
             viewer.held.remove(cell);
             let event = ChannelEvent {
@@ -194,6 +195,33 @@ impl World {
         if cells.len() <= self.settings.max_view_cells {
             self.show(conn, &cells);
         }
+    }
+
+    /// A spatial server registered in `slot` sees the cells it receives: its block and
+    /// `server_interest_border` cells around it (channeld's server interest), until it sets an
+    /// area of its own.
+    pub fn watch_block(&mut self, server: &SessionHandle, slot: u32, now: Instant) {
+        let [sx, _] = self.layout.config().servers;
+        let received = self.layout.cells_received_by([slot % sx, slot / sx]);
+        let cells: Vec<u32> = received.iter().map(|&c| self.cell_index(c)).collect();
+        let (lo, _) = self.layout.bounds(received[0]);
+        let (_, hi) = self.layout.bounds(received[received.len() - 1]);
+        let area = Area::Box { min: [lo[0], f32::MIN, lo[1]], max: [hi[0], f32::MAX, hi[1]] };
+        let conn = server.conn_id();
+        self.viewers.insert(
+            conn,
+            Viewer {
+                handle: server.clone(),
+                area,
+                follow: Follow::Off,
+                codec: DeltaCodec::Binary,
+                held: BTreeMap::new(),
+            },
+        );
+        let schedule =
+            Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
+        self.schedule.join(conn, schedule, now, self.world_version);
+        self.show(conn, &cells);
     }
 
     /// The clients that see at least one cell for which `shown` holds.

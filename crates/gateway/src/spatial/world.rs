@@ -194,7 +194,13 @@ impl World {
 
     /// Answers itself (`None`), because the acquires of a lost server's entities must follow
     /// the answer.
-    pub fn register(&mut self, server: &SessionHandle, req: RegisterServer, id: u64) -> Option<Response> {
+    pub fn register(
+        &mut self,
+        server: &SessionHandle,
+        req: RegisterServer,
+        id: u64,
+        now: std::time::Instant,
+    ) -> Option<Response> {
         let conn = server.conn_id();
         if self.servers.contains_key(&conn) {
             return Some(error_response(
@@ -250,6 +256,7 @@ impl World {
         self.figures.servers.fetch_add(1, Ordering::Relaxed);
         // Answer first: the acquires of entities left by a lost server follow the result.
         let _ = server.respond(ok(id, result.encode_to_vec().into()));
+        self.watch_block(server, slot, now);
         let orphans: Vec<u64> =
             self.entities.iter().filter(|(_, e)| e.owner_slot == slot).map(|(&id, _)| id).collect();
         for entity_id in orphans {
