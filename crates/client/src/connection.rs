@@ -168,7 +168,8 @@ impl Connection {
                 ms => Duration::from_millis(u64::from(ms)),
             },
             ..defaults
-        };
+        }
+        .acking_within(welcome.max_unacked_messages, welcome.max_unacked_bytes);
         let now = Instant::now();
         let session = Session::new(Role::Client, config, now);
         let deadline = Box::pin(sleep_until(session.poll_timeout().into()));

@@ -230,6 +230,7 @@ impl SessionSettings {
             max_unacked_messages: self.max_unacked_messages,
             max_unacked_bytes: self.max_unacked_bytes,
             ack_every: self.ack_every,
+            ack_bytes: SessionConfig::default().ack_bytes,
             ack_delay: self.ack_delay,
         }
     }

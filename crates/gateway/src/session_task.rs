@@ -161,6 +161,8 @@ impl SessionTask {
                 player_id: self.handle.player_id.to_string(),
                 ack_delay_ms: millis(cfg.ack_delay),
                 connection_id: self.handle.conn_id,
+                max_unacked_messages: u32::try_from(cfg.max_unacked_messages).unwrap_or(u32::MAX),
+                max_unacked_bytes: u32::try_from(cfg.max_unacked_bytes).unwrap_or(u32::MAX),
             })),
         })
     }

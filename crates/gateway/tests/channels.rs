@@ -56,6 +56,34 @@ async fn subscribers_rebuild_what_they_may_see() {
     assert!(gw.shutdown(WAIT).await);
 }
 
+/// docs/protocol.md §12.2, "Versions": a channel never written gives a snapshot from 0 to 0;
+/// the first write then comes as a snapshot from 0 (a replica at version 0 has nothing a delta
+/// could build on), and deltas follow from version 1 on.
+#[tokio::test]
+async fn a_channel_never_written_gives_snapshots_until_version_one_then_deltas() {
+    let gw = common::start(&[]).await;
+    let server = client(&gw, "server:game-server").await;
+    let ch = create(&server, ChannelType::Global).await.unwrap().channel_id;
+    let alice = client(&gw, "alice").await;
+    subscribe(&alice, ch, SubscriptionOptions::default()).await.unwrap();
+    let header = |u: &ChannelUpdate| (u.update[0], u.update[1], u.update[2]);
+    let mut replica = Replica::new(schema());
+    let first = ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap();
+    assert_eq!(&first.update[..], [0x02, 0, 0, 0], "snapshot 0 to 0, empty root patch (the vector)");
+    replica.apply(&first.update).unwrap();
+    update(&server, ch, r#"{"op":"set","path":"/round","value":1}"#).await.unwrap();
+    let second = ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap();
+    assert_eq!(header(&second), (0x02, 0, 1), "snapshot 0 to 1");
+    replica.apply(&second.update).unwrap();
+    update(&server, ch, r#"{"op":"set","path":"/round","value":2}"#).await.unwrap();
+    let third = ChannelUpdate::decode(next(&alice, "channel.update").await).unwrap();
+    assert_eq!(header(&third), (0x01, 1, 2), "delta 1 to 2");
+    replica.apply(&third.update).unwrap();
+    let Value::Struct(fields) = replica.value() else { panic!("a struct") };
+    assert_eq!(fields[0], Value::Int(2));
+    assert!(gw.shutdown(WAIT).await);
+}
+
 #[tokio::test]
 async fn access_rules_and_bad_input_are_refused_with_a_reason() {
     let gw = common::start(&[]).await;

@@ -226,3 +226,18 @@ async fn a_websocket_session_resumes_too() {
     assert_eq!(ids, vec![2, 3]);
     assert_eq!(gw.stats().snapshot().sessions_resumed, 1);
 }
+
+/// The Welcome tells the client how much the gateway keeps unacknowledged (§3, §5), and the
+/// client acknowledges by the time half of it has arrived.
+#[tokio::test]
+async fn the_welcome_announces_the_unacknowledged_bounds() {
+    let gw = common::start(&["session.max_unacked_messages=900", "session.max_unacked_bytes=900000"]).await;
+    let conn = common::connect(&gw).await;
+    assert_eq!(conn.welcome().max_unacked_messages, 900);
+    assert_eq!(conn.welcome().max_unacked_bytes, 900_000);
+
+    let gw = common::start(&[]).await;
+    let conn = common::connect(&gw).await;
+    assert_eq!(conn.welcome().max_unacked_messages, 1024, "the documented default");
+    assert_eq!(conn.welcome().max_unacked_bytes, 1 << 20, "the documented default");
+}

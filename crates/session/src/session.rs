@@ -80,6 +80,8 @@ pub struct Session {
     heartbeat_owed: bool,
     /// When the oldest message delivered and not yet acknowledged arrived.
     unacked_since: Option<Instant>,
+    /// Payload bytes delivered since the last acknowledgement we sent.
+    received_bytes_unacked: usize,
 }
 
 impl Session {
@@ -97,6 +99,7 @@ impl Session {
             ack_sent: 0,
             heartbeat_owed: false,
             unacked_since: None,
+            received_bytes_unacked: 0,
         }
     }
 
@@ -198,6 +201,7 @@ impl Session {
                     Err(SessionError::SequenceGap { expected, got: seq })
                 } else {
                     self.last_received = seq;
+                    self.received_bytes_unacked += payload.len();
                     Ok(Received::Deliver(payload))
                 }
             }
@@ -230,6 +234,7 @@ impl Session {
     fn acked_all(&mut self) {
         self.ack_sent = self.last_received;
         self.unacked_since = None;
+        self.received_bytes_unacked = 0;
     }
 
     /// When a standalone ACK becomes due, if anything delivered is unacknowledged.
@@ -238,13 +243,15 @@ impl Session {
     }
 
     /// A frame the session wants sent now that no application message carries: a heartbeat
-    /// answer, or an ACK once `ack_every` messages are unacknowledged. Call after each batch
+    /// answer, or an ACK once `ack_every` messages (or `ack_bytes` bytes) are unacknowledged.
+    /// Call after each batch
     /// of incoming frames.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Frame> {
         let Link::Attached { last_tx, .. } = &mut self.link else {
             return None;
         };
         let ack_due = self.last_received - self.ack_sent >= self.config.ack_every
+            || (self.last_received > self.ack_sent && self.received_bytes_unacked >= self.config.ack_bytes)
             || self.unacked_since.is_some_and(|since| now >= since + self.config.ack_delay);
         let frame = if self.heartbeat_owed {
             Frame::Heartbeat { ack: self.last_received }
@@ -439,6 +446,35 @@ mod tests {
         assert_eq!(ack, Frame::Ack { ack: 16 });
         s.on_frame(t, ack).unwrap();
         assert_eq!(s.unacked(), (0, 0));
+    }
+
+    #[test]
+    fn ack_bytes_triggers_a_standalone_ack() {
+        let t = Instant::now();
+        let config = SessionConfig { ack_bytes: 100, ..Default::default() };
+        let mut c = Session::new(Role::Client, config, t);
+        let mut s = Session::new(Role::Server, SessionConfig::default(), t);
+        let f = s.send(t, Bytes::from(vec![0; 60])).unwrap().unwrap();
+        c.on_frame(t, f).unwrap();
+        assert_eq!(c.poll_transmit(t), None, "60 of 100 bytes");
+        let f = s.send(t, Bytes::from(vec![0; 40])).unwrap().unwrap();
+        c.on_frame(t, f).unwrap();
+        assert_eq!(c.poll_transmit(t), Some(Frame::Ack { ack: 2 }));
+        let f = s.send(t, Bytes::from(vec![0; 60])).unwrap().unwrap();
+        c.on_frame(t, f).unwrap();
+        assert_eq!(c.poll_transmit(t), None, "the count starts again after an ack");
+    }
+
+    #[test]
+    fn acking_within_a_peers_bounds_halves_them() {
+        let c = SessionConfig::default().acking_within(20, 1000);
+        assert_eq!((c.ack_every, c.ack_bytes), (10, 500));
+        let c = SessionConfig::default().acking_within(1024, 1 << 20);
+        assert_eq!((c.ack_every, c.ack_bytes), (16, 1 << 19), "never later than our own defaults");
+        let c = SessionConfig::default().acking_within(0, 0);
+        assert_eq!(c, SessionConfig::default(), "0: an older server that does not say");
+        let c = SessionConfig::default().acking_within(1, 1);
+        assert_eq!((c.ack_every, c.ack_bytes), (1, 1));
     }
 
     #[test]

@@ -151,6 +151,10 @@ fn replay(def: &SchemaDef, schema: &std::sync::Arc<Schema>, ticks: &[J]) -> Stat
                     let Type::List(item) = ty else { panic!("push on a non-list") };
                     state.push(&steps, value_from_json(item, &w["value"])).expect("push")
                 }
+                "truncate" => {
+                    state.truncate(&steps, w["value"].as_u64().expect("length") as usize).expect("truncate")
+                }
+                "cap" => state.cap_list(&steps, w["value"].as_u64().expect("cap") as usize).expect("cap"),
                 other => panic!("unknown op {other}"),
             }
         }
@@ -174,12 +178,13 @@ fn state_vectors() {
     let mut changed = false;
 
     let script = doc["script"].as_array().expect("script").clone();
-    let states: Vec<State> = (1..=script.len()).map(|n| replay(&def, &schema, &script[..n])).collect();
+    // `states[n]`: after `n` ticks; `states[0]` was never written.
+    let states: Vec<State> = (0..=script.len()).map(|n| replay(&def, &schema, &script[..n])).collect();
 
     let mut replicas: HashMap<String, Replica> = HashMap::new();
     for v in doc["vectors"].as_array_mut().expect("vectors") {
         let name = v["name"].as_str().expect("name").to_owned();
-        let state = &states[v["after_tick"].as_u64().expect("after_tick") as usize - 1];
+        let state = &states[v["after_tick"].as_u64().expect("after_tick") as usize];
         let player = Key::str(v["player"].as_str().expect("player"));
         let codec = if v["codec"] == "json" { Codec::Json } else { Codec::Binary };
         let from = v["from"].as_u64().expect("from");

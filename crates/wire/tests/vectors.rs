@@ -52,6 +52,8 @@ fn control_from(v: &Value) -> Control {
             player_id: s(w, "player_id"),
             ack_delay_ms: n(w, "ack_delay_ms") as u32,
             connection_id: n(w, "connection_id"),
+            max_unacked_messages: n(w, "max_unacked_messages") as u32,
+            max_unacked_bytes: n(w, "max_unacked_bytes") as u32,
         })
     } else if let Some(c) = v.get("close") {
         control::Kind::Close(Close { reason: n(c, "reason") as i32, message: s(c, "message") })
