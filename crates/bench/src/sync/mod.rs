@@ -111,12 +111,19 @@ pub fn rooms_estimate(cores: usize, sync_ms: f64, overhead: f64, tick_hz: f64, s
 /// Runs `tickwire bench sync`.
 pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
     let machine = Machine::detect();
-    let suites = match args.suite {
+    let (suites, incomplete) = match args.suite {
         Some(SuiteKind::Report) => run_grid(&args, &machine)?,
-        None => vec![run_suite(&args, &machine)?],
+        // One suite in this process: Ctrl-C ends it the usual way, with nothing finished.
+        None => (vec![run_suite(&args, &machine)?], false),
     };
-    let report =
-        SyncReport { machine, overhead: args.overhead, tick_hz: args.tick_hz, safety: args.safety, suites };
+    let report = SyncReport {
+        machine,
+        incomplete,
+        overhead: args.overhead,
+        tick_hz: args.tick_hz,
+        safety: args.safety,
+        suites,
+    };
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -127,6 +134,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
             println!("wrote {}", path.display());
         }
     }
+    anyhow::ensure!(!report.incomplete, "interrupted before the last suite");
     Ok(report)
 }
 
@@ -243,42 +251,55 @@ struct ThreadResult {
     verified: u64,
 }
 
-/// The report's grid, one child process per suite.
-fn run_grid(args: &SyncArgs, machine: &Machine) -> anyhow::Result<Vec<SuiteResult>> {
+/// The report's grid, one child process per suite. Ctrl-C stops it (the running suite's process
+/// is killed) and returns the suites finished so far, with `true` for "interrupted".
+fn run_grid(args: &SyncArgs, machine: &Machine) -> anyhow::Result<(Vec<SuiteResult>, bool)> {
     let exe = std::env::current_exe().context("finding the tickwire binary")?;
     let dir = std::env::temp_dir().join(format!("tickwire-bench-sync-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let grid = report_grid(machine.cores);
-    let bar = ProgressBar::new(grid.len() as u64).with_style(
+    let total = grid.len();
+    let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} suites {msg}").expect("valid template"),
     );
-    let mut out = Vec::with_capacity(grid.len());
-    for (i, (players, dirty, scenario, codec, threads)) in grid.into_iter().enumerate() {
-        bar.set_message(format!(
-            "{players} players, {dirty:?}, {scenario:?}, {codec:?}, {threads} thread(s)"
-        ));
-        let json = dir.join(format!("suite-{i}.json"));
-        let status = std::process::Command::new(&exe)
-            .args(["bench", "sync", "--quiet"])
-            .args(["--players", &players.to_string(), "--threads", &threads.to_string()])
-            .args(["--state", "medium", "--dirty", &enum_arg(&dirty), "--scenario", &enum_arg(&scenario)])
-            .args(["--codec", &enum_arg(&codec), "--iterations", &args.iterations.to_string()])
-            .args(["--warmup", &args.warmup.to_string()])
-            .args(args.verify.then_some("--verify"))
-            .args(["--overhead", &args.overhead.to_string(), "--tick-hz", &args.tick_hz.to_string()])
-            .args(["--safety", &args.safety.to_string()])
-            .arg("--json")
-            .arg(&json)
-            .status()
-            .context("starting a suite process")?;
-        anyhow::ensure!(status.success(), "suite {i} failed: {status}");
-        let child: SyncReport = serde_json::from_slice(&std::fs::read(&json)?)?;
-        out.extend(child.suites);
-        bar.inc(1);
-    }
+    let mut out = Vec::with_capacity(total);
+    let work = async {
+        for (i, (players, dirty, scenario, codec, threads)) in grid.into_iter().enumerate() {
+            bar.set_message(format!(
+                "{players} players, {dirty:?}, {scenario:?}, {codec:?}, {threads} thread(s)"
+            ));
+            let json = dir.join(format!("suite-{i}.json"));
+            let status = tokio::process::Command::new(&exe)
+                .args(["bench", "sync", "--quiet"])
+                .args(["--players", &players.to_string(), "--threads", &threads.to_string()])
+                .args(["--state", "medium", "--dirty", &enum_arg(&dirty), "--scenario", &enum_arg(&scenario)])
+                .args(["--codec", &enum_arg(&codec), "--iterations", &args.iterations.to_string()])
+                .args(["--warmup", &args.warmup.to_string()])
+                .args(args.verify.then_some("--verify"))
+                .args(["--overhead", &args.overhead.to_string(), "--tick-hz", &args.tick_hz.to_string()])
+                .args(["--safety", &args.safety.to_string()])
+                .arg("--json")
+                .arg(&json)
+                // Dropped on Ctrl-C: the suite in progress stops with the run.
+                .kill_on_drop(true)
+                .status()
+                .await
+                .context("starting a suite process")?;
+            anyhow::ensure!(status.success(), "suite {i} failed: {status}");
+            let child: SyncReport = serde_json::from_slice(&std::fs::read(&json)?)?;
+            out.extend(child.suites);
+            bar.inc(1);
+        }
+        anyhow::Ok(())
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let interrupted = runtime.block_on(crate::interrupt::until_interrupted(work))?;
     bar.finish_and_clear();
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(out)
+    if interrupted {
+        eprintln!("interrupted: {} of {total} suites finished", out.len());
+    }
+    Ok((out, interrupted))
 }
 
 /// The value clap accepts for an enum variant (its kebab-case name).

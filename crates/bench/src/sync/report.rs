@@ -49,6 +49,9 @@ pub struct SuiteResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SyncReport {
     pub machine: Machine,
+    /// Stopped (Ctrl-C) before every suite ran.
+    #[serde(default)]
+    pub incomplete: bool,
     pub overhead: f64,
     pub tick_hz: f64,
     pub safety: f64,
