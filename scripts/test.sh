@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command from README.md: every crate's unit, property and integration tests.
-# Ends with one summary line, "N passed, N failed", over all test binaries.
+# The test command from README.md: every crate's unit, property and integration tests, then the
+# TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
+# gateway binary the cargo tests built. Ends with one summary line, "N passed, N failed", over
+# all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
@@ -9,6 +11,27 @@ cargo test --workspace --locked 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+
+echo
+echo "== TypeScript SDK (sdk/ts)"
+if ! command -v npm >/dev/null; then
+  echo "npm not found: the SDK tests need Node.js 20 or later" >&2
+  status=1
+  failed=$((failed + 1))
+else
+  cargo build --locked -p tickwire 2>&1 | tail -1
+  (cd sdk/ts && npm ci --no-audit --no-fund && TICKWIRE_BIN="$PWD/../../target/debug/tickwire" npm test) 2>&1 | tee "$log"
+  sdk_status=${PIPESTATUS[0]}
+  sdk_passed=$(grep -oE '^# pass [0-9]+' "$log" | awk '{s+=$3} END {print s+0}')
+  sdk_failed=$(grep -oE '^# fail [0-9]+' "$log" | awk '{s+=$3} END {print s+0}')
+  passed=$((passed + sdk_passed))
+  failed=$((failed + sdk_failed))
+  if [ "$sdk_status" -ne 0 ]; then
+    status=$sdk_status
+    [ "$sdk_failed" -eq 0 ] && failed=$((failed + 1))
+  fi
+fi
+
 echo
 echo "tests: ${passed} passed, ${failed} failed"
 exit "$status"

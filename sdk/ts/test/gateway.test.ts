@@ -1,0 +1,156 @@
+// Against a real gateway (the repository's binary, started here): the handshake, RPC, a
+// session resumed through cut connections with nothing lost or repeated, and a replica that
+// equals the server's state after thousands of random patches.
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import WebSocket from "ws";
+import { create, fromBinary } from "@bufbuild/protobuf";
+import { Client, ClosedError, StatusError, webSocket } from "../src/index.js";
+import { tcp } from "../src/node.js";
+import { Channels } from "../src/channels.js";
+import { CloseReason, EchoRequestSchema, Status, toBinary } from "../src/proto.js";
+import { ChannelType } from "../src/gen/tickwire/v1/channel_pb.js";
+import { CutProxy, plain, startGateway, until, type Gateway } from "./helpers.js";
+
+let gw: Gateway;
+before(async () => {
+  gw = await startGateway(["session.resume_window=\"5s\"", "limits.messages_per_second=100000", "limits.message_burst=100000"]);
+});
+after(async () => {
+  await gw.stop();
+});
+
+const echo = (responseBytes: number) => toBinary(EchoRequestSchema, create(EchoRequestSchema, { responseBytes }));
+
+test("handshake and echo over TCP and over WebSocket", async () => {
+  for (const connect of [tcp(gw.tcp.host, gw.tcp.port), webSocket(gw.ws, WebSocket)]) {
+    const c = await Client.connect({ connect, token: "alice" });
+    assert.equal(c.playerId, "alice");
+    assert.equal(c.welcome.maxUnackedMessages, 1024);
+    const body = await c.call("echo", echo(100));
+    assert.equal(body.length, 100);
+    await assert.rejects(c.call("nope"), (e: unknown) => e instanceof StatusError && e.status === Status.NOT_FOUND);
+    c.close();
+    await assert.rejects(c.call("echo", echo(1)), ClosedError);
+  }
+});
+
+test("a bad token in jwt mode is refused with AUTH_FAILED", async () => {
+  const jwt = await startGateway(['auth.mode="jwt"', 'auth.jwt_secret="s3cret-s3cret-s3cret-s3cret-s3cret"']);
+  try {
+    await assert.rejects(
+      Client.connect({ connect: tcp(jwt.tcp.host, jwt.tcp.port), token: "not-a-jwt" }),
+      (e: unknown) => e instanceof ClosedError && e.reason === CloseReason.AUTH_FAILED,
+    );
+  } finally {
+    await jwt.stop();
+  }
+});
+
+test("a session resumes through cut connections: every response once, in order", async () => {
+  const proxy = await CutProxy.start(gw.tcp);
+  try {
+    const c = await Client.connect({ connect: tcp("127.0.0.1", proxy.port), token: "bob" });
+    let resumed = 0;
+    c.on("resumed", () => resumed++);
+    const answers: number[] = [];
+    const calls: Promise<void>[] = [];
+    for (let i = 0; i < 2000; i++) {
+      // The response size tells the answers apart.
+      calls.push(c.call("echo", echo(1 + (i % 97)), 20_000).then((b) => void answers.push(b.length)));
+      if (i % 250 === 125) {
+        await new Promise((r) => setTimeout(r, 5));
+        proxy.cut();
+      }
+      if (i % 50 === 0) await new Promise((r) => setImmediate(r));
+    }
+    await Promise.all(calls);
+    assert.equal(answers.length, 2000, "none lost");
+    assert.deepEqual(answers, Array.from({ length: 2000 }, (_, i) => 1 + (i % 97)), "in order, none repeated");
+    assert.ok(resumed >= 4, `resumed ${resumed} times`);
+    c.close();
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("a replica equals the server's state after thousands of random patches", async () => {
+  const schema = JSON.stringify({
+    fields: [
+      { name: "round", type: "int" },
+      { name: "label", type: "string" },
+      {
+        name: "players",
+        type: {
+          map: {
+            key: "string",
+            value: {
+              struct: [
+                { name: "hp", type: "int" },
+                { name: "pos", type: { quantized_vec3: { min: -100, max: 100, precision: 0.5 } } },
+                { name: "tags", type: { list: "string" } },
+              ],
+            },
+          },
+        },
+      },
+      { name: "scores", type: { map: { key: "int", value: "float" } } },
+    ],
+  });
+  const server = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "server:game" });
+  const owner = new Channels(server);
+  const { channelId } = await owner.create(ChannelType.SUBWORLD, "random", schema);
+  const viewer = await Client.connect({ connect: webSocket(gw.ws, WebSocket), token: "viewer" });
+  const sub = await new Channels(viewer).subscribe(channelId, { fanoutIntervalMs: 5 });
+  let updates = 0;
+  sub.onUpdate(() => updates++);
+
+  // The expected state, kept by applying the same patches here.
+  const expect: any = { round: 0, label: "", players: {}, scores: {} };
+  let seed = 7;
+  const rand = (n: number) => (seed = (seed * 1103515245 + 12345) % 2 ** 31) % n;
+  const names = ["ann", "bo", "cy", "di", "ed", "fay"];
+  for (let i = 0; i < 3000; i++) {
+    const lines: string[] = [];
+    const op = rand(8);
+    const who = names[rand(names.length)]!;
+    if (op === 0) {
+      expect.round = rand(1000) - 500;
+      lines.push(JSON.stringify({ op: "set", path: "/round", value: expect.round }));
+    } else if (op === 1) {
+      expect.label = `l${rand(100)}é`;
+      lines.push(JSON.stringify({ op: "set", path: "/label", value: expect.label }));
+    } else if (op === 2 || (op === 3 && !expect.players[who])) {
+      const p = { hp: rand(100), pos: [rand(400) / 2 - 100, 0, rand(400) / 2 - 100], tags: [] as string[] };
+      expect.players[who] = p;
+      lines.push(JSON.stringify({ op: "set", path: `/players/${who}`, value: p }));
+    } else if (op === 3) {
+      expect.players[who].hp = rand(100);
+      lines.push(JSON.stringify({ op: "set", path: `/players/${who}/hp`, value: expect.players[who].hp }));
+    } else if (op === 4 && expect.players[who]) {
+      delete expect.players[who];
+      lines.push(JSON.stringify({ op: "remove", path: `/players/${who}` }));
+    } else if (op === 5 && expect.players[who]) {
+      const tag = `t${rand(10)}`;
+      expect.players[who].tags.push(tag);
+      lines.push(JSON.stringify({ op: "push", path: `/players/${who}/tags`, value: tag }));
+    } else if (op === 6) {
+      const k = String(rand(20) - 10);
+      expect.scores[k] = rand(1000) / 8;
+      lines.push(JSON.stringify({ op: "set", path: `/scores/${k}`, value: expect.scores[k] }));
+    } else {
+      const k = String(rand(20) - 10);
+      if (k in expect.scores) {
+        delete expect.scores[k];
+        lines.push(JSON.stringify({ op: "remove", path: `/scores/${k}` }));
+      }
+    }
+    if (lines.length) await owner.update(channelId, lines.join("\n"));
+  }
+  await until("the replica catches up", () => JSON.stringify(plain(sub.replica.state)) === JSON.stringify(expect), 15_000).catch(() => {});
+  assert.deepEqual(plain(sub.replica.state), expect);
+  assert.ok(updates > 10, `${updates} updates`);
+  viewer.close();
+  server.close();
+});
