@@ -32,7 +32,7 @@ import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema } from "./state/schema.js";
 
-/** Subscription options (§13.2); every field is optional. JSON codec is not decoded by the SDK yet. */
+/** Subscription options (§13.2); every field is optional. */
 export type SubscribeOptions = Omit<MessageInitShape<typeof SubscriptionOptionsSchema>, "$typeName">;
 
 type Listener<A extends unknown[]> = (...args: A) => void;
@@ -41,7 +41,7 @@ type Listener<A extends unknown[]> = (...args: A) => void;
 export class Subscription {
   private replicaNow: Replica | undefined;
   /** Updates that arrived before the subscribe's answer (same read), applied once it is in. */
-  private early: Uint8Array[] | undefined = [];
+  private early: { update: Uint8Array; codec: DeltaCodec }[] | undefined = [];
   private readonly changeListeners = new Set<{ prefix: string[]; fn: Listener<[Change]> }>();
   private readonly updateListeners = new Set<Listener<[Change[]]>>();
   private readonly messageListeners = new Set<Listener<[ChannelMessage]>>();
@@ -65,7 +65,7 @@ export class Subscription {
     this.replicaNow = new Replica(schema);
     const early = this.early ?? [];
     this.early = undefined;
-    for (const u of early) this.applyUpdate(u);
+    for (const u of early) this.applyUpdate(u.update, u.codec);
   }
 
   /** After each update, with every change it made (a snapshot starts with a `reset`). */
@@ -137,16 +137,17 @@ export class Subscription {
   }
 
   /** @internal */
-  applyUpdate(update: Uint8Array): void {
+  applyUpdate(update: Uint8Array, codec: DeltaCodec = DeltaCodec.BINARY): void {
     if (this.early) {
       // Bounded: the gateway sends one snapshot before anything else.
-      if (this.early.length < 64) this.early.push(update);
+      if (this.early.length < 64) this.early.push({ update, codec });
       return;
     }
     const track = this.updateListeners.size > 0 || this.changeListeners.size > 0;
     const changes: Change[] | undefined = track ? [] : undefined;
     try {
-      this.replicaNow!.apply(update, changes);
+      if (codec === DeltaCodec.JSON) this.replicaNow!.applyJson(update, changes);
+      else this.replicaNow!.apply(update, changes);
     } catch (e) {
       if (!(e instanceof DecodeError)) throw e;
       for (const l of this.errorListeners) l(e);
@@ -213,9 +214,6 @@ export class Channels {
 
   /** `channel.subscribe`: the replica fills from the snapshot that follows. */
   async subscribe(channelId: bigint, options: SubscribeOptions = {}): Promise<Subscription> {
-    if ((options.codec ?? DeltaCodec.BINARY) !== DeltaCodec.BINARY) {
-      throw new Error("the SDK decodes the binary codec only (DeltaCodec.BINARY)");
-    }
     const req = encode(SubscribeSchema, { channelId, options: options as SubscriptionOptions });
     // Registered before the call: the snapshot may arrive in the same read as the answer.
     let sub = this.subscriptions.get(channelId);
@@ -261,7 +259,7 @@ export class Channels {
     switch (topic) {
       case "channel.update": {
         const u = decodeBody(ChannelUpdateSchema, body);
-        this.subscriptions.get(u.channelId)?.applyUpdate(u.update);
+        this.subscriptions.get(u.channelId)?.applyUpdate(u.update, u.codec);
         return;
       }
       case "channel.message": {

@@ -10,7 +10,7 @@ import { Client, ClosedError, StatusError, webSocket } from "../src/index.js";
 import { tcp } from "../src/node.js";
 import { Channels } from "../src/channels.js";
 import { CloseReason, EchoRequestSchema, Status, toBinary } from "../src/proto.js";
-import { ChannelType } from "../src/gen/tickwire/v1/channel_pb.js";
+import { ChannelType, DeltaCodec } from "../src/gen/tickwire/v1/channel_pb.js";
 import { CutProxy, plain, startGateway, until, type Gateway } from "./helpers.js";
 
 let gw: Gateway;
@@ -103,6 +103,8 @@ test("a replica equals the server's state after thousands of random patches", as
   const { channelId } = await owner.create(ChannelType.SUBWORLD, "random", schema);
   const viewer = await Client.connect({ connect: webSocket(gw.ws, WebSocket), token: "viewer" });
   const sub = await new Channels(viewer).subscribe(channelId, { fanoutIntervalMs: 5 });
+  const jsonViewer = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "json-viewer" });
+  const jsonSub = await new Channels(jsonViewer).subscribe(channelId, { codec: DeltaCodec.JSON, fanoutIntervalMs: 7 });
   let updates = 0;
   sub.onUpdate(() => updates++);
 
@@ -148,8 +150,11 @@ test("a replica equals the server's state after thousands of random patches", as
     }
     if (lines.length) await owner.update(channelId, lines.join("\n"));
   }
-  await until("the replica catches up", () => JSON.stringify(plain(sub.replica.state)) === JSON.stringify(expect), 15_000).catch(() => {});
-  assert.deepEqual(plain(sub.replica.state), expect);
+  const caughtUp = (state: unknown) => JSON.stringify(plain(state)) === JSON.stringify(expect);
+  await until("the replicas catch up", () => caughtUp(sub.replica.state) && caughtUp(jsonSub.replica.state), 15_000).catch(() => {});
+  assert.deepEqual(plain(sub.replica.state), expect, "binary");
+  assert.deepEqual(plain(jsonSub.replica.state), expect, "JSON");
+  jsonViewer.close();
   assert.ok(updates > 10, `${updates} updates`);
   viewer.close();
   server.close();

@@ -133,6 +133,29 @@ test("state.json: every binary update decodes to the vector's state", () => {
   assert.ok(checked >= 8, `${checked} binary vectors`);
 });
 
+test("state.json: every JSON update decodes to the vector's state", () => {
+  const doc = vectors("state.json");
+  const schema = Schema.parse(JSON.stringify(doc.schema));
+  let checked = 0;
+  for (const v of doc.vectors) {
+    if (v.codec !== "json") continue;
+    const replica = new Replica(schema);
+    const chain: any[] = [];
+    for (let b: any = v; b.base; ) {
+      b = doc.vectors.find((x: any) => x.name === b.base);
+      chain.unshift(b);
+    }
+    for (const b of chain) replica.applyJson(b.text);
+    assert.equal(replica.applyJson(v.text), v.after_tick, v.name);
+    assert.deepEqual(plain(replica.state), v.state, v.name);
+    checked++;
+  }
+  assert.ok(checked >= 3, `${checked} JSON vectors`);
+  const r = new Replica(schema);
+  assert.throws(() => r.applyJson('{"kind":"delta","from":0,"to":1}\n{"op":"set","path":"/nope","value":1}\n'), (e: unknown) => e instanceof DecodeError && e.code === "Json");
+  assert.throws(() => r.applyJson("no header"), (e: unknown) => e instanceof DecodeError && e.code === "Truncated");
+});
+
 test("state.json: every invalid update is refused with its named error, and then only a snapshot applies", () => {
   const doc = vectors("state.json");
   const schema = Schema.parse(JSON.stringify(doc.schema));

@@ -5,6 +5,7 @@
 // replica accepts only a snapshot (as the Rust reference decoder does).
 
 import { DecodeError } from "../errors.js";
+import { applyJsonOps, jsonHeader } from "./json.js";
 import { Schema, dequantize, defaultValue, emptyObject, maxSteps, type Type, type Value } from "./schema.js";
 
 /** One change an update made, at `path` (field names, map keys as text, list indexes). */
@@ -127,7 +128,25 @@ export class Replica {
     const from = Number(r.varint("update header"));
     const to = Number(r.varint("update header"));
     if (kind !== KIND_SNAPSHOT && kind !== KIND_DELTA) throw new DecodeError("UnknownKind", `update kind ${kind}`);
-    if (kind === KIND_SNAPSHOT) {
+    return this.applyWith(kind === KIND_SNAPSHOT, from, to, changes, () => {
+      while (r.left > 0) this.patch(this.schema.root, this.root, r, changes ? [] : undefined, changes);
+    });
+  }
+
+  /** Applies one JSON update (§12.3): a header line, then one op per line. */
+  applyJson(update: Uint8Array | string, changes?: Change[]): number {
+    let text: string;
+    try {
+      text = typeof update === "string" ? update : utf8.decode(update);
+    } catch {
+      throw new DecodeError("BadUtf8", "a JSON update that is not UTF-8");
+    }
+    const h = jsonHeader(text);
+    return this.applyWith(h.snapshot, h.from, h.to, changes, () => applyJsonOps(this.schema.root, this.root, h.body, changes));
+  }
+
+  private applyWith(snapshot: boolean, from: number, to: number, changes: Change[] | undefined, body: () => void): number {
+    if (snapshot) {
       this.root = defaultValue(this.schema.root) as { [key: string]: Value };
       this.ids = new WeakMap();
       changes?.push({ path: [], op: "reset" });
@@ -137,7 +156,7 @@ export class Replica {
       throw new DecodeError("VersionMismatch", `a delta from ${from} to a replica at ${this.versionNow}`);
     }
     try {
-      while (r.left > 0) this.patch(this.schema.root, this.root, r, changes ? [] : undefined, changes);
+      body();
     } catch (e) {
       this.poisoned = true;
       throw e;
