@@ -6,6 +6,7 @@
 //! formula. `--suite report` runs the report's whole grid, each suite in a fresh process as the
 //! report insists, and prints one table.
 
+mod decode;
 mod report;
 pub mod room;
 
@@ -75,6 +76,11 @@ pub struct SyncArgs {
     /// Write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Instead of timing syncNow: write one player's updates (a snapshot, then `--iterations`
+    /// deltas of this room) to this JSON file, and time the Rust replica decoding them
+    /// (deltas per second). The TypeScript SDK's `npm run bench` decodes the same file.
+    #[arg(long, value_name = "FILE")]
+    pub decode_corpus: Option<PathBuf>,
     /// Print nothing (used for the per-suite child processes).
     #[arg(long, hide = true)]
     pub quiet: bool,
@@ -111,6 +117,17 @@ pub fn rooms_estimate(cores: usize, sync_ms: f64, overhead: f64, tick_hz: f64, s
 /// Runs `tickwire bench sync`.
 pub fn run(args: SyncArgs) -> anyhow::Result<SyncReport> {
     let machine = Machine::detect();
+    if let Some(path) = &args.decode_corpus {
+        decode::run(&args, &machine, path)?;
+        return Ok(SyncReport {
+            machine,
+            incomplete: false,
+            overhead: args.overhead,
+            tick_hz: args.tick_hz,
+            safety: args.safety,
+            suites: Vec::new(),
+        });
+    }
     let (suites, incomplete) = match args.suite {
         Some(SuiteKind::Report) => run_grid(&args, &machine)?,
         // One suite in this process: Ctrl-C ends it the usual way, with nothing finished.

@@ -278,6 +278,16 @@ impl Room {
     pub fn players(&self) -> usize {
         self.players.len()
     }
+
+    /// Player `i`'s snapshot of the state as it is now.
+    pub fn snapshot_for(&self, i: usize, codec: Codec) -> Result<Vec<u8>, StateError> {
+        Ok(self.state.snapshot(codec)?.update_for(&self.state, &self.players[i], false)?.to_vec())
+    }
+
+    /// Player `i`'s update of the last sync.
+    pub fn last_update_for(&self, i: usize) -> Vec<u8> {
+        self.sent[i].to_vec()
+    }
 }
 
 #[cfg(test)]
