@@ -4,6 +4,7 @@
 //
 // Run it on an idle machine: it times wall clock over whole passes (≥ 2 s).
 
+import { deepStrictEqual } from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { Replica } from "../src/state/replica.js";
@@ -16,13 +17,17 @@ if (!file) {
 }
 const corpus = JSON.parse(readFileSync(file, "utf8"));
 const schema = Schema.parse(JSON.stringify(corpus.schema));
-const updates: Uint8Array[] = corpus.updates_hex.map((h: string) => Uint8Array.from(h.match(/../g) ?? [], (b) => parseInt(b, 16)));
+const fromHex = (h: string) => Uint8Array.from(h.match(/../g) ?? [], (b) => parseInt(b, 16));
+const updates: Uint8Array[] = corpus.updates_hex.map(fromHex);
 const deltas = updates.slice(1);
 const bytes = deltas.reduce((n, u) => n + u.length, 0);
 
-// Verified once, then timed.
+// Verified once (the deltas lead to the room's last snapshot), then timed.
 const check = new Replica(schema);
 for (const u of updates) check.apply(u);
+const last = new Replica(schema);
+last.apply(fromHex(corpus.last_snapshot_hex));
+deepStrictEqual(check.state, last.state, "the replica after the deltas differs from the room's last snapshot");
 
 let passes = 0;
 let ns = 0n;

@@ -29,11 +29,19 @@ pub(super) fn run(args: &SyncArgs, machine: &Machine, path: &Path) -> anyhow::Re
     }
     let schema = schema();
 
-    // Verified once: the corpus decodes, every delta chaining on the one before.
+    // Verified once: the corpus decodes, every delta chaining on the one before, to the state
+    // a fresh snapshot of the room gives.
     let mut replica = Replica::new(schema.clone());
     for (i, u) in updates.iter().enumerate() {
         replica.apply(u).with_context(|| format!("update {i} of the corpus does not decode"))?;
     }
+    let last = room.snapshot_for(0, Codec::Binary)?;
+    let mut fresh = Replica::new(schema.clone());
+    fresh.apply(&last).context("the room's last snapshot does not decode")?;
+    anyhow::ensure!(
+        fresh.value() == replica.value(),
+        "the replica after the corpus's deltas differs from the room's last snapshot"
+    );
 
     let deltas = updates.len() - 1;
     let delta_bytes: usize = updates[1..].iter().map(Vec::len).sum();
@@ -54,7 +62,8 @@ pub(super) fn run(args: &SyncArgs, machine: &Machine, path: &Path) -> anyhow::Re
 
     let corpus = json!({
         "about": "One player's updates of a tickwire bench sync room (binary codec, docs/protocol.md 12.2): \
-                  updates_hex[0] is a snapshot, each later one a delta from the one before. \
+                  updates_hex[0] is a snapshot, each later one a delta from the one before; \
+                  last_snapshot_hex is the room's state after the last one, to check a decoder against. \
                   rust is the Rust replica's decode rate over the deltas on the machine named.",
         "players": args.players,
         "scenario": format!("{:?}", args.scenario),
@@ -62,9 +71,11 @@ pub(super) fn run(args: &SyncArgs, machine: &Machine, path: &Path) -> anyhow::Re
         "dirty": format!("{:?}", args.dirty),
         "schema": schema.def(),
         "updates_hex": updates.iter().map(hex::encode).collect::<Vec<_>>(),
+        "last_snapshot_hex": hex::encode(&last),
         "rust": {"deltas_per_s": per_s, "mb_per_s": mb_per_s, "machine": machine.line()},
     });
-    std::fs::write(path, serde_json::to_vec(&corpus)?).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(path, serde_json::to_vec(&corpus)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     if !args.quiet {
         println!("machine: {}", machine.line());
         println!(
