@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command from README.md: every crate's unit, property and integration tests, then the
 # TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
-# gateway binary the cargo tests built. Ends with one summary line, "N passed, N failed", over
+# gateway binary the cargo tests built, and the live web view in headless Chromium (installed
+# with apt-get when missing). Ends with one summary line, "N passed, N failed", over
 # all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,14 @@ if ! command -v npm >/dev/null; then
   failed=$((failed + 1))
 else
   cargo build --locked -p tickwire 2>&1 | tail -1
+  # The browser test drives the system's Chromium (Debian's package).
+  if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
+    echo "installing Chromium for the browser test (apt-get install chromium)"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
+      || echo "could not install chromium: the browser test will fail" >&2
+  fi
   (cd sdk/ts && npm ci --no-audit --no-fund && TICKWIRE_BIN="$PWD/../../target/debug/tickwire" npm test) 2>&1 | tee "$log"
   sdk_status=${PIPESTATUS[0]}
   sdk_passed=$(grep -oE '^# pass [0-9]+' "$log" | awk '{s+=$3} END {print s+0}')

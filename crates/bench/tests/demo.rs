@@ -18,7 +18,14 @@ fn demo(scenario: Scenario, bots: usize) -> Vec<Second> {
         ],
     )
     .unwrap();
-    let opts = DemoOptions { scenario, bots, duration: Some(Duration::from_secs(3)), config, print: false };
+    let opts = DemoOptions {
+        scenario,
+        bots,
+        duration: Some(Duration::from_secs(3)),
+        config,
+        print: false,
+        web: None,
+    };
     let main = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     main.block_on(run(opts, &runtimes)).unwrap()
 }

@@ -378,7 +378,7 @@ fn random_area(rng: &mut SmallRng) -> (tickwire_spatial::Area, set_interest::Are
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches() {
+async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches_and_no_area_none() {
     let gw = start().await;
     let mut servers = Vec::new();
     for slot in 0..4 {
@@ -432,6 +432,17 @@ async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches() {
             );
         }
     }
+    // The whole world, then no area: every cell leaves the view, and the client is told
+    // (UNSUBSCRIBED per cell).
+    let view = view.as_mut().expect("a view after 30 rounds");
+    let all = AreaBox { min: v3([0.0, 0.0, 0.0]), max: v3([40.0, 0.0, 40.0]) };
+    let req =
+        SetInterest { area: Some(set_interest::Area::Box(all)), follow: Follow::Off as i32, options: None };
+    assert_eq!(viewer.spatial_interest(req).await.unwrap().cells.len(), 16);
+    view.until(&viewer, "all 16 cells in view", |v, _| v.cells.len() == 16).await;
+    let none = SetInterest { area: None, follow: Follow::Off as i32, options: None };
+    assert!(viewer.spatial_interest(none).await.unwrap().cells.is_empty());
+    view.until(&viewer, "every cell to leave the view", |v, _| v.cells.is_empty()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

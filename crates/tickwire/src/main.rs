@@ -103,6 +103,9 @@ struct DemoArgs {
     /// Prometheus endpoint (`off` to disable).
     #[arg(long, default_value = "127.0.0.1:9400")]
     metrics: String,
+    /// The live web view: open http://ADDR/ in a browser (`off` to disable).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    web: String,
 }
 
 #[derive(clap::Args)]
@@ -394,6 +397,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         duration: args.duration,
         config,
         print: true,
+        web: match args.web.as_str() {
+            "off" => None,
+            addr => Some(
+                addr.parse().with_context(|| format!("--web {addr}: not an address like 127.0.0.1:7480"))?,
+            ),
+        },
     };
     tickwire_bench::sim::demo::run(opts, &runtimes).await.map(drop)
 }

@@ -10,3 +10,4 @@ export { Channels, Subscription, type SubscribeOptions } from "./channels.js";
 export { FrameDecoder, encodeFrame, type Frame } from "./frame.js";
 export { Session, type SessionConfig } from "./session.js";
 export * as proto from "./proto.js";
+export { Spatial, FIRST_CELL_ID, FIRST_ENTITY_ID, type Area, type Entity, type InterestOptions } from "./spatial.js";

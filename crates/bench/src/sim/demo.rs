@@ -4,6 +4,7 @@
 //! `--scenario spatial`, nine spatial servers share the world and hand characters over as they
 //! walk, and each bot sees the cells around it.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,9 +12,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tickwire_client::Target;
 use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig, Router, SpatialRouter};
+use tickwire_web::{Layout, Page, WebView, World};
 use tokio::runtime::Handle;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::Arena;
 use super::bots::{BotMode, BotStats};
 use super::game::{Game, Scenario};
 use super::spatial_server;
@@ -27,10 +31,12 @@ pub struct DemoOptions {
     pub config: GatewayConfig,
     /// Print the live summary lines.
     pub print: bool,
+    /// Serve the live web view here (the gateway's WebSocket listener must be on).
+    pub web: Option<SocketAddr>,
 }
 
-/// The last second's figures.
-#[derive(Debug, Clone, Copy, Default)]
+/// The last second's figures (also what the web view's `/figures.json` answers).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Second {
     /// Sessions the gateway serves, other than the game servers: the bots and any client of
     /// your own.
@@ -125,6 +131,23 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         }
     }
 
+    let (live, live_seen) = watch::channel(serde_json::json!({}));
+    let web = match opts.web {
+        Some(addr) => {
+            let ws =
+                gateway.ws_addrs().first().context("the web view needs the gateway's WebSocket listener")?;
+            let page = web_page(opts.scenario, ws.port(), &game.arena());
+            let view = WebView::bind(addr, page, live_seen)
+                .await
+                .with_context(|| format!("binding the web view on {addr}"))?;
+            if opts.print {
+                println!("live view at http://{}/", view.local_addr()?);
+            }
+            Some(tokio::spawn(view.run(stop.clone())))
+        }
+        None => None,
+    };
+
     let stats = Arc::new(BotStats::default());
     let mut bots = Vec::with_capacity(opts.bots);
     for i in 0..opts.bots {
@@ -218,6 +241,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
                 },
             );
         }
+        live.send_replace(serde_json::to_value(second)?);
         seconds.push(second);
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -234,9 +258,31 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
             tracing::warn!(error = %e, "a game server stopped early");
         }
     }
+    if let Some(web) = web {
+        let _ = web.await;
+    }
     gateway.shutdown(Duration::from_secs(5)).await;
     if opts.print {
         println!("stopped cleanly");
     }
     Ok(seconds)
+}
+
+/// What the web view needs to know of the world that the gateway does not tell it.
+fn web_page(scenario: Scenario, ws_port: u16, arena: &Arena) -> Page {
+    let h = arena.half_size;
+    let layout = (scenario == Scenario::Spatial).then(|| {
+        let l = spatial_server::layout();
+        Layout { origin: l.origin, cell_size: l.cell_size, cells: l.cells, servers: l.servers }
+    });
+    Page {
+        ws_port,
+        scenario: scenario.name().into(),
+        world: World {
+            min: [-h, -h],
+            max: [h, h],
+            obstacles: arena.obstacles.iter().map(|o| [o.min[0], o.min[1], o.max[0], o.max[1]]).collect(),
+            layout,
+        },
+    }
 }

@@ -41,6 +41,9 @@ impl Scenario {
     }
 }
 
+/// The `single` game server's seed (its arena and spawn points).
+const SINGLE_SEED: u64 = 7;
+
 /// Runs a game server, and says on stderr at once if it stops with an error (its frame rate
 /// then reads 0 in the steps that follow).
 pub async fn say_if_failed(
@@ -74,8 +77,8 @@ impl Game {
                 let server = GameServer::connect(target.clone()).await?;
                 let channel_id = server.channel_id;
                 let stats = server.stats.clone();
-                let task =
-                    runtimes[0].spawn(say_if_failed("the game server".into(), server.run(7, stop.clone())));
+                let task = runtimes[0]
+                    .spawn(say_if_failed("the game server".into(), server.run(SINGLE_SEED, stop.clone())));
                 Ok((Game::Single { channel_id }, vec![stats], vec![task]))
             }
             Scenario::Spatial => {
@@ -98,6 +101,14 @@ impl Game {
                 }
                 Ok((Game::Spatial { arena, spawners: Arc::new(spawners) }, stats, tasks))
             }
+        }
+    }
+
+    /// The arena the game is played in, as its servers generated it.
+    pub fn arena(&self) -> Arena {
+        match self {
+            Game::Single { .. } => super::server::arena(SINGLE_SEED),
+            Game::Spatial { arena, .. } => Arena::clone(arena),
         }
     }
 

@@ -36,6 +36,15 @@ pub const SCHEMA: &str = r#"{"fields": [
     ]}}}}
 ]}"#;
 
+/// The arena: 200 × 200 m with 60 obstacles, placed by the run's seed.
+pub const HALF_SIZE: f32 = 100.0;
+pub const OBSTACLES: usize = 60;
+
+/// The arena a server run with `seed` plays in (the first thing it draws from its seed).
+pub fn arena(seed: u64) -> Arena {
+    Arena::generate(&mut SmallRng::seed_from_u64(seed), HALF_SIZE, OBSTACLES)
+}
+
 /// The message the server sends a player whose character hit something.
 pub const BLOCKED: &[u8] = b"blocked";
 
@@ -96,7 +105,7 @@ impl GameServer {
     /// Runs the simulation until `stop`.
     pub async fn run(self, seed: u64, stop: CancellationToken) -> anyhow::Result<()> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let arena = Arena::generate(&mut rng, 100.0, 60);
+        let arena = Arena::generate(&mut rng, HALF_SIZE, OBSTACLES);
         let (inputs_tx, mut inputs) = mpsc::channel::<(u64, InputMessage)>(4096);
         let reader = self.client.clone();
         let reading = stop.clone();

@@ -74,6 +74,8 @@ impl World {
     ) -> Response {
         let conn = client.conn_id();
         let Some(area) = area_of(&req) else {
+            // Every cell leaves the view, and the client is told so (section 14.2).
+            self.show(conn, &[]);
             self.leave_view(conn);
             let result =
                 InterestResult { cells: Vec::new(), cell_schema_json: self.cell_schema_json.to_string() };

@@ -1,0 +1,172 @@
+// Why this exists: the client side of the spatial world (docs/protocol.md §14): set an area of
+// interest and keep a replica of every cell it touches from the `channel.updates` pushes, with
+// the cells' entities as plain objects, and the `spatial.event` pushes as events.
+
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { ChannelEventKind, ChannelEventSchema, DeltaCodec } from "./gen/tickwire/v1/channel_pb.js";
+import {
+  ChannelUpdatesSchema,
+  Follow,
+  InterestResultSchema,
+  SetInterestSchema,
+  SpatialEventSchema,
+  type CellInfo,
+  type SpatialEvent,
+} from "./gen/tickwire/v1/spatial_pb.js";
+import type { Client } from "./client.js";
+import { DecodeError } from "./errors.js";
+import { decodeBody, encode } from "./messages.js";
+import { Replica, type Change } from "./state/replica.js";
+import { Schema, type Value } from "./state/schema.js";
+import type { SubscribeOptions } from "./channels.js";
+
+/** Cell ids are `2^40 + row × cells_x + column` (§14). */
+export const FIRST_CELL_ID = 1n << 40n;
+/** Entity ids start at `2^41` (§14). */
+export const FIRST_ENTITY_ID = 1n << 41n;
+
+type V3 = readonly [number, number, number];
+const vec = ([x, y, z]: V3) => ({ x, y, z });
+
+/** An area of interest (§14.4). Positions are `[x, y, z]`, `y` up. */
+export type Area =
+  | { sphere: { center: V3; radius: number } }
+  | { box: { min: V3; max: V3 } }
+  | { cone: { apex: V3; direction: V3; halfAngle: number; range: number } };
+
+export interface InterestOptions {
+  /** Re-centre the area on this client's entity: per cell change, or per move (default: off). */
+  follow?: Follow;
+  /** Only `codec`, `fanoutIntervalMs` and `fanoutDelayMs` apply (§14.1). */
+  options?: SubscribeOptions;
+}
+
+/** One entity in view: its id, the cell it is in, and its value (the entity schema's fields). */
+export interface Entity {
+  id: string;
+  cell: bigint;
+  value: { [field: string]: Value };
+}
+
+type Listener<A extends unknown[]> = (...args: A) => void;
+
+/**
+ * A client's view of the spatial world: `interest(area)`, then `cells` (a replica per cell in
+ * view) and `entities()`. Callbacks say when a cell changed or left the view.
+ */
+export class Spatial {
+  /** The replicas of the cells in view, by cell id. */
+  readonly cells = new Map<bigint, Replica>();
+  private schema: Schema | undefined;
+  /** Updates that arrived before the first `spatial.interest` answer (same read), bounded. */
+  private early: { channelId: bigint; codec: DeltaCodec; update: Uint8Array }[] = [];
+  private readonly cellListeners = new Set<Listener<[bigint, Change[]]>>();
+  private readonly leftListeners = new Set<Listener<[bigint]>>();
+  private readonly eventListeners = new Set<Listener<[SpatialEvent]>>();
+  private readonly errorListeners = new Set<Listener<[bigint, DecodeError]>>();
+
+  constructor(private readonly client: Client) {
+    client.on("push", (topic, body) => this.onPush(topic, body));
+  }
+
+  /** `spatial.interest`: replaces the area (`null`: none, and every cell leaves the view). */
+  async interest(area: Area | null, opts: InterestOptions = {}): Promise<CellInfo[]> {
+    type Init = MessageInitShape<typeof SetInterestSchema>;
+    let req: Init = { follow: opts.follow ?? Follow.OFF, options: opts.options as Init["options"] };
+    if (area && "sphere" in area) {
+      req = { ...req, area: { case: "sphere", value: { center: vec(area.sphere.center), radius: area.sphere.radius } } };
+    } else if (area && "box" in area) {
+      req = { ...req, area: { case: "box", value: { min: vec(area.box.min), max: vec(area.box.max) } } };
+    } else if (area && "cone" in area) {
+      const c = area.cone;
+      req = {
+        ...req,
+        area: { case: "cone", value: { apex: vec(c.apex), direction: vec(c.direction), halfAngle: c.halfAngle, range: c.range } },
+      };
+    }
+    const result = decodeBody(InterestResultSchema, await this.client.call("spatial.interest", encode(SetInterestSchema, req)));
+    if (!this.schema) {
+      this.schema = Schema.parse(result.cellSchemaJson);
+      const early = this.early;
+      this.early = [];
+      for (const u of early) this.apply(u.channelId, u.codec, u.update);
+    }
+    return result.cells;
+  }
+
+  /** Every entity of every cell in view (filter by position for those inside the area). */
+  *entities(): Generator<Entity> {
+    for (const [cell, replica] of this.cells) {
+      const map = replica.state["entities"] as { [id: string]: { [field: string]: Value } } | undefined;
+      for (const [id, value] of Object.entries(map ?? {})) yield { id, cell, value };
+    }
+  }
+
+  /** After each update of a cell, with its changes (a snapshot starts with a `reset`). */
+  onCell(fn: Listener<[bigint, Change[]]>): () => void {
+    this.cellListeners.add(fn);
+    return () => this.cellListeners.delete(fn);
+  }
+
+  /** A cell left the view (its replica is dropped, its entities with it). */
+  onCellLeft(fn: Listener<[bigint]>): () => void {
+    this.leftListeners.add(fn);
+    return () => this.leftListeners.delete(fn);
+  }
+
+  /** `spatial.event`: a spatial server lost or joined. */
+  onEvent(fn: Listener<[SpatialEvent]>): () => void {
+    this.eventListeners.add(fn);
+    return () => this.eventListeners.delete(fn);
+  }
+
+  /** A cell's update did not decode; the cell's replica waits for its next snapshot. */
+  onError(fn: Listener<[bigint, DecodeError]>): () => void {
+    this.errorListeners.add(fn);
+    return () => this.errorListeners.delete(fn);
+  }
+
+  private onPush(topic: string, body: Uint8Array): void {
+    switch (topic) {
+      case "channel.updates":
+        for (const u of decodeBody(ChannelUpdatesSchema, body).updates) this.apply(u.channelId, u.codec, u.update);
+        return;
+      case "channel.event": {
+        const e = decodeBody(ChannelEventSchema, body);
+        if (e.channelId >= FIRST_CELL_ID && e.channelId < FIRST_ENTITY_ID && e.kind === ChannelEventKind.UNSUBSCRIBED) {
+          if (this.cells.delete(e.channelId)) for (const l of this.leftListeners) l(e.channelId);
+        }
+        return;
+      }
+      case "spatial.event": {
+        const e = decodeBody(SpatialEventSchema, body);
+        for (const l of this.eventListeners) l(e);
+        return;
+      }
+    }
+  }
+
+  private apply(channelId: bigint, codec: DeltaCodec, update: Uint8Array): void {
+    if (!this.schema) {
+      // Bounded: before the first answer only the snapshots of its cells (at most 1,000) come.
+      if (this.early.length < 4096) this.early.push({ channelId, codec, update });
+      return;
+    }
+    let replica = this.cells.get(channelId);
+    if (!replica) {
+      replica = new Replica(this.schema);
+      this.cells.set(channelId, replica);
+    }
+    const track = this.cellListeners.size > 0;
+    const changes: Change[] | undefined = track ? [] : undefined;
+    try {
+      if (codec === DeltaCodec.JSON) replica.applyJson(update, changes);
+      else replica.apply(update, changes);
+    } catch (e) {
+      if (!(e instanceof DecodeError)) throw e;
+      for (const l of this.errorListeners) l(channelId, e);
+      return;
+    }
+    if (changes) for (const l of this.cellListeners) l(channelId, changes);
+  }
+}
