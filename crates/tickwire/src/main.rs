@@ -10,6 +10,7 @@ use tickwire_gateway::LISTENING_PREFIX;
 use tickwire_gateway::{Gateway, GatewayConfig, WorkerSet};
 
 mod supervisor;
+mod web;
 
 /// How long sessions get to hear the shutdown reason before the process exits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -66,6 +67,11 @@ struct GatewayArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics; replaces metrics.listen.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve the live web view at http://ADDR/: a map of the characters of the global channel
+    /// (or, with [spatial], of every cell) and the gateway's figures. Needs a WebSocket
+    /// listener; not with --processes.
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// I/O threads per process, one single-threaded runtime each (default: cores / processes).
     #[arg(long)]
     threads: Option<usize>,
@@ -264,6 +270,9 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
             args.processes
         );
     }
+    if args.processes > 1 && args.web.is_some() {
+        anyhow::bail!("--web cannot be used with --processes: each worker sees only its own sessions");
+    }
     if args.processes > 1 && args.worker.is_none() {
         let mut passthrough = Vec::new();
         if let Some(path) = &args.config {
@@ -275,6 +284,7 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         return supervisor::run(&config, &passthrough, args.processes, threads).await;
     }
     let runtimes = tickwire_transport::io_threads(threads, "tickwire-io")?;
+    let spatial = config.spatial.clone();
     let mut gateway = Gateway::new(config)?;
     if let (Some(index), Some(count), Some(dir)) = (args.worker, args.workers, args.handoff_dir) {
         gateway = gateway.with_workers(WorkerSet { index, count, dir });
@@ -290,10 +300,19 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     for addr in gateway.ws_addrs() {
         announce(&format!("{LISTENING_PREFIX}{}://{addr}/", if tls { "wss" } else { "ws" }));
     }
+    let web_stop = tokio_util::sync::CancellationToken::new();
+    let web = match &args.web {
+        Some(addr) => Some(web::start(addr, &gateway, spatial.as_ref(), web_stop.clone()).await?),
+        None => None,
+    };
     tokio::select! {
         r = wait_for_signal() => r?,
         // Without TLS there is nothing to reload: SIGHUP is received and ignored.
         () = reload_on_sighup(hangups, || gateway.reload_tls()), if tls => {}
+    }
+    web_stop.cancel();
+    if let Some(web) = web {
+        let _ = web.await;
     }
     tracing::info!(sessions = gateway.session_count(), "shutting down");
     if !gateway.shutdown(SHUTDOWN_GRACE).await {

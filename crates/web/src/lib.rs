@@ -32,16 +32,23 @@ struct Assets;
 pub struct Page {
     /// The gateway's WebSocket port; the page connects to it on the host it was loaded from.
     pub ws_port: u16,
-    /// `single` or `spatial`: which world the page draws.
+    /// The WebSocket listener speaks TLS (`wss://`).
+    pub ws_tls: bool,
+    /// `spatial`: the page watches every cell of the spatial world; anything else: it
+    /// subscribes to a global channel (`world`, or the first) and draws its characters.
     pub scenario: String,
+    /// The page's heading, after "tickwire" (e.g. `demo · single`).
+    pub title: String,
     pub world: World,
 }
 
 /// The world's floor on the `x`/`z` plane, in metres.
 #[derive(Debug, Clone, Serialize)]
 pub struct World {
-    pub min: [f32; 2],
-    pub max: [f32; 2],
+    /// The floor's corners; unknown (a gateway serving some game): the page fits the map to
+    /// the characters it sees.
+    pub min: Option<[f32; 2]>,
+    pub max: Option<[f32; 2]>,
     /// Obstacles' footprints: `[min_x, min_z, max_x, max_z]`.
     pub obstacles: Vec<[f32; 4]>,
     /// The spatial layout (`spatial` only): the page colours each cell by its server.
@@ -55,6 +62,23 @@ pub struct Layout {
     pub cell_size: f32,
     pub cells: [u32; 2],
     pub servers: [u32; 2],
+}
+
+impl From<&tickwire_spatial::LayoutConfig> for Layout {
+    fn from(l: &tickwire_spatial::LayoutConfig) -> Layout {
+        Layout { origin: l.origin, cell_size: l.cell_size, cells: l.cells, servers: l.servers }
+    }
+}
+
+impl World {
+    /// A spatial world: the floor is the grid.
+    pub fn spatial(layout: &tickwire_spatial::LayoutConfig, obstacles: Vec<[f32; 4]>) -> World {
+        let max = [
+            layout.origin[0] + layout.cell_size * layout.cells[0] as f32,
+            layout.origin[1] + layout.cell_size * layout.cells[1] as f32,
+        ];
+        World { min: Some(layout.origin), max: Some(max), obstacles, layout: Some(layout.into()) }
+    }
 }
 
 /// The web view's server, bound and ready; `run` serves until `cancel`.

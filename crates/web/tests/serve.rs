@@ -11,10 +11,12 @@ use tokio_util::sync::CancellationToken;
 fn page() -> Page {
     Page {
         ws_port: 7401,
+        ws_tls: false,
         scenario: "spatial".into(),
+        title: "demo · spatial".into(),
         world: World {
-            min: [-150.0, -150.0],
-            max: [150.0, 150.0],
+            min: Some([-150.0, -150.0]),
+            max: Some([150.0, 150.0]),
             obstacles: vec![[1.0, 2.0, 3.0, 4.0]],
             layout: Some(Layout {
                 origin: [-150.0, -150.0],
@@ -68,6 +70,8 @@ async fn serves_the_page_its_assets_and_the_live_figures() {
         let told: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(told["ws_port"], 7401);
         assert_eq!(told["scenario"], "spatial");
+        assert_eq!(told["ws_tls"], false);
+        assert_eq!(told["world"]["min"], serde_json::json!([-150.0, -150.0]));
         assert_eq!(told["world"]["layout"]["cells"], serde_json::json!([15, 15]));
         assert_eq!(told["world"]["obstacles"], serde_json::json!([[1.0, 2.0, 3.0, 4.0]]));
 
@@ -75,6 +79,9 @@ async fn serves_the_page_its_assets_and_the_live_figures() {
         let (status, _, body) = get(&format!("{b}/no-such-file.js"));
         assert_eq!(status, 404);
         assert!(body.contains("no-such-file.js"), "{body}");
+        // Only the embedded files: nothing beside them on disk.
+        assert_eq!(get(&format!("{b}/..%2FCargo.toml")).0, 404);
+        assert_eq!(get(&format!("{b}/%2E%2E%2Fsrc%2Flib.rs")).0, 404);
     });
     checks.await.expect("checks");
 

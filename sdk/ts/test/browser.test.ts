@@ -10,7 +10,10 @@ import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import puppeteer from "puppeteer-core";
+import puppeteer, { type Browser } from "puppeteer-core";
+import { Channels, Client } from "../src/index.js";
+import { tcp } from "../src/node.js";
+import { ChannelType } from "../src/gen/tickwire/v1/channel_pb.js";
 import { ASSETS_DIR, viewAssets } from "../view/build.js";
 import { binary, repo } from "./helpers.js";
 
@@ -33,18 +36,33 @@ test("the committed web view assets are a fresh build of sdk/ts/view", async () 
 
 const same = (a: Uint8Array, b: Uint8Array) => a.length === b.length && a.every((x, i) => x === b[i]);
 
+function launch(): Promise<Browser> {
+  return puppeteer.launch({
+    executablePath: chromium(),
+    headless: true,
+    // Root in a container has no user namespace for Chromium's sandbox.
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+}
+
 interface Demo {
   url: string;
   stop(): Promise<number | null>;
 }
 
 /** `tickwire demo` on free loopback ports; resolves with the web view's address. */
-async function startDemo(scenario: string, bots: number): Promise<Demo> {
+function startDemo(scenario: string, bots: number): Promise<Demo> {
   const args = ["demo", "--scenario", scenario, "--bots", String(bots), "--duration", "120s"];
   args.push("--tcp", "127.0.0.1:0", "--ws", "127.0.0.1:0", "--metrics", "off", "--web", "127.0.0.1:0");
+  return start(args);
+}
+
+/** Runs the binary with `args` until it prints its web view's address. */
+async function start(args: string[]): Promise<Demo & { tcp?: { host: string; port: number } }> {
   const child = spawn(binary(), args, { stdio: ["ignore", "pipe", "inherit"] });
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   let out = "";
+  let tcpAddr: { host: string; port: number } | undefined;
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`the demo did not start its web view: ${out}`)), 60_000);
     child.stdout!.on("data", (chunk: Buffer) => {
@@ -54,11 +72,14 @@ async function startDemo(scenario: string, bots: number): Promise<Demo> {
         clearTimeout(timer);
         resolve(m[1]!);
       }
+      const t = /listening on tcp:\/\/(\S+):(\d+)/.exec(out);
+      if (t) tcpAddr = { host: t[1]!, port: Number(t[2]) };
     });
     void exited.then((code) => reject(new Error(`the demo exited (${code}): ${out}`)));
   });
   return {
     url,
+    tcp: tcpAddr,
     async stop() {
       child.kill("SIGINT");
       return exited;
@@ -73,12 +94,7 @@ for (const { scenario, bots } of [
   test(`the live view of \`tickwire demo --scenario ${scenario} --bots ${bots}\` in headless Chromium`, { timeout: 150_000 }, async () => {
     mkdirSync(artifacts, { recursive: true });
     const demo = await startDemo(scenario, bots);
-    const browser = await puppeteer.launch({
-      executablePath: chromium(),
-      headless: true,
-      // Root in a container has no user namespace for Chromium's sandbox.
-      args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-    });
+    const browser = await launch();
     const pageErrors: string[] = [];
     let exit: number | null = null;
     try {
@@ -123,3 +139,50 @@ for (const { scenario, bots } of [
     assert.equal(exit, 0, "the demo stops cleanly on Ctrl-C");
   });
 }
+
+test("`tickwire gateway --web` draws the characters of some game's global channel, fitted to the map", { timeout: 90_000 }, async () => {
+  mkdirSync(artifacts, { recursive: true });
+  const gw = await start(["gateway", "--tcp", "127.0.0.1:0", "--ws", "127.0.0.1:0", "--web", "127.0.0.1:0"]);
+  assert.ok(gw.tcp, "the gateway printed its TCP address before the web view's");
+  const server = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "server:some-game" });
+  const schema = JSON.stringify({
+    fields: [
+      { name: "tick", type: "int" },
+      { name: "units", type: { map: { key: "string", value: { struct: [{ name: "pos", type: "vec3" }, { name: "hp", type: "int" }] } } } },
+    ],
+  });
+  const owner = new Channels(server);
+  const { channelId } = await owner.create(ChannelType.GLOBAL, "arena", schema);
+  // Five units far from the origin: the map must grow to show them.
+  const place = (t: number) =>
+    [0, 1, 2, 3, 4].map((i) => JSON.stringify({ op: "set", path: `/units/u${i}`, value: { pos: [400 + 30 * i + t, 0, -250 + t], hp: 100 - i } })).join("\n");
+  await owner.update(channelId, place(0));
+  const browser = await launch();
+  let exit: number | null = null;
+  try {
+    const page = await browser.newPage();
+    const errors: string[] = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    await page.setViewport({ width: 1000, height: 700 });
+    await page.goto(gw.url, { waitUntil: "load" });
+    await page.waitForFunction(() => document.getElementById("characters")?.textContent === "5", { timeout: 30_000, polling: 100 });
+    type Seen = { id: string; x: number; z: number }[];
+    const read = () => page.evaluate(() => (window as unknown as { tickwireView: { characters(): Seen } }).tickwireView.characters());
+    const before = await read();
+    assert.deepEqual(before.map((c) => Math.round(c.x)).sort((a, b) => a - b), [400, 430, 460, 490, 520]);
+    await owner.update(channelId, place(20));
+    await page.waitForFunction(
+      () => (window as unknown as { tickwireView: { characters(): Seen } }).tickwireView.characters().every((c) => c.z > -240),
+      { timeout: 10_000, polling: 100 },
+    );
+    // The figures panel has the gateway's counts: the game server and the page.
+    await page.waitForFunction(() => Number(document.querySelector('[data-figure="clients"]')?.textContent) >= 2, { timeout: 10_000 });
+    await page.screenshot({ path: join(artifacts, "live-view-gateway.png") });
+    assert.deepEqual(errors, [], "no errors in the page");
+  } finally {
+    await browser.close();
+    server.close();
+    exit = await gw.stop();
+  }
+  assert.equal(exit, 0, "the gateway stops cleanly on Ctrl-C");
+});

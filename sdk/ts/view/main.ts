@@ -17,8 +17,11 @@ interface Layout {
 
 interface Page {
   ws_port: number;
+  ws_tls: boolean;
   scenario: string;
-  world: { min: [number, number]; max: [number, number]; obstacles: [number, number, number, number][]; layout: Layout | null };
+  title: string;
+  /** min/max null: a gateway serving some game; the map fits itself to the characters. */
+  world: { min: [number, number] | null; max: [number, number] | null; obstacles: [number, number, number, number][]; layout: Layout | null };
 }
 
 /** One character as drawn: its id, position on the floor, heading and full state. */
@@ -35,7 +38,7 @@ const el = <T extends HTMLElement>(id: string) => document.getElementById(id) as
 const page: Page = await (await fetch("view.json")).json();
 const spatial = page.scenario === "spatial";
 document.body.classList.toggle("spatial", spatial);
-el("scenario").textContent = `demo · ${page.scenario}`;
+el("scenario").textContent = page.title;
 
 // ---- Connecting -------------------------------------------------------------------------
 
@@ -55,7 +58,7 @@ function log(text: string): void {
 
 const params = new URLSearchParams(location.search);
 const token = params.get("token") ?? `web-view-${Math.random().toString(36).slice(2, 10)}`;
-const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.hostname}:${page.ws_port}/`;
+const url = `${page.ws_tls ? "wss" : "ws"}://${location.hostname}:${page.ws_port}/`;
 const client = await Client.connect({ connect: webSocket(url), token, clientName: "tickwire web view" });
 client.on("linkLost", () => say("connection lost, resuming…", "down"));
 client.on("resumed", () => say(`live (resumed) · ${url}`, "live"));
@@ -66,7 +69,8 @@ let characters: () => Character[] = () => [];
 
 if (spatial) {
   const view = new Spatial(client);
-  const { min, max } = page.world;
+  const min: [number, number] = page.world.min ?? [-1e5, -1e5];
+  const max: [number, number] = page.world.max ?? [1e5, 1e5];
   const cells = await view.interest({ box: { min: [min[0], -1e3, min[1]], max: [max[0], 1e3, max[1]] } });
   view.onEvent((e) => log(`spatial server ${e.slot}: ${e.kind === 1 ? "lost" : "joined"}${e.reason ? ` (${e.reason})` : ""}`));
   view.onError((cell, e) => log(`cell ${cell}: ${e.message}`));
@@ -79,9 +83,18 @@ if (spatial) {
 } else {
   const channels = new Channels(client);
   let replica: Replica | undefined;
+  // The characters: the demo's `characters` map, or else the first top-level map whose
+  // entries have a `pos` of three numbers.
+  const isCharacter = (v: unknown) => typeof v === "object" && v !== null && Array.isArray((v as Record<string, unknown>)["pos"]);
   characters = () => {
-    const map = replica?.state["characters"] as Record<string, Record<string, unknown>> | undefined;
-    return Object.entries(map ?? {}).map(([id, v]) => character(id, v));
+    const state = replica?.state ?? {};
+    const map = (state["characters"] ??
+      Object.values(state).find((v) => typeof v === "object" && v !== null && !Array.isArray(v) && Object.values(v).some(isCharacter))) as
+      | Record<string, unknown>
+      | undefined;
+    const out: Character[] = [];
+    for (const [id, v] of Object.entries(map ?? {})) if (isCharacter(v)) out.push(character(id, v as Record<string, unknown>));
+    return out;
   };
   const subscribe = async (): Promise<void> => {
     const list = await channels.list(ChannelType.GLOBAL);
@@ -110,7 +123,23 @@ function character(id: string, v: Record<string, unknown>): Character {
 
 const canvas = el<HTMLCanvasElement>("map");
 const ctx = canvas.getContext("2d")!;
-const { min, max, obstacles, layout } = page.world;
+const { obstacles, layout } = page.world;
+/** The floor shown: the world's, or (unknown) grown to fit every character seen, 10 m around. */
+const fixed = page.world.min !== null && page.world.max !== null;
+const min: [number, number] = page.world.min ? [...page.world.min] : [-10, -10];
+const max: [number, number] = page.world.max ? [...page.world.max] : [10, 10];
+function fit(cs: Character[]): void {
+  if (fixed) return;
+  let grew = false;
+  for (const c of cs) {
+    if (!Number.isFinite(c.x) || !Number.isFinite(c.z)) continue;
+    if (c.x - 10 < min[0]) [min[0], grew] = [c.x - 10, true];
+    if (c.z - 10 < min[1]) [min[1], grew] = [c.z - 10, true];
+    if (c.x + 10 > max[0]) [max[0], grew] = [c.x + 10, true];
+    if (c.z + 10 > max[1]) [max[1], grew] = [c.z + 10, true];
+  }
+  if (grew) resize();
+}
 const servers = layout ? layout.servers[0] * layout.servers[1] : 1;
 /** Which server slot owns the cell holding (x, z) (§14: blocks of cells per slot). */
 function slotOf(x: number, z: number): number {
@@ -150,6 +179,7 @@ let shown: Character[] = [];
 
 function draw(now: number): void {
   shown = characters();
+  fit(shown);
   ctx.fillStyle = "#0b0e11";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   if (layout) {
@@ -232,7 +262,7 @@ setInterval(() => {
 
 const HISTORY = 120;
 const xs: number[] = [];
-const series: Record<string, number[]> = {};
+const series: Record<string, (number | null)[]> = {};
 function chart(title: string, names: [string, string][]): { plot: uPlot; keys: string[] } {
   const keys = names.map(([k]) => k);
   for (const k of keys) series[k] = [];
@@ -259,29 +289,36 @@ const charts = [
 ];
 
 const fmt = (v: unknown, digits = 1) => (typeof v === "number" ? v.toFixed(digits) : "–");
-function show(name: string, text: string): void {
+/** Sets a figure's text; a figure the serving process does not have hides its row. */
+function show(name: string, text: string, known: boolean): void {
   const cell = document.querySelector<HTMLElement>(`[data-figure="${name}"]`);
-  if (cell) cell.textContent = text;
+  if (!cell) return;
+  cell.textContent = text;
+  cell.parentElement!.hidden = !known;
 }
 
 async function poll(): Promise<void> {
   try {
     const f = (await (await fetch("figures.json", { cache: "no-store" })).json()) as Record<string, number>;
     if (typeof f["clients"] === "number") {
-      show("clients", String(f["clients"]));
-      show("fanout", `${fmt(f["fanout_hz_mean"])} /s (p5 ${fmt(f["fanout_hz_p5"])})`);
-      show("age", `${fmt(f["latency_p50_ms"], 2)} / ${fmt(f["latency_p99_ms"], 2)} ms`);
-      show("bytes", `${fmt((f["bytes_per_s"] ?? 0) / 1024)} KB/s`);
-      show("fps", `${fmt(f["server_fps"])} fps`);
-      show("handovers", `${fmt(f["handovers_per_s"])} /s`);
+      const has = (k: string) => typeof f[k] === "number";
+      show("clients", String(f["clients"]), true);
+      show("fanout", `${fmt(f["fanout_hz_mean"])} /s (p5 ${fmt(f["fanout_hz_p5"])})`, has("fanout_hz_mean"));
+      show("age", `${fmt(f["latency_p50_ms"], 2)} / ${fmt(f["latency_p99_ms"], 2)} ms`, has("latency_p50_ms"));
+      show("bytes", `${fmt((f["bytes_per_s"] ?? 0) / 1024)} KB/s`, has("bytes_per_s"));
+      show("fps", `${fmt(f["server_fps"])} fps`, has("server_fps"));
+      show("handovers", `${fmt(f["handovers_per_s"])} /s`, has("handovers_per_s"));
       xs.push(Date.now() / 1000);
-      f["kb_per_s"] = (f["bytes_per_s"] ?? 0) / 1024;
-      for (const k of Object.keys(series)) series[k]!.push(f[k] ?? NaN);
+      if (typeof f["bytes_per_s"] === "number") f["kb_per_s"] = f["bytes_per_s"] / 1024;
+      for (const k of Object.keys(series)) series[k]!.push(typeof f[k] === "number" ? f[k] : null);
       if (xs.length > HISTORY) {
         xs.shift();
         for (const s of Object.values(series)) s.shift();
       }
-      for (const { plot, keys } of charts) plot.setData([xs, ...keys.map((k) => series[k]!)]);
+      for (const { plot, keys } of charts) {
+        plot.setData([xs, ...keys.map((k) => series[k]!)]);
+        plot.root.style.display = keys.some(has) ? "" : "none";
+      }
     }
   } catch {
     // The serving process may be stopping; the next poll tries again.

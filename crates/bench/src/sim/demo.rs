@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tickwire_client::Target;
 use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig, Router, SpatialRouter};
-use tickwire_web::{Layout, Page, WebView, World};
+use tickwire_web::{Page, WebView, World};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -270,19 +270,12 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
 
 /// What the web view needs to know of the world that the gateway does not tell it.
 fn web_page(scenario: Scenario, ws_port: u16, arena: &Arena) -> Page {
+    let obstacles = arena.obstacles.iter().map(|o| [o.min[0], o.min[1], o.max[0], o.max[1]]).collect();
     let h = arena.half_size;
-    let layout = (scenario == Scenario::Spatial).then(|| {
-        let l = spatial_server::layout();
-        Layout { origin: l.origin, cell_size: l.cell_size, cells: l.cells, servers: l.servers }
-    });
-    Page {
-        ws_port,
-        scenario: scenario.name().into(),
-        world: World {
-            min: [-h, -h],
-            max: [h, h],
-            obstacles: arena.obstacles.iter().map(|o| [o.min[0], o.min[1], o.max[0], o.max[1]]).collect(),
-            layout,
-        },
-    }
+    let world = match scenario {
+        Scenario::Spatial => World::spatial(&spatial_server::layout(), obstacles),
+        Scenario::Single => World { min: Some([-h, -h]), max: Some([h, h]), obstacles, layout: None },
+    };
+    let title = format!("demo · {}", scenario.name());
+    Page { ws_port, ws_tls: false, scenario: scenario.name().into(), title, world }
 }
