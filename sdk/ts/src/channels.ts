@@ -31,6 +31,7 @@ import { DecodeError } from "./errors.js";
 import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema } from "./state/schema.js";
+import { call, emit, rethrowLater, type Report } from "./emit.js";
 
 /** Subscription options (§13.2); every field is optional. */
 export type SubscribeOptions = Omit<MessageInitShape<typeof SubscriptionOptionsSchema>, "$typeName">;
@@ -52,6 +53,7 @@ export class Subscription {
   constructor(
     readonly channelId: bigint,
     private readonly unsubscribeFn: () => Promise<void>,
+    private readonly report: Report = rethrowLater,
   ) {}
 
   /** The channel's state as this client may see it. */
@@ -150,24 +152,24 @@ export class Subscription {
       else this.replicaNow!.apply(update, changes);
     } catch (e) {
       if (!(e instanceof DecodeError)) throw e;
-      for (const l of this.errorListeners) l(e);
+      emit(this.report, this.errorListeners, e);
       return;
     }
     if (!changes) return;
-    for (const l of this.updateListeners) l(changes);
+    emit(this.report, this.updateListeners, changes);
     for (const { prefix, fn } of this.changeListeners) {
-      for (const c of changes) if (startsWith(c.path, prefix) || c.op === "reset") fn(c);
+      for (const c of changes) if (startsWith(c.path, prefix) || c.op === "reset") call(this.report, fn, c);
     }
   }
 
   /** @internal */
   deliverMessage(m: ChannelMessage): void {
-    for (const l of this.messageListeners) l(m);
+    emit(this.report, this.messageListeners, m);
   }
 
   /** @internal */
   deliverEvent(e: ChannelEvent): void {
-    for (const l of this.eventListeners) l(e);
+    emit(this.report, this.eventListeners, e);
   }
 }
 
@@ -222,7 +224,7 @@ export class Channels {
       sub = new Subscription(channelId, async () => {
         this.subscriptions.delete(channelId);
         await this.client.call("channel.unsubscribe", encode(ChannelRefSchema, { channelId }));
-      });
+      }, this.client.report);
       this.subscriptions.set(channelId, sub);
     }
     try {

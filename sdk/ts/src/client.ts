@@ -19,6 +19,7 @@ import { DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encodeFrame, type Frame } from "
 import { decodeControl, decodeEnvelope, encodeControl, encodeEnvelope } from "./messages.js";
 import { Session, configFromWelcome } from "./session.js";
 import type { Connector, Transport } from "./transport.js";
+import { emit, rethrowLater, type Report } from "./emit.js";
 
 export interface ClientOptions {
   /** How to reach the gateway: `webSocket(url)`, or `tcp(host, port)` from `@tickwire/client/node`. */
@@ -31,6 +32,11 @@ export interface ClientOptions {
   requestTimeoutMs?: number;
   /** Resume the session when the connection drops (default true). */
   resume?: boolean;
+  /**
+   * Where an error thrown by one of your callbacks (events, subscriptions) goes. It never ends
+   * the session; by default it is thrown again on its own, as an uncaught error.
+   */
+  onCallbackError?: (error: unknown) => void;
   /** The clock (ms); tests may pass their own. */
   now?: () => number;
 }
@@ -115,12 +121,15 @@ export class Client {
     closed: new Set(),
   };
   private readonly now: () => number;
+  /** @internal Reports an error a callback threw (ClientOptions.onCallbackError). */
+  readonly report: Report;
 
   private constructor(
     private readonly options: ClientOptions,
     opened: Opened,
   ) {
     this.now = options.now ?? defaultNow;
+    this.report = options.onCallbackError ?? rethrowLater;
     this.welcome = opened.welcome;
     this.session = new Session(configFromWelcome(opened.welcome), this.now());
     this.decoder = opened.decoder;
@@ -275,7 +284,7 @@ export class Client {
         const { topic, body } = envelope.kind.value;
         // The gateway paces channel state by these acknowledgements (§5).
         if (topic === "channel.update" || topic === "channel.updates") this.session.ackSoon(now);
-        for (const l of this.listeners.push) l(topic, body);
+        emit(this.report, this.listeners.push, topic, body);
         return;
       }
       case "request":
@@ -324,7 +333,7 @@ export class Client {
     old.onClose = () => {};
     old.close();
     this.session.detach(this.now());
-    for (const l of this.listeners.linkLost) l();
+    emit(this.report, this.listeners.linkLost);
     if (this.options.resume === false) {
       this.end(new ClosedError(CloseReason.UNSPECIFIED, "the connection dropped"));
       return;
@@ -348,7 +357,7 @@ export class Client {
         this.decoder = opened.decoder;
         this.attachLink(opened.transport);
         for (const frame of this.session.attach(this.now(), Number(opened.welcome.lastReceived))) this.write(frame);
-        for (const l of this.listeners.resumed) l();
+        emit(this.report, this.listeners.resumed);
         this.pump();
         return;
       } catch (e) {
@@ -378,6 +387,6 @@ export class Client {
       p.reject(error);
     }
     this.pending.clear();
-    for (const l of this.listeners.closed) l(error);
+    emit(this.report, this.listeners.closed, error);
   }
 }

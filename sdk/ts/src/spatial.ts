@@ -19,6 +19,7 @@ import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema, type Value } from "./state/schema.js";
 import type { SubscribeOptions } from "./channels.js";
+import { emit } from "./emit.js";
 
 /** Cell ids are `2^40 + row × cells_x + column` (§14). */
 export const FIRST_CELL_ID = 1n << 40n;
@@ -134,13 +135,13 @@ export class Spatial {
       case "channel.event": {
         const e = decodeBody(ChannelEventSchema, body);
         if (e.channelId >= FIRST_CELL_ID && e.channelId < FIRST_ENTITY_ID && e.kind === ChannelEventKind.UNSUBSCRIBED) {
-          if (this.cells.delete(e.channelId)) for (const l of this.leftListeners) l(e.channelId);
+          if (this.cells.delete(e.channelId)) emit(this.client.report, this.leftListeners, e.channelId);
         }
         return;
       }
       case "spatial.event": {
         const e = decodeBody(SpatialEventSchema, body);
-        for (const l of this.eventListeners) l(e);
+        emit(this.client.report, this.eventListeners, e);
         return;
       }
     }
@@ -164,9 +165,9 @@ export class Spatial {
       else replica.apply(update, changes);
     } catch (e) {
       if (!(e instanceof DecodeError)) throw e;
-      for (const l of this.errorListeners) l(channelId, e);
+      emit(this.client.report, this.errorListeners, channelId, e);
       return;
     }
-    if (changes) for (const l of this.cellListeners) l(channelId, changes);
+    if (changes) emit(this.client.report, this.cellListeners, channelId, changes);
   }
 }

@@ -159,3 +159,28 @@ test("a replica equals the server's state after thousands of random patches", as
   viewer.close();
   server.close();
 });
+
+test("a callback that throws ends nothing: the other callbacks run, the session goes on, the error is reported", async () => {
+  const schema = JSON.stringify({ fields: [{ name: "n", type: "int" }] });
+  const server = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "server:thrower" });
+  const owner = new Channels(server);
+  const { channelId } = await owner.create(ChannelType.SUBWORLD, "throws", schema);
+  const errors: unknown[] = [];
+  const c = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "careless", onCallbackError: (e) => errors.push(e) });
+  const sub = await new Channels(c).subscribe(channelId, { fanoutIntervalMs: 5 });
+  let seen = 0;
+  sub.onUpdate(() => {
+    throw new Error("a bug in the game's callback");
+  });
+  sub.onUpdate(() => seen++);
+  for (let n = 1; n <= 5; n++) {
+    await owner.update(channelId, JSON.stringify({ op: "set", path: "/n", value: n }));
+    await until(`update ${n}`, () => sub.replica.state["n"] === n);
+  }
+  assert.ok(seen >= 5, `the second callback ran on every update (${seen})`);
+  assert.equal(errors.length, seen, "each throw was reported once");
+  assert.ok(errors.every((e) => e instanceof Error && e.message === "a bug in the game's callback"));
+  assert.equal((await c.call("echo", echo(3))).length, 3, "the session goes on");
+  c.close();
+  server.close();
+});
