@@ -74,6 +74,10 @@ pub struct ReplicationArgs {
     /// How long the frozen clients' link stops at the start of each hold.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub freeze: Duration,
+    /// A setting for the gateway under test, as its `--set` takes it (repeatable; applied
+    /// after the scenario's own), e.g. `--gateway-set channels.entity.tick='"5ms"'`.
+    #[arg(long = "gateway-set", value_name = "KEY=VALUE")]
+    pub gateway_set: Vec<String>,
 }
 
 /// Clients outside the ramp: slow or frozen ones, with their own figures.
@@ -129,6 +133,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         std::fs::write(schema_file.path(), spatial_server::ENTITY_SCHEMA)?;
         overrides.extend(spatial_server::gateway_overrides(schema_file.path()));
     }
+    overrides.extend(args.gateway_set.iter().cloned());
     let gateway = ChildGateway::start(&overrides, 1)?;
     let target = Target::Tcp(gateway.tcp);
     let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
