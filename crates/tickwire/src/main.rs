@@ -312,7 +312,8 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
     web_stop.cancel();
     if let Some(web) = web {
-        let _ = web.await;
+        // A page left open holds a connection; it is closed after its request in flight.
+        let _ = tokio::time::timeout(Duration::from_secs(2), web).await;
     }
     tracing::info!(sessions = gateway.session_count(), "shutting down");
     if !gateway.shutdown(SHUTDOWN_GRACE).await {

@@ -259,7 +259,8 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         }
     }
     if let Some(web) = web {
-        let _ = web.await;
+        // A page left open holds a connection; it is closed after its request in flight.
+        let _ = tokio::time::timeout(Duration::from_secs(2), web).await;
     }
     gateway.shutdown(Duration::from_secs(5)).await;
     if opts.print {
