@@ -14,7 +14,7 @@ import {
   Status,
   type Welcome,
 } from "./gen/tickwire/v1/control_pb.js";
-import { ClosedError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
+import { BackpressureError, ClosedError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
 import { DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encodeFrame, type Frame } from "./frame.js";
 import { decodeControl, decodeEnvelope, encodeControl, encodeEnvelope } from "./messages.js";
 import { Session, configFromWelcome } from "./session.js";
@@ -37,6 +37,11 @@ export interface ClientOptions {
    * the session; by default it is thrown again on its own, as an uncaught error.
    */
   onCallbackError?: (error: unknown) => void;
+  /**
+   * Calls and pushes kept while the unacknowledged window (§5) is full, for example while the
+   * session resumes; beyond this many a call is refused with `BackpressureError` (default 16,384).
+   */
+  maxWaiting?: number;
   /** The clock (ms); tests may pass their own. */
   now?: () => number;
 }
@@ -121,6 +126,8 @@ export class Client {
     closed: new Set(),
   };
   private readonly now: () => number;
+  /** Messages waiting for room in the unacknowledged window, in order (bounded by maxWaiting). */
+  private readonly waiting: Uint8Array[] = [];
   /** @internal Reports an error a callback threw (ClientOptions.onCallbackError). */
   readonly report: Report;
 
@@ -216,10 +223,35 @@ export class Client {
     this.loseLink();
   }
 
+  /**
+   * Sends a message, or keeps it behind those waiting when the unacknowledged window is full
+   * (they go as acknowledgements arrive). Throws `BackpressureError` when it cannot be kept.
+   */
   private sendPayload(payload: Uint8Array): void {
+    if (!this.session.fits(payload.length)) {
+      throw new BackpressureError(`a message of ${payload.length} bytes is larger than the unacknowledged window`);
+    }
+    if (this.waiting.length > 0 || !this.session.hasRoom(payload.length)) {
+      if (this.waiting.length >= (this.options.maxWaiting ?? 16_384)) {
+        throw new BackpressureError(`${this.waiting.length} messages already wait for the gateway's acknowledgements`);
+      }
+      this.waiting.push(payload);
+      return;
+    }
     const frame = this.session.send(this.now(), payload);
     if (frame) this.write(frame);
     this.arm();
+  }
+
+  /** Sends what waited, as far as the window has room. */
+  private flushWaiting(): void {
+    let sent = false;
+    while (this.waiting.length > 0 && this.session.hasRoom(this.waiting[0]!.length)) {
+      const frame = this.session.send(this.now(), this.waiting.shift()!);
+      if (frame) this.write(frame);
+      sent = true;
+    }
+    if (sent) this.arm();
   }
 
   private write(frame: Frame): void {
@@ -258,6 +290,8 @@ export class Client {
         if (payload) this.deliver(now, payload);
         if (this.ended || !this.link) return;
       }
+      // Acknowledgements may have made room.
+      this.flushWaiting();
       const ack = this.session.pollTransmit(now);
       if (ack) this.write(ack);
     } catch (e) {
@@ -387,6 +421,7 @@ export class Client {
       p.reject(error);
     }
     this.pending.clear();
+    this.waiting.length = 0;
     emit(this.report, this.listeners.closed, error);
   }
 }

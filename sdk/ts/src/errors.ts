@@ -21,6 +21,18 @@ export class FrameError extends Error {
   }
 }
 
+/**
+ * A call or push refused before it was sent: more messages are already waiting for the
+ * gateway's acknowledgements than the client keeps (`ClientOptions.maxWaiting`), or one message
+ * alone is larger than the unacknowledged bytes allowed. The session goes on.
+ */
+export class BackpressureError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "BackpressureError";
+  }
+}
+
 /** The session broke a rule of §5 (a gap in sequence numbers, an ack out of range). */
 export class ProtocolError extends Error {
   constructor(message: string) {

@@ -3,7 +3,7 @@
 
 export { Client, type ClientOptions, type ClientEvents } from "./client.js";
 export { webSocket, type Connector, type Transport, type WebSocketConstructor } from "./transport.js";
-export { ClosedError, DecodeError, FrameError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
+export { BackpressureError, ClosedError, DecodeError, FrameError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
 export { Replica, type Change } from "./state/replica.js";
 export { Schema, SchemaError, type Type, type Value } from "./state/schema.js";
 export { Channels, Subscription, type SubscribeOptions } from "./channels.js";

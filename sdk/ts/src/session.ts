@@ -98,6 +98,16 @@ export class Session {
     return { messages: this.unacked.length, bytes: this.unackedBytes };
   }
 
+  /** Whether a message of `bytes` fits in the unacknowledged window now. */
+  hasRoom(bytes: number): boolean {
+    return this.unacked.length + 1 <= this.config.maxUnackedMessages && this.unackedBytes + bytes <= this.config.maxUnackedBytes;
+  }
+
+  /** Whether a message of `bytes` could ever fit (the window's byte bound). */
+  fits(bytes: number): boolean {
+    return bytes <= this.config.maxUnackedBytes;
+  }
+
   /** Queues a message: the DATA frame to write now, or undefined while detached. */
   send(now: number, payload: Uint8Array): Frame | undefined {
     const messages = this.unacked.length + 1;

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import WebSocket from "ws";
 import { create, fromBinary } from "@bufbuild/protobuf";
-import { Client, ClosedError, StatusError, webSocket } from "../src/index.js";
+import { BackpressureError, Client, ClosedError, StatusError, webSocket } from "../src/index.js";
 import { tcp } from "../src/node.js";
 import { Channels } from "../src/channels.js";
 import { CloseReason, EchoRequestSchema, Status, toBinary } from "../src/proto.js";
@@ -56,23 +56,45 @@ test("a session resumes through cut connections: every response once, in order",
     c.on("resumed", () => resumed++);
     const answers: number[] = [];
     const calls: Promise<void>[] = [];
+    let cuts = 0;
     for (let i = 0; i < 2000; i++) {
       // The response size tells the answers apart.
       calls.push(c.call("echo", echo(1 + (i % 97)), 20_000).then((b) => void answers.push(b.length)));
       if (i % 250 === 125) {
+        // Cut with answers in flight; the next 75 calls are made while the session resumes.
         await new Promise((r) => setTimeout(r, 5));
         proxy.cut();
+        cuts++;
       }
+      if (i % 250 === 200) await until(`resume ${cuts}`, () => resumed === cuts, 15_000);
       if (i % 50 === 0) await new Promise((r) => setImmediate(r));
     }
     await Promise.all(calls);
     assert.equal(answers.length, 2000, "none lost");
     assert.deepEqual(answers, Array.from({ length: 2000 }, (_, i) => 1 + (i % 97)), "in order, none repeated");
-    assert.ok(resumed >= 4, `resumed ${resumed} times`);
+    assert.equal(resumed, 8, "one resume per cut");
     c.close();
   } finally {
     await proxy.close();
   }
+});
+
+test("calls beyond the unacknowledged window wait for acknowledgements, bounded: 3,000 made while the link is down", async () => {
+  const c = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "burst", maxWaiting: 2000 });
+  const windowSize = 1024; // DEFAULT_SESSION_CONFIG.maxUnackedMessages
+  c.dropConnection();
+  const answers: number[] = [];
+  const calls: Promise<void>[] = [];
+  // All at once, while the session resumes: 1,024 fill the window, the rest wait.
+  for (let i = 0; i < windowSize + 2000; i++) {
+    calls.push(c.call("echo", echo(1 + (i % 89)), 20_000).then((b) => void answers.push(b.length)));
+  }
+  // One more than maxWaiting: refused at once, typed; the session goes on.
+  await assert.rejects(c.call("echo", echo(1)), (e: unknown) => e instanceof BackpressureError);
+  await Promise.all(calls);
+  assert.deepEqual(answers, Array.from({ length: windowSize + 2000 }, (_, i) => 1 + (i % 89)), "all answered once, in order");
+  assert.equal((await c.call("echo", echo(2))).length, 2);
+  c.close();
 });
 
 test("a replica equals the server's state after thousands of random patches", async () => {
