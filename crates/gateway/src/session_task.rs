@@ -73,7 +73,7 @@ pub(crate) struct SessionTask {
     rbuf: BytesMut,
     wbuf: BytesMut,
     outbox: mpsc::Receiver<Outgoing>,
-    takeovers: mpsc::Receiver<Takeover>,
+    takeovers: mpsc::Receiver<Box<Takeover>>,
     bucket: TokenBucket,
     /// The client's acknowledgement last reported to the update window.
     acked: u64,
@@ -132,14 +132,14 @@ impl SessionTask {
     }
 
     async fn run(mut self, first: (Conn, Open)) {
-        let end = match self.attach_new(first).await {
+        let end = match Box::pin(self.attach_new(first)).await {
             Ok(()) => self.serve().await,
             Err(end) => end,
         };
         tracing::debug!(session = %self.handle.id, reason = ?end.reason, message = %end.message, "session ended");
         self.shared.stats.closed(end.reason);
         if let Some(mut conn) = self.take_conn() {
-            send_close(&mut conn, end.reason, &end.message).await;
+            Box::pin(send_close(&mut conn, end.reason, &end.message)).await;
         }
         self.shared.registry.remove(&self.handle.id);
         Stats::sub(&self.shared.stats.sessions_open, 1);
@@ -204,7 +204,7 @@ impl SessionTask {
             let step = tokio::select! {
                 biased;
                 () = &mut cancelled => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
-                Some(takeover) = self.takeovers.recv() => self.on_takeover(takeover).await,
+                Some(takeover) = self.takeovers.recv() => Box::pin(self.on_takeover(*takeover)).await,
                 read = read_conn(&mut self.conn, &mut self.rbuf), if attached => match read {
                     Ok(0) | Err(_) => {
                         self.drop_link();
@@ -216,7 +216,7 @@ impl SessionTask {
                     }
                 },
                 Some(msg) = self.outbox.recv(), if attached => self.on_outbox(msg).await,
-                () = &mut deadline => self.on_deadline().await,
+                () = &mut deadline => Box::pin(self.on_deadline()).await,
             };
             if let Err(end) = step {
                 return end;
