@@ -173,6 +173,12 @@ enum Bench {
         #[arg(long)]
         spec: String,
     },
+    /// Internal: one bot process of `bench replication --bot-processes N`.
+    #[command(hide = true)]
+    ReplicationWorker {
+        #[arg(long)]
+        spec: String,
+    },
 }
 
 /// Errors end the process with one line (the error and its causes), never a backtrace, even
@@ -228,6 +234,9 @@ fn run() -> anyhow::Result<()> {
             }
             Command::Bench { bench: Bench::PingpongWorker { spec } } => {
                 tickwire_bench::pingpong::worker_main(&spec).await
+            }
+            Command::Bench { bench: Bench::ReplicationWorker { spec } } => {
+                tickwire_bench::replication::worker_main(&spec).await
             }
             Command::Bench { bench: Bench::Replication(args) } => {
                 tickwire_bench::replication::run(args).await.map(|_| ())

@@ -152,6 +152,27 @@ fn ctrl_c_stops_bench_replication_and_keeps_the_finished_steps() {
 }
 
 #[test]
+fn ctrl_c_stops_bench_replication_with_bot_processes_and_its_workers() {
+    let (out, report) = interrupt(
+        &[
+            "bench",
+            "replication",
+            "--clients",
+            "20,21,22,23,24",
+            "--step-hold",
+            "2s",
+            "--keep-going",
+            "--bot-processes",
+            "2",
+        ],
+        FirstStep::Printed(|l| row_of(l, "20")),
+    );
+    let steps = report["steps"].as_array().unwrap();
+    assert!(!steps.is_empty() && steps.len() < 5, "{out}");
+    assert_eq!(steps[0]["bot_processes"], 2);
+}
+
+#[test]
 fn ctrl_c_stops_bench_ddc_and_keeps_the_finished_tests() {
     let (out, report) = interrupt(
         &[

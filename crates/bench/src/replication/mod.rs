@@ -4,6 +4,7 @@
 //! fan-out, and every second the bench samples the gateway (a child process, so its CPU and
 //! memory are its own), the server and the clients.
 
+mod fleet;
 mod report;
 mod scrape;
 
@@ -28,6 +29,8 @@ pub use crate::sim::game::Scenario;
 use crate::sim::server::ServerStats;
 use crate::sim::slow_link::{Pace, SlowLink};
 use crate::sim::spatial_server;
+use fleet::{BotSample, Fleet, LoadCpu};
+pub use fleet::{WorkerSpec, worker_main};
 pub use report::{GroupFigures, ReplicationReport, Step};
 use scrape::{Scrape, TickWindow};
 
@@ -78,6 +81,10 @@ pub struct ReplicationArgs {
     /// after the scenario's own), e.g. `--gateway-set channels.entity.tick='"5ms"'`.
     #[arg(long = "gateway-set", value_name = "KEY=VALUE")]
     pub gateway_set: Vec<String>,
+    /// Run the ramp's bots in this many worker processes (bot i in worker i mod N) instead of
+    /// the bench process; the game servers, and slow and frozen clients, stay in the bench.
+    #[arg(long, default_value_t = 1)]
+    pub bot_processes: usize,
 }
 
 /// Clients outside the ramp: slow or frozen ones, with their own figures.
@@ -143,8 +150,13 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         Game::Single { channel_id } => channel_id,
         Game::Spatial { .. } => 0,
     };
-    let bot_stats = Arc::new(BotStats::default());
-    let mut bots = Vec::new();
+    let spec = WorkerSpec {
+        gateway: gateway.tcp,
+        scenario: args.scenario,
+        channel_id,
+        threads: (machine.cores / args.bot_processes.max(1)).max(1),
+    };
+    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
     // ramp's, so their characters are their own.
     let first = 1_000_000;
@@ -180,19 +192,17 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
                 bar.set_style(
                     ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len}").expect("template"),
                 );
-                bar.set_position(bots.len() as u64);
-                while bots.len() < clients {
-                    let i = bots.len();
-                    let runtime = &runtimes[i % runtimes.len()];
-                    bots.push(runtime.spawn(game.bot(&target, i, BotMode::Count, &bot_stats, &stop)));
-                    bar.set_position(bots.len() as u64);
+                bar.set_position(fleet.len() as u64);
+                while fleet.len() < clients {
+                    fleet.add(&game, &target, &stop).await?;
+                    bar.set_position(fleet.len() as u64);
                     tokio::time::sleep(args.ramp).await;
                 }
                 bar.finish_and_clear();
                 // Let the last joiners get their snapshot before measuring.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let step =
-                    hold(&args, clients, metrics_addr, gateway.pid(), &bot_stats, &server_stats, &groups)
+                    hold(&args, clients, metrics_addr, gateway.pid(), &mut fleet, &server_stats, &groups)
                         .await?;
                 report::print_row(&step);
                 let held = step.held;
@@ -211,6 +221,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     stop.cancel();
     // Bots and servers stop at their next await; one stuck behind a call an overloaded gateway
     // has not answered is abandoned after a grace period, so the run always ends.
+    let bots = fleet.stop().await;
     let tasks: Vec<_> = bots.into_iter().chain(others).chain(server_tasks).collect();
     let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
     let grace = Duration::from_secs(10);
@@ -260,12 +271,12 @@ struct BotCounts {
 }
 
 impl BotCounts {
-    fn read(bots: &BotStats) -> BotCounts {
+    fn of(sample: &BotSample) -> BotCounts {
         BotCounts {
-            errors: bots.errors.load(Ordering::Relaxed),
-            decode_errors: bots.decode_errors.load(Ordering::Relaxed),
-            gaps: bots.version_gaps.load(Ordering::Relaxed),
-            repeats: bots.version_repeats.load(Ordering::Relaxed),
+            errors: sample.errors,
+            decode_errors: sample.decode_errors,
+            gaps: sample.gaps,
+            repeats: sample.repeats,
         }
     }
 }
@@ -337,7 +348,7 @@ async fn hold(
     clients: usize,
     metrics_addr: SocketAddr,
     gateway_pid: u32,
-    bots: &BotStats,
+    fleet: &mut Fleet,
     servers: &[Arc<ServerStats>],
     groups: &Groups<'_>,
 ) -> anyhow::Result<Step> {
@@ -355,16 +366,16 @@ async fn hold(
     }
     let first = scrape().await??;
     let first_totals = first.clone();
-    let counts0 = BotCounts::read(bots);
+    // Update ages recorded before the hold are dropped with this first sample.
+    let sample0 = fleet.sample().await?;
+    let counts0 = BotCounts::of(&sample0);
     let cpu0 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
+    let load0 = LoadCpu::read(fleet);
     let frames0 = frames();
-    let mut last_counts = bots.updates_per_bot();
+    let mut last_counts = sample0.updates_per_bot;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    if let Ok(mut h) = bots.latency_us.lock() {
-        h.reset();
-    }
     let mut rates = Vec::new();
-    let mut fewest_connected = bots.connected.load(Ordering::Relaxed);
+    let mut fewest_connected = sample0.connected;
     let started = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     ticker.tick().await;
@@ -377,24 +388,21 @@ async fn hold(
         ticker.tick().await;
         let dt = last_at.elapsed().as_secs_f64();
         last_at = Instant::now();
-        fewest_connected = fewest_connected.min(bots.connected.load(Ordering::Relaxed));
-        let counts = bots.updates_per_bot();
-        let mut second: Vec<f64> = counts
+        let sample = fleet.sample().await?;
+        fewest_connected = fewest_connected.min(sample.connected);
+        let mut second: Vec<f64> = sample
+            .updates_per_bot
             .iter()
             .zip(last_counts.iter().chain(std::iter::repeat(&0)))
             .map(|(n, l)| (n - l) as f64 / dt)
             .collect();
         second.sort_by(f64::total_cmp);
-        last_counts = counts;
-        let (lat_p50, lat_p99) = match bots.latency_us.lock() {
-            Ok(mut h) => {
-                latency.add(&*h)?;
-                let q = (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3);
-                h.reset();
-                q
-            }
-            Err(_) => (0.0, 0.0),
-        };
+        let mut ages = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        sample.record_ages(&mut ages)?;
+        latency.add(&ages)?;
+        let (lat_p50, lat_p99) =
+            (ages.value_at_quantile(0.5) as f64 / 1e3, ages.value_at_quantile(0.99) as f64 / 1e3);
+        last_counts = sample.updates_per_bot;
         let s = scrape().await??;
         let cpu = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
         let frames = frames();
@@ -436,7 +444,10 @@ async fn hold(
     bar.finish_and_clear();
     let last = scrape().await??;
     let cpu1 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
-    let counts1 = BotCounts::read(bots);
+    let load1 = LoadCpu::read(fleet);
+    let sample1 = fleet.sample().await?;
+    sample1.record_ages(&mut latency)?;
+    let counts1 = BotCounts::of(&sample1);
     let seconds = started.elapsed().as_secs_f64();
     let server_fps = slowest(&frames(), &frames0, seconds);
     rates.sort_by(f64::total_cmp);
@@ -479,6 +490,8 @@ async fn hold(
             bytes_out_per_s: per_s("bytes_out"),
             server_fps,
         },
+        bench_cpu_pct: load1.pct_since(&load0),
+        bot_processes: args.bot_processes.max(1),
         bot_errors: counts1.errors - counts0.errors,
         decode_errors: counts1.decode_errors - counts0.decode_errors,
         version_gaps: counts1.gaps - counts0.gaps,

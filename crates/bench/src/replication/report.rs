@@ -74,6 +74,11 @@ pub struct Step {
     pub hold: Hold,
     #[serde(flatten)]
     pub figures: Figures,
+    /// CPU of the load (the bench process with the game servers, plus its bot worker
+    /// processes) over the hold, in % of one core; the gateway's is `gateway_cpu_pct`.
+    pub bench_cpu_pct: f64,
+    /// Processes the ramp's bots ran in (`--bot-processes`; 1: the bench process).
+    pub bot_processes: usize,
     /// Bots that stopped with an error during the hold.
     pub bot_errors: u64,
     /// Updates a client could not read (0 unless something is broken).
@@ -129,15 +134,15 @@ pub struct ReplicationReport {
 
 pub(super) fn print_header() {
     println!(
-        "| clients | held | channel tick Hz | updates sent / received per client per s (mean / p5) | age p50 / p99 ms | pass p50 / p99 / max ms (bucket bound) | gateway CPU % | RSS MiB | msgs in / out per s | MB/s out | server fps | errors / decode / gaps / repeats |"
+        "| clients | held | channel tick Hz | updates sent / received per client per s (mean / p5) | age p50 / p99 ms | pass p50 / p99 / max ms (bucket bound) | gateway CPU % | load CPU % (bench + bot workers) | RSS MiB | msgs in / out per s | MB/s out | server fps | errors / decode / gaps / repeats |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
 pub(super) fn print_row(step: &Step) {
     let s = &step.figures;
     println!(
-        "| {} | {} | {:.1} | {:.1} / {:.1} / {:.1} | {:.2} / {:.2} | {} / {} / {} | {:.1} | {:.0} | {:.0} / {:.0} | {:.2} | {:.1} | {} / {} / {} / {} |",
+        "| {} | {} | {:.1} | {:.1} / {:.1} / {:.1} | {:.2} / {:.2} | {} / {} / {} | {:.1} | {:.1} | {:.0} | {:.0} / {:.0} | {:.2} | {:.1} | {} / {} / {} / {} |",
         step.clients,
         if step.held { "yes" } else { "no" },
         s.channel_tick_hz,
@@ -150,6 +155,7 @@ pub(super) fn print_row(step: &Step) {
         ms(s.tick_ms.p99),
         ms(s.tick_ms.max),
         s.gateway_cpu_pct,
+        step.bench_cpu_pct,
         s.gateway_rss_bytes as f64 / (1024.0 * 1024.0),
         s.msgs_in_per_s,
         s.msgs_out_per_s,

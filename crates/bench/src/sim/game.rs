@@ -15,7 +15,7 @@ use super::spatial_server::{self, SpatialServer, SpawnRequest};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum Scenario {
     /// One game server, one global channel, every client at 50 Hz.
     Single,
@@ -57,6 +57,13 @@ pub async fn say_if_failed(
     result
 }
 
+/// The `spatial` world's arena: the same in every process that builds it (the bench and its
+/// bot workers).
+pub fn spatial_arena() -> Arena {
+    let mut rng = SmallRng::seed_from_u64(7);
+    Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES)
+}
+
 /// The game servers of a run and how bots join them.
 pub enum Game {
     Single { channel_id: u64 },
@@ -82,9 +89,7 @@ impl Game {
                 Ok((Game::Single { channel_id }, vec![stats], vec![task]))
             }
             Scenario::Spatial => {
-                let mut rng = SmallRng::seed_from_u64(7);
-                let arena =
-                    Arc::new(Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES));
+                let arena = Arc::new(spatial_arena());
                 let (mut spawners, mut stats, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
                 let slots = spatial_server::SERVERS * spatial_server::SERVERS;
                 for slot in 0..slots {

@@ -1,0 +1,50 @@
+//! `tickwire bench replication` with its bots in worker processes (`--bot-processes`), run as a
+//! user runs it: the bots in the workers must connect, be counted, and hold a small step of
+//! each scenario, with their spawns (`spatial`) served by the bench's game servers.
+
+use std::process::Command;
+
+/// Runs `tickwire bench replication --bot-processes 2` with `args` and returns its JSON.
+fn run(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
+        .args(["bench", "replication", "--step-hold", "2s", "--bot-processes", "2", "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the bench failed:\n{text}");
+    serde_json::from_slice(&std::fs::read(&json).expect("the JSON is written")).unwrap()
+}
+
+/// The one step of `report`, checked to have held with every client.
+fn held_step(report: &serde_json::Value, clients: u64) -> &serde_json::Value {
+    let step = &report["steps"][0];
+    assert_eq!(step["clients"], clients);
+    assert_eq!(step["connected"], clients, "every bot in the workers connected: {step}");
+    assert_eq!(step["bot_processes"], 2);
+    assert_eq!(step["held"], true, "{}", step["hold"]);
+    assert_eq!(step["version_gaps"], 0);
+    assert_eq!(step["version_repeats"], 0);
+    // The load's CPU includes the workers': they decode every update, so it cannot be zero.
+    assert!(step["bench_cpu_pct"].as_f64().unwrap() > 0.0, "{step}");
+    step
+}
+
+#[test]
+fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
+    let report = run(&["--clients", "24"]);
+    let step = held_step(&report, 24);
+    assert!(step["fanout_hz"]["p5"].as_f64().unwrap() > 25.0, "{step}");
+}
+
+#[test]
+fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() {
+    let report = run(&["--scenario", "spatial", "--clients", "30"]);
+    let step = held_step(&report, 30);
+    // A bot counts as connected only once its character is spawned and its interest set.
+    assert!(step["handovers_per_s"].as_f64().is_some(), "{step}");
+    assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
+}
