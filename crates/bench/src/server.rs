@@ -36,6 +36,11 @@ impl ChildGateway {
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }
+
+    /// The child process (stopped when dropped) and its TCP address.
+    pub fn into_parts(self) -> (ChildServer, SocketAddr) {
+        (self.child, self.tcp)
+    }
 }
 
 /// A child `tickwire` process, terminated (SIGTERM, then SIGKILL) on drop.

@@ -173,6 +173,9 @@ enum Bench {
         #[arg(long)]
         spec: String,
     },
+    /// Internal: the bare responder `bench pingpong --server floor` loads.
+    #[command(hide = true)]
+    PingpongFloor(tickwire_bench::pingpong::FloorArgs),
     /// Internal: one bot process of `bench replication --bot-processes N`.
     #[command(hide = true)]
     ReplicationWorker {
@@ -215,6 +218,10 @@ fn run() -> anyhow::Result<()> {
         // Pure CPU work on plain threads: no runtime.
         return tickwire_bench::sync::run(args).map(|_| ());
     }
+    if let Command::Bench { bench: Bench::PingpongFloor(args) } = &cli.command {
+        // Its own epoll loop: no runtime.
+        return tickwire_bench::pingpong::floor_main(args);
+    }
     tickwire_transport::raise_fd_limit();
     // The gateway's main runtime only coordinates; its heavy lifting runs on per-core I/O
     // threads. The DDC server is plain request/response work: a runtime with a worker per
@@ -242,7 +249,9 @@ fn run() -> anyhow::Result<()> {
                 tickwire_bench::replication::run(args).await.map(|_| ())
             }
             Command::Bench { bench: Bench::Ddc(args) } => tickwire_bench::ddc::run(args).await.map(|_| ()),
-            Command::Bench { bench: Bench::Sync(_) } => unreachable!("handled before the runtime starts"),
+            Command::Bench { bench: Bench::Sync(_) | Bench::PingpongFloor(_) } => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     })
 }

@@ -7,13 +7,17 @@
 //! as a lower request rate (no coordinated omission).
 //!
 //! `mod.rs` holds the flags and the orchestration (ramp, hold, measure); `client.rs` the
-//! simulated client; `report.rs` the figures and how they are printed.
+//! simulated client; `loadgen.rs` the load-generator processes; `report.rs` the figures and how
+//! they are printed; `floor.rs` the bare responder that `--server floor` loads instead of the
+//! gateway.
 
 mod client;
+mod floor;
 mod loadgen;
 mod report;
 
 pub use client::echo_body;
+pub use floor::{FloorArgs, main as floor_main};
 pub use loadgen::worker_main;
 pub use report::{Report, Rtt, Step};
 
@@ -76,6 +80,11 @@ pub struct PingPongArgs {
     /// p99 RTT a step must stay within to hold.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub max_p99: Duration,
+    /// What the bench starts and loads: the gateway, or `floor`, a bare epoll responder that
+    /// answers the same frames with no tasks, timers or routing (what the kernel's loopback TCP
+    /// alone costs for the same exchanges; see `crates/bench/src/pingpong/floor.rs`).
+    #[arg(long, value_enum, default_value = "gateway")]
+    pub server: ServerKind,
     /// A running gateway (host:port) instead of a child process.
     #[arg(long)]
     pub target: Option<String>,
@@ -93,7 +102,8 @@ pub struct PingPongArgs {
     /// Load-generator processes (default: enough to stay under the open-file limit).
     #[arg(long)]
     pub procs: Option<usize>,
-    /// Gateway worker processes when the bench starts the gateway (default: the same rule).
+    /// Gateway worker processes when the bench starts the gateway, or floor responder processes
+    /// (default: the same rule).
     #[arg(long)]
     pub gateway_processes: Option<u8>,
     /// Keep going after a step that does not hold.
@@ -108,6 +118,15 @@ pub struct PingPongArgs {
     /// Write SVG plots into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// `tickwire gateway --processes N`.
+    Gateway,
+    /// The bare responder: the floor under the gateway's figures.
+    Floor,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -149,6 +168,9 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
     let plan = Plan::new(&args);
     let machine = Machine::detect();
     println!("machine: {}", machine.line());
+    if args.target.is_none() && args.server == ServerKind::Floor {
+        println!("server: floor, a bare epoll responder (no tasks, timers or routing), not the gateway");
+    }
     let rows = match args.grid {
         None => vec![Row {
             name: "your flags".into(),
@@ -184,7 +206,12 @@ pub async fn run(args: PingPongArgs) -> anyhow::Result<Report> {
         println!("\ninterrupted: {} step(s) finished", steps.len());
     }
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
-    let report = Report { bench: "pingpong", machine, incomplete, max_held_clients, steps };
+    let server = match (&args.target, args.server) {
+        (Some(_), _) => "target",
+        (None, ServerKind::Gateway) => "gateway",
+        (None, ServerKind::Floor) => "floor",
+    };
+    let report = Report { bench: "pingpong", server, machine, incomplete, max_held_clients, steps };
     println!("max held clients: {max_held_clients} ({})", report.machine.line());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
@@ -290,8 +317,11 @@ async fn run_row(
             (None, addr, args.server_pid)
         }
         None => {
-            let child = ChildGateway::start(&overrides, plan.gateway_processes)?;
-            let (addr, pid) = (child.tcp, child.pid());
+            let (child, addr) = match args.server {
+                ServerKind::Gateway => ChildGateway::start(&overrides, plan.gateway_processes)?.into_parts(),
+                ServerKind::Floor => floor::start(plan.gateway_processes, row.heartbeat)?,
+            };
+            let pid = child.pid();
             (Some(child), addr, Some(pid))
         }
     };
@@ -417,6 +447,7 @@ async fn hold(
         duplicated,
         server_cpu_pct: cpu0.zip(cpu1).map(|(a, b)| b.cpu_pct_since(&a)),
         server_rss_bytes: cpu1.map(|s| s.rss_bytes),
+        server_kib_per_client: cpu1.map(|s| s.rss_bytes as f64 / 1024.0 / clients.max(1) as f64),
         loadgen_cpu_pct: own0.zip(own1).map(|(a, b)| b.cpu_pct_since(&a)),
         bytes_in_per_s: (mid.bytes_to_server - before.bytes_to_server) as f64 / elapsed,
         bytes_out_per_s: (mid.bytes_from_server - before.bytes_from_server) as f64 / elapsed,

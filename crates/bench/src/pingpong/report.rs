@@ -46,6 +46,8 @@ pub struct Step {
     pub duplicated: u64,
     pub server_cpu_pct: Option<f64>,
     pub server_rss_bytes: Option<u64>,
+    /// The server's RSS divided by the clients held, in KiB (the process's own base included).
+    pub server_kib_per_client: Option<f64>,
     /// CPU of the load generator itself (this process), in percent of one core.
     pub loadgen_cpu_pct: Option<f64>,
     /// Bytes the server received per second (what the clients wrote).
@@ -57,6 +59,9 @@ pub struct Step {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub bench: &'static str,
+    /// What was loaded: `gateway` (a child gateway), `floor` (the bare responder of
+    /// `--server floor`) or `target` (a running server given by `--target`).
+    pub server: &'static str,
     pub machine: Machine,
     /// Stopped (Ctrl-C) before every step ran.
     pub incomplete: bool,
@@ -68,10 +73,10 @@ pub(super) fn print_header() {
     println!(
         "RTT is timed from each request's due time (coordinated omission: it includes the load generator's \
          lateness, at least its 1 ms timer granularity); `write p50/p99` from the request's write; cpu and rss \
-         are the gateway's, gen cpu the load generator's"
+         are the server's (the gateway or the floor), gen cpu the load generator's"
     );
     println!(
-        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>15} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>10} {:>10} {:>9}",
+        "{:>8} {:>5} {:>9} {:>8} {:>8} {:>8} {:>15} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>7} {:>10} {:>10} {:>9}",
         "clients",
         "held",
         "req/s",
@@ -85,6 +90,7 @@ pub(super) fn print_header() {
         "dup",
         "cpu %",
         "rss MiB",
+        "KiB/cl",
         "in KiB/s",
         "out KiB/s",
         "gen cpu %"
@@ -94,7 +100,7 @@ pub(super) fn print_header() {
 pub(super) fn print_row(s: &Step) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
     println!(
-        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>15} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>10.0} {:>10.0} {:>9}",
+        "{:>8} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8.1} {:>15} {:>6} {:>4} {:>5} {:>4} {:>7} {:>9} {:>7} {:>10.0} {:>10.0} {:>9}",
         s.clients,
         if s.held { "yes" } else { "NO" },
         s.rps,
@@ -108,6 +114,7 @@ pub(super) fn print_row(s: &Step) {
         s.duplicated,
         opt(s.server_cpu_pct),
         opt(s.server_rss_bytes.map(|b| b as f64 / (1 << 20) as f64)),
+        opt(s.server_kib_per_client),
         s.bytes_in_per_s / 1024.0,
         s.bytes_out_per_s / 1024.0,
         opt(s.loadgen_cpu_pct),

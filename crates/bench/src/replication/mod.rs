@@ -185,6 +185,10 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     // and the command fails (the child gateway stops when it is dropped below).
     let incomplete = {
         let work = async {
+            // Bot errors, decode failures, gaps and repeats count in the step whose ramp or
+            // hold they happen in: from the end of the previous hold (from the start, for the
+            // first step), so a bot that fails while joining fails the step.
+            let mut counted = BotCounts::default();
             for &clients in &args.clients {
                 // Progress on stderr, only at a terminal (indicatif hides itself otherwise).
                 let bar =
@@ -201,9 +205,18 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
                 bar.finish_and_clear();
                 // Let the last joiners get their snapshot before measuring.
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                let step =
-                    hold(&args, clients, metrics_addr, gateway.pid(), &mut fleet, &server_stats, &groups)
-                        .await?;
+                let (step, counts) = hold(
+                    &args,
+                    clients,
+                    metrics_addr,
+                    gateway.pid(),
+                    &mut fleet,
+                    &server_stats,
+                    &groups,
+                    counted,
+                )
+                .await?;
+                counted = counts;
                 report::print_row(&step);
                 let held = step.held;
                 steps.push(step);
@@ -261,8 +274,13 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     Ok(report)
 }
 
+/// The mean of `values`, 0 for none (not the -0.0 an empty float sum starts from).
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() { 0.0 } else { values.iter().sum::<f64>() / values.len() as f64 }
+}
+
 /// Counters of the bots at one instant, for differences over a step.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct BotCounts {
     errors: u64,
     decode_errors: u64,
@@ -331,7 +349,7 @@ impl GroupStart {
             clients: group.clients,
             connected: stats.connected.load(Ordering::Relaxed) as usize,
             updates_per_s: report::Rate {
-                mean: rates.iter().sum::<f64>() / rates.len().max(1) as f64,
+                mean: mean(&rates),
                 p5: rates.get(rates.len() / 20).copied().unwrap_or(0.0),
             },
             age_ms: report::Tick { p50, p99, max },
@@ -342,7 +360,10 @@ impl GroupStart {
     }
 }
 
-/// Holds one step for `--step-hold`, sampling every second, and sums it up.
+/// Holds one step for `--step-hold`, sampling every second, and sums it up. The bots' error
+/// counts are taken since `counted` (where the previous step's ended, so this step's ramp
+/// counts); the step's own end is returned with it.
+#[allow(clippy::too_many_arguments)]
 async fn hold(
     args: &ReplicationArgs,
     clients: usize,
@@ -351,7 +372,8 @@ async fn hold(
     fleet: &mut Fleet,
     servers: &[Arc<ServerStats>],
     groups: &Groups<'_>,
-) -> anyhow::Result<Step> {
+    counted: BotCounts,
+) -> anyhow::Result<(Step, BotCounts)> {
     let frames = || -> Vec<u64> { servers.iter().map(|s| s.frames.load(Ordering::Relaxed)).collect() };
     // The slowest server's frame rate between two readings.
     let slowest = |now: &[u64], before: &[u64], dt: f64| -> f64 {
@@ -368,7 +390,7 @@ async fn hold(
     let first_totals = first.clone();
     // Update ages recorded before the hold are dropped with this first sample.
     let sample0 = fleet.sample().await?;
-    let counts0 = BotCounts::of(&sample0);
+    let counts0 = counted;
     let cpu0 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
     let load0 = LoadCpu::read(fleet);
     let frames0 = frames();
@@ -415,7 +437,7 @@ async fn hold(
                 channel_tick_hz: rate("channel_ticks") / s.get("channel_num").max(1.0),
                 sent_hz: rate(fanouts) / s.get(subscribers).max(1.0),
                 fanout_hz: report::Rate {
-                    mean: second.iter().sum::<f64>() / second.len().max(1) as f64,
+                    mean: mean(&second),
                     p5: second.get(second.len() / 20).copied().unwrap_or(0.0),
                 },
                 latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
@@ -451,7 +473,7 @@ async fn hold(
     let seconds = started.elapsed().as_secs_f64();
     let server_fps = slowest(&frames(), &frames0, seconds);
     rates.sort_by(f64::total_cmp);
-    let fanout_mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+    let fanout_mean = mean(&rates);
     let fanout_p5 = rates.get(rates.len() / 20).copied().unwrap_or(0.0);
     let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
     let tick_ms = TickWindow::between(&first_totals, &last).tick();
@@ -468,7 +490,7 @@ async fn hold(
         .at_least("updates per client, p5", fanout_p5, 0.95 * server_fps, "/s")
         .at_most("pass time p99", tick_ms.p99, PASS_BUDGET_MS, "ms")
         .at_least("server frame rate (slowest server)", server_fps, 0.95 * SERVER_FPS, "fps");
-    Ok(Step {
+    let step = Step {
         clients,
         connected: fewest_connected as usize,
         held: hold.held(),
@@ -503,5 +525,18 @@ async fn hold(
         gateway_connections: last.get("connection_num") as u64,
         gateway_channels: last.get("channel_num") as u64,
         samples,
-    })
+    };
+    Ok((step, counts1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mean;
+
+    #[test]
+    fn the_mean_of_nothing_is_a_plain_zero() {
+        // An empty `f64` sum is -0.0, which the JSON printed as "-0.0".
+        assert!(mean(&[]).is_sign_positive());
+        assert_eq!(mean(&[1.0, 2.0, 6.0]), 3.0);
+    }
 }

@@ -79,11 +79,12 @@ pub struct Step {
     pub bench_cpu_pct: f64,
     /// Processes the ramp's bots ran in (`--bot-processes`; 1: the bench process).
     pub bot_processes: usize,
-    /// Bots that stopped with an error during the hold.
+    /// Bot errors (a failed join, or a bot that stopped with an error) in this step's ramp
+    /// and hold: from the end of the previous step's hold.
     pub bot_errors: u64,
-    /// Updates a client could not read (0 unless something is broken).
+    /// Updates a client could not read (0 unless something is broken), same span.
     pub decode_errors: u64,
-    /// Deltas that skipped versions, or repeated versions, that a client had.
+    /// Deltas that skipped versions, or repeated versions, that a client had; same span.
     pub version_gaps: u64,
     pub version_repeats: u64,
     /// The slow clients (`--slow-clients`), apart from the ramp's.
