@@ -5,26 +5,46 @@
 
 use std::process::Command;
 
-#[test]
-fn the_floor_responder_holds_a_step_of_the_unchanged_load_generator() {
+/// Runs `tickwire bench pingpong --server floor ARGS --json FILE`; returns its exit status,
+/// its output and the JSON it wrote.
+fn run_floor(args: &[&str]) -> (bool, String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
-    // Requests every 200 ms: 40 clients × 5 requests/s over a 3 s hold.
     let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
-        .args(["bench", "pingpong", "--server", "floor", "--gateway-processes", "2"])
-        .args(["--clients", "40", "--interval", "200ms", "--heartbeat", "500ms", "--duration", "3s"])
+        .args(["bench", "pingpong", "--server", "floor"])
+        .args(args)
         .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the bench failed:\n{text}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let report = match std::fs::read(&json) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+        Err(e) => panic!("no JSON written ({e}):\n{text}"),
+    };
+    (out.status.success(), text, report)
+}
+
+#[test]
+fn the_floor_responder_holds_a_step_of_the_unchanged_load_generator() {
+    // Requests every 200 ms: 40 clients × 5 requests/s over a 3 s hold, two responder processes.
+    let (ok, text, report) = run_floor(&[
+        "--gateway-processes",
+        "2",
+        "--clients",
+        "40",
+        "--interval",
+        "200ms",
+        "--heartbeat",
+        "500ms",
+        "--duration",
+        "3s",
+    ]);
+    assert!(ok, "the bench failed:\n{text}");
     assert_eq!(report["server"], "floor");
     let step = &report["steps"][0];
     assert_eq!(step["held"], true, "{}", step["hold"]);
     assert_eq!(step["connected"], 40);
-    // 40 clients × 5 requests/s × 3 s, answered with the right size and none lost.
     assert!(step["requests"].as_u64().unwrap() >= 500, "{step}");
     assert_eq!(step["lost"], 0);
     assert_eq!(step["bad_answers"], 0);
@@ -34,20 +54,21 @@ fn the_floor_responder_holds_a_step_of_the_unchanged_load_generator() {
 
 #[test]
 fn idle_clients_of_the_floor_only_heartbeat_and_are_not_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("out.json");
     // Requests an hour apart: the clients only heartbeat (every 300 ms); a responder that did
     // not answer them would see each client drop its link after 600 ms, which counts as an
-    // error. Some clients' first request falls in the hold by chance; none is likely.
-    let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
-        .args(["bench", "pingpong", "--server", "floor", "--max-p99", "1h"])
-        .args(["--clients", "30", "--interval", "3600s", "--heartbeat", "300ms", "--duration", "2s"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // error. (The step need not hold: most likely no request falls in the hold.)
+    let (_, text, report) = run_floor(&[
+        "--max-p99",
+        "1h",
+        "--clients",
+        "30",
+        "--interval",
+        "3600s",
+        "--heartbeat",
+        "300ms",
+        "--duration",
+        "2s",
+    ]);
     let step = &report["steps"][0];
     assert_eq!(step["connected"], 30, "{text}");
     assert_eq!(step["errors"], 0, "{text}");
