@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use socket2::{Domain, Socket, Type};
+use socket2::Socket;
 use tickwire_gateway::GatewayConfig;
 use tickwire_gateway::LISTENING_PREFIX;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -51,10 +51,8 @@ fn check_metrics_ports(config: &GatewayConfig, processes: u8) -> anyhow::Result<
 
 /// Binds (without listening) so the port stays ours while the workers bind it too.
 fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, Socket)> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.bind(&addr.into()).with_context(|| format!("cannot bind {addr}"))?;
+    let socket =
+        tickwire_transport::reuse_port_socket(addr).with_context(|| format!("cannot bind {addr}"))?;
     let local = socket.local_addr()?.as_socket().context("not an IP socket")?;
     Ok((local, socket))
 }

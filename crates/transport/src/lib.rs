@@ -359,6 +359,18 @@ pub fn io_threads(n: usize, name: &str) -> io::Result<Vec<tokio::runtime::Handle
         .collect()
 }
 
+/// A TCP socket bound to `addr` with `SO_REUSEADDR` and `SO_REUSEPORT`, not yet listening.
+/// Kept bound but never listening, it reserves a port (resolving port 0) for processes that
+/// each bind the same port to listen on it: only listening sockets take connections.
+pub fn reuse_port_socket(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
 /// Raises this process's open-file limit as far as the system allows and returns it.
 /// Root may raise the hard limit too (up to `fs.nr_open`).
 pub fn raise_fd_limit() -> u64 {

@@ -20,7 +20,6 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use prost::Message;
 use slab::Slab;
-use socket2::{Domain, Socket, Type};
 use tickwire_session::{Received, Role, Session, SessionConfig};
 use tickwire_wire::proto::{Control, EchoRequest, Envelope, Response, Status, Welcome, control, envelope};
 use tickwire_wire::{
@@ -58,7 +57,8 @@ pub fn main(args: &FloorArgs) -> anyhow::Result<()> {
     }
     // Bound, never listening: the port stays ours while the workers bind it with SO_REUSEPORT
     // (only listening sockets take connections, so this one takes none).
-    let reserved = reuse_port_socket(args.listen)?;
+    let reserved = tickwire_transport::reuse_port_socket(args.listen)
+        .with_context(|| format!("cannot bind {}", args.listen))?;
     let addr = reserved.local_addr()?.as_socket().context("not an IP socket")?;
     let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
     let mut workers: Vec<Child> = Vec::new();
@@ -99,20 +99,13 @@ pub(super) fn start(processes: u8, heartbeat: Duration) -> anyhow::Result<(Child
     Ok((child, addr.parse().context("the floor printed a bad address")?))
 }
 
-fn reuse_port_socket(addr: SocketAddr) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.bind(&addr.into())?;
-    Ok(socket)
-}
-
 /// One responder: an epoll loop over the listener and every connection, until killed.
 fn serve(listen: SocketAddr, heartbeat: Duration) -> anyhow::Result<()> {
     // SAFETY: prctl with PR_SET_PDEATHSIG only sets a signal for this process.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     tickwire_transport::raise_fd_limit();
-    let socket = reuse_port_socket(listen).with_context(|| format!("cannot bind {listen}"))?;
+    let socket =
+        tickwire_transport::reuse_port_socket(listen).with_context(|| format!("cannot bind {listen}"))?;
     socket.set_nonblocking(true)?;
     socket.listen(4096)?;
     let mut listener = TcpListener::from_std(socket.into());
