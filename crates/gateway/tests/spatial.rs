@@ -576,3 +576,72 @@ async fn a_spatial_server_sees_its_block_and_its_interest_border() {
     assert_eq!(view.cells.len(), 9, "{:?}", view.cells.keys().collect::<Vec<_>>());
     assert!(!view.entities().contains_key(&far), "two cells away is beyond the border");
 }
+
+/// Entity values are JSON in the entity schema's form; one that does not fit (not JSON, not an
+/// object, an unknown field, a wrong type, text after the object) is refused with
+/// INVALID_ARGUMENT by spawn, publish and release alike, and the world keeps what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entity_values_that_do_not_fit_the_schema_are_refused() {
+    let gw = start().await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    const BAD: [&str; 7] = [
+        "not json",
+        "[1]",
+        r#"{"nope": 1}"#,
+        r#"{"pos": "x"}"#,
+        r#"{"pos": [1, 2]}"#,
+        r#"{"data": "a"} {"data": "b"}"#,
+        r#"{"data": "a"},"path":"/entities/9""#,
+    ];
+    let spawn = |value: &str| SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: value.into(),
+        ..SpawnEntity::default()
+    };
+    for value in BAD {
+        let r = s0.spatial_spawn(spawn(value)).await;
+        assert_eq!(status(r), Status::InvalidArgument, "spawn {value}");
+    }
+    let entity_id = s0.spatial_spawn(spawn(r#" {"pos": [5, 0, 5], "data": "a"} "#)).await.unwrap().entity_id;
+    let viewer = client(&gw, "viewer").await;
+    let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
+    let result =
+        viewer.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let mut view = View::new(&result.cell_schema_json);
+    let data = |v: &View| -> Option<String> {
+        v.cells.values().find_map(|replica| {
+            let key = Key::Int(entity_id as i64);
+            match replica.get(&[Step::Field(0), Step::Key(&key), Step::Field(2)]) {
+                Some(Value::Str(s)) => Some(s),
+                _ => None,
+            }
+        })
+    };
+    view.until(&viewer, "the entity shows", |v, _| data(v).as_deref() == Some("a")).await;
+    for value in BAD {
+        let update = EntityState {
+            entity_id,
+            position: v3([6.0, 0.0, 5.0]),
+            value_json: value.into(),
+            processed_seq: 0,
+        };
+        match s0.spatial_publish(vec![update]).await {
+            Err(tickwire_client::ClientError::Status { status, message, .. }) => {
+                assert_eq!(status, Status::InvalidArgument, "publish {value}");
+                assert!(message.contains("value_json"), "{message}");
+            }
+            other => panic!("publish {value}: {other:?}"),
+        }
+    }
+    let release = Release { entity_id, handover_id: 1, value_json: BAD[3].into(), ..Release::default() };
+    assert_eq!(status(s0.spatial_release(release).await), Status::InvalidArgument);
+    // A value that fits goes through, and the viewer sees it; nothing refused got in between.
+    let good = EntityState {
+        entity_id,
+        position: v3([6.0, 0.0, 5.0]),
+        value_json: r#"{"pos": [6, 0, 5], "data": "c"}"#.into(),
+        processed_seq: 0,
+    };
+    assert!(s0.spatial_publish(vec![good]).await.unwrap().ignored.is_empty());
+    view.until(&viewer, "the good value shows", |v, _| data(v).as_deref() == Some("c")).await;
+}

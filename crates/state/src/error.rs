@@ -39,6 +39,8 @@ pub enum StateError {
     NoIndex { step: usize, index: u32, len: usize },
     #[error("value does not match the schema at {0}")]
     TypeMismatch(String),
+    #[error("JSON value: {0}")]
+    Json(String),
     #[error("this operation needs a {0} at the end of the path")]
     WrongTarget(&'static str),
     #[error("the path is empty")]

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use serde::Deserialize;
+use serde::de::DeserializeSeed as _;
 use serde_json::Value as J;
 
 use crate::schema::{KeyKind, Kind, ROOT, Schema, TypeId};
@@ -103,4 +104,289 @@ pub(crate) fn from_json(schema: &Schema, ty: TypeId, v: &J) -> Result<Value, Str
         ),
         _ => return Err(mismatch()),
     })
+}
+
+/// A value of type `ty` read straight from JSON text, by the same rules as [`from_json`] but
+/// without building a `serde_json::Value` first (no map of owned keys per object): game servers
+/// send every entity's value as JSON on every frame, and the spatial world reads them all.
+pub(crate) fn from_json_str(schema: &Schema, ty: TypeId, text: &str) -> Result<Value, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = Typed { schema, ty }.deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(value)
+}
+
+/// The schema type a JSON value must fit, as a serde seed.
+#[derive(Clone, Copy)]
+struct Typed<'a> {
+    schema: &'a Schema,
+    ty: TypeId,
+}
+
+impl Typed<'_> {
+    fn kind(&self) -> &Kind {
+        &self.schema.node(self.ty).kind
+    }
+
+    fn at(&self, ty: TypeId) -> Self {
+        Typed { schema: self.schema, ty }
+    }
+
+    fn mismatch<E: serde::de::Error>(&self, found: &str) -> E {
+        E::custom(format!("{found} does not fit {:?}", self.kind()))
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Typed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Typed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a JSON value of type {:?}", self.kind())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Value, E> {
+        match self.kind() {
+            Kind::Int => Ok(Value::Int(n)),
+            Kind::Float(_) => Ok(Value::Float(n as f64)),
+            _ => Err(self.mismatch(&format!("number {n}"))),
+        }
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Value, E> {
+        match (self.kind(), i64::try_from(n)) {
+            (Kind::Int, Ok(n)) => Ok(Value::Int(n)),
+            (Kind::Float(_), _) => Ok(Value::Float(n as f64)),
+            _ => Err(self.mismatch(&format!("number {n}"))),
+        }
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<Value, E> {
+        match self.kind() {
+            Kind::Float(_) => Ok(Value::Float(x)),
+            _ => Err(self.mismatch(&format!("number {x}"))),
+        }
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Value, E> {
+        match self.kind() {
+            Kind::Bool => Ok(Value::Bool(b)),
+            _ => Err(self.mismatch(&format!("{b}"))),
+        }
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Value, E> {
+        match self.kind() {
+            Kind::Str => Ok(Value::Str(s.to_owned())),
+            Kind::Bytes => hex::decode(s)
+                .map(|b| Value::Bytes(Bytes::from(b)))
+                .map_err(|_| self.mismatch(&format!("string {s:?}"))),
+            _ => Err(self.mismatch(&format!("string {s:?}"))),
+        }
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        match self.kind() {
+            Kind::Float(_) => Ok(Value::Float(f64::NAN)),
+            _ => Err(self.mismatch("null")),
+        }
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        match self.kind() {
+            Kind::Vec3(_) => {
+                let mut c = [0.0; 3];
+                for (i, slot) in c.iter_mut().enumerate() {
+                    let n: Option<serde_json::Number> = seq.next_element()?;
+                    *slot = n
+                        .and_then(|n| n.as_f64())
+                        .ok_or_else(|| self.mismatch(&format!("an array whose item {i} is not a number")))?;
+                }
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(self.mismatch("an array of more than 3 items"));
+                }
+                Ok(Value::Vec3(c))
+            }
+            Kind::List(item) => {
+                let item = self.at(*item);
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(v) = seq.next_element_seed(item)? {
+                    items.push(v);
+                }
+                Ok(Value::List(items))
+            }
+            _ => Err(self.mismatch("an array")),
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        match self.kind() {
+            Kind::Struct(decl) => {
+                let mut values: Vec<Value> = decl.iter().map(|f| self.schema.default_value(f.ty)).collect();
+                while let Some(KeyText(name)) = map.next_key()? {
+                    let i = decl
+                        .iter()
+                        .position(|f| *f.name == *name)
+                        .ok_or_else(|| serde::de::Error::custom(format!("no field {name:?}")))?;
+                    values[i] = map.next_value_seed(self.at(decl[i].ty))?;
+                }
+                Ok(Value::Struct(values))
+            }
+            Kind::Map { key, value } => {
+                let mut out = std::collections::BTreeMap::new();
+                while let Some(KeyText(k)) = map.next_key()? {
+                    let k = parse_key(*key, &k).map_err(serde::de::Error::custom)?;
+                    out.insert(k, map.next_value_seed(self.at(*value))?);
+                }
+                Ok(Value::Map(out))
+            }
+            _ => Err(self.mismatch("an object")),
+        }
+    }
+}
+
+/// An object's key, borrowed from the text unless it has escapes.
+struct KeyText<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for KeyText<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = KeyText<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(std::borrow::Cow::Borrowed(s)))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(std::borrow::Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::schema::{Field, SchemaDef, Type};
+
+    fn schema() -> std::sync::Arc<Schema> {
+        let entity = Type::Struct(vec![
+            Field::new("pos", Type::Vec3),
+            Field::new("yaw", Type::Float),
+            Field::new("tags", Type::list(Type::String)),
+        ]);
+        Schema::new(SchemaDef::new([
+            Field::new("i", Type::Int),
+            Field::new("f", Type::Float),
+            Field::new("b", Type::Bool),
+            Field::new("s", Type::String),
+            Field::new("by", Type::Bytes),
+            Field::new("v", Type::Vec3),
+            Field::new("l", Type::list(Type::Int)),
+            Field::new("m", Type::map(KeyKind::Int, entity)),
+            Field::new("n", Type::map(KeyKind::String, Type::Float)),
+        ]))
+        .unwrap()
+    }
+
+    /// Both readers on one text: `Some(debug form)` if it fits, `None` if not (NaN compares by
+    /// its debug form).
+    fn both(schema: &Schema, text: &str) -> (Option<String>, Option<String>) {
+        let direct = from_json_str(schema, ROOT, text).ok().map(|v| format!("{v:?}"));
+        let via_value = serde_json::from_str::<J>(text)
+            .ok()
+            .and_then(|j| from_json(schema, ROOT, &j).ok())
+            .map(|v| format!("{v:?}"));
+        (direct, via_value)
+    }
+
+    fn json_value() -> impl Strategy<Value = J> {
+        let key = prop::sample::select(vec![
+            "i", "f", "b", "s", "by", "v", "l", "m", "n", "pos", "yaw", "tags", "7", "-3", "x",
+        ]);
+        let leaf = prop_oneof![
+            Just(J::Null),
+            any::<bool>().prop_map(J::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            (i64::MAX as u64..=u64::MAX).prop_map(|n| json!(n)),
+            (-1e6f64..1e6).prop_map(|x| json!(x)),
+            prop::sample::select(vec!["", "0aff", "zz", "héllo"]).prop_map(|s| json!(s)),
+        ];
+        leaf.prop_recursive(4, 48, 5, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(J::Array),
+                prop::collection::vec((key.clone(), inner), 0..5)
+                    .prop_map(|kv| J::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())),
+            ]
+        })
+    }
+
+    /// JSON that fits [`schema`] more often than not, so the agreeing `Ok` case is exercised.
+    fn fitting() -> impl Strategy<Value = J> {
+        let entity =
+            (any::<[i16; 3]>(), prop::option::of(-4.0f64..4.0), prop::collection::vec("[a-z]{0,3}", 0..3))
+                .prop_map(|(p, yaw, tags)| json!({"pos": p, "yaw": yaw, "tags": tags}));
+        (
+            any::<i64>(),
+            prop::option::of(any::<f32>().prop_filter("finite", |x| x.is_finite())),
+            any::<bool>(),
+            "\\PC{0,6}",
+            prop::collection::vec(any::<u8>(), 0..4),
+            prop::collection::vec(-9i64..9, 0..4),
+            prop::collection::btree_map(any::<i32>(), entity, 0..4),
+            prop::collection::btree_map("[a-z\"\\\\/]{0,4}", -1.0f64..1.0, 0..3),
+        )
+            .prop_map(|(i, f, b, s, by, l, m, n)| {
+                let m: serde_json::Map<String, J> = m.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                json!({"i": i, "f": f, "b": b, "s": s, "by": hex::encode(by), "v": [1, -2.5, 3e3],
+                       "l": l, "m": m, "n": n})
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_direct_reader_agrees_with_the_value_reader_on_any_json(j in json_value()) {
+            let schema = schema();
+            let text = j.to_string();
+            let (direct, via_value) = both(&schema, &text);
+            prop_assert_eq!(direct, via_value, "{}", text);
+        }
+
+        #[test]
+        fn the_direct_reader_reads_what_fits(j in fitting()) {
+            let schema = schema();
+            let text = j.to_string();
+            let (direct, via_value) = both(&schema, &text);
+            prop_assert!(direct.is_some(), "{}", text);
+            prop_assert_eq!(direct, via_value, "{}", text);
+        }
+    }
+
+    #[test]
+    fn escapes_whitespace_and_trailing_text() {
+        let schema = schema();
+        // An escaped key is the same key; whitespace around the value is fine.
+        let (direct, via_value) = both(&schema, " {\"\\u0069\": 3, \"m\": {\"5\": {\"yaw\": null}}}\n");
+        assert!(direct.is_some());
+        assert_eq!(direct, via_value);
+        // Text after the value, a second value, or a non-object is refused.
+        for text in
+            ["{} x", "{}{}", "[1]", "", "{\"i\": 1.5}", "{\"nope\": 1}", "{\"v\": [1, 2]}", "{\"by\": \"0\"}"]
+        {
+            assert!(from_json_str(&schema, ROOT, text).is_err(), "{text}");
+        }
+    }
 }

@@ -156,6 +156,16 @@ impl State {
         self.version + 1
     }
 
+    /// [`State::set`] with the value as JSON text, in the JSON codec's form (a struct is an
+    /// object of its fields, missing ones default; docs/protocol.md section 12), read straight
+    /// into the type at `path`. Cheaper than a one-op [`crate::Patch`]: nothing is built but the
+    /// value.
+    pub fn set_json(&mut self, path: &[Step<'_>], json: &str) -> Result<(), StateError> {
+        let (Target::Slot(ty) | Target::Absent(ty)) = self.check(path)?;
+        let value = crate::json_value::from_json_str(&self.schema, ty, json).map_err(StateError::Json)?;
+        self.set(path, value)
+    }
+
     /// Sets the value at `path`: a struct field, a list item, or a map entry (inserted if absent).
     pub fn set(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;

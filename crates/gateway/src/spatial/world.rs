@@ -14,7 +14,7 @@ use prost::Message;
 use tickwire_fanout::Scheduler;
 use tickwire_spatial::handover::{Action, Route, RouteError};
 use tickwire_spatial::{Cell, Layout, Move};
-use tickwire_state::{Key, Patch, PreparedCache, Schema, State, Step};
+use tickwire_state::{Key, PreparedCache, Schema, State, Step};
 use tickwire_wire::proto::{
     CellInfo, ChannelMessage, ChannelSend, Despawn, EntityMessage, EntityState, Handover, HandoverKind,
     Publish, PublishResult, RegisterResult, RegisterServer, Release, Response, SpatialEvent,
@@ -75,7 +75,6 @@ pub(super) struct World {
     pub schedule: Scheduler<u64>,
     /// Bumped whenever any cell changes: a viewer holding it has nothing to receive.
     pub world_version: u64,
-    pub cell_schema: Arc<Schema>,
     pub cell_schema_json: Arc<str>,
     pub entity_schema_json: Arc<str>,
     pub figures: Arc<SpatialFigures>,
@@ -91,25 +90,6 @@ fn vec3(v: Option<Vec3>) -> [f32; 3] {
 
 fn to_vec3(p: [f32; 3]) -> Option<Vec3> {
     Some(Vec3 { x: p[0], y: p[1], z: p[2] })
-}
-
-/// A value's JSON text on one line (a patch holds one op per line), or why not. Text that is
-/// one whole JSON object (checked without building it: nothing may follow it, or it could add
-/// keys to the patch op it is pasted into) and has no line break is taken as it is; the patch
-/// parser checks it against the schema when it is applied.
-fn one_line_object(json: &str) -> Result<String, String> {
-    let text = json.trim();
-    if text.starts_with('{')
-        && !text.contains(['\n', '\r'])
-        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
-    {
-        return Ok(text.to_owned());
-    }
-    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("value_json: {e}"))?;
-    if !value.is_object() {
-        return Err("value_json must be a JSON object".into());
-    }
-    Ok(value.to_string())
 }
 
 impl World {
@@ -143,7 +123,6 @@ impl World {
             viewers: HashMap::new(),
             schedule: Scheduler::new(),
             world_version: 1,
-            cell_schema,
             cell_schema_json,
             entity_schema_json,
             figures,
@@ -335,14 +314,12 @@ impl World {
             );
             return error_response(id, Status::FailedPrecondition, msg);
         }
-        let value = match one_line_object(if req.value_json.is_empty() { "{}" } else { &req.value_json }) {
-            Ok(v) => v,
-            Err(msg) => return error_response(id, Status::InvalidArgument, msg),
-        };
+        let value = if req.value_json.is_empty() { "{}" } else { req.value_json.trim() };
         let entity_id = ENTITY_BASE + self.next_entity;
-        if let Err(msg) = self.set_in_cell(index, entity_id, &value) {
+        if let Err(msg) = self.set_in_cell(index, entity_id, value) {
             return error_response(id, Status::InvalidArgument, msg);
         }
+        let value = value.to_owned();
         self.next_entity += 1;
         self.cells[index as usize].entities.insert(entity_id);
         let entity = Entity {
@@ -364,13 +341,14 @@ impl World {
         ok(id, result.encode_to_vec().into())
     }
 
-    /// Writes an entity's value into a cell's state (one patch; refused whole).
+    /// Writes an entity's value, JSON text in the entity schema's form, into a cell's state;
+    /// a value that does not fit changes nothing.
     fn set_in_cell(&mut self, index: u32, entity_id: u64, value: &str) -> Result<(), String> {
-        let line = format!(r#"{{"op":"set","path":"/entities/{entity_id}","value":{value}}}"#);
+        let key = Key::Int(entity_id as i64);
         let cell = &mut self.cells[index as usize];
-        Patch::parse_json(&self.cell_schema, line.as_bytes())
-            .and_then(|p| cell.state.apply_patch(&p))
-            .map_err(|e| format!("entity {entity_id}: {e}"))
+        cell.state
+            .set_json(&[Step::Field(ENTITIES_FIELD), Step::Key(&key)], value)
+            .map_err(|e| format!("entity {entity_id}: value_json: {e}"))
     }
 
     fn remove_from_cell(&mut self, index: u32, entity_id: u64) {
@@ -419,11 +397,7 @@ impl World {
         if !position.iter().all(|v| v.is_finite()) {
             return Err(Some(format!("entity {entity_id}: position must be finite")));
         }
-        let value = if update.value_json.is_empty() {
-            None
-        } else {
-            Some(one_line_object(&update.value_json).map_err(|m| Some(format!("entity {entity_id}: {m}")))?)
-        };
+        let value = (!update.value_json.is_empty()).then(|| update.value_json.trim());
         let from_position = e.position;
         let from_cell = e.cell;
         let target = match self.layout.classify(from_position, position) {
@@ -432,15 +406,24 @@ impl World {
                 self.cell_index(to)
             }
         };
-        let value = value.unwrap_or_else(|| self.entities[&entity_id].value.clone());
-        self.set_in_cell(target, entity_id, &value).map_err(Some)?;
+        match value {
+            Some(value) => self.set_in_cell(target, entity_id, value).map_err(Some)?,
+            // Only the position changed; an entity that changes cell goes in whole.
+            None if target != from_cell => {
+                let value = self.entities[&entity_id].value.clone();
+                self.set_in_cell(target, entity_id, &value).map_err(Some)?;
+            }
+            None => {}
+        }
         if target != from_cell {
             self.remove_from_cell(from_cell, entity_id);
             self.cells[target as usize].entities.insert(entity_id);
             self.figures.cell_changes.fetch_add(1, Ordering::Relaxed);
         }
         let e = self.entities.get_mut(&entity_id).expect("looked up above");
-        e.value = value;
+        if let Some(value) = value {
+            value.clone_into(&mut e.value);
+        }
         e.cell = target;
         // Outside the world, an entity stays in its last cell at its last position in the grid.
         if self.layout.cell_of(position).is_some() {
@@ -505,11 +488,15 @@ impl World {
             ));
         }
         if !req.value_json.is_empty() {
-            match one_line_object(&req.value_json) {
-                Ok(v) => e.value = v,
-                Err(msg) => return Some(error_response(id, Status::InvalidArgument, msg)),
+            // Into the cell first: a value that does not fit changes nothing.
+            let (cell, value) = (e.cell, req.value_json.trim());
+            if let Err(msg) = self.set_in_cell(cell, entity_id, value) {
+                return Some(error_response(id, Status::InvalidArgument, msg));
             }
+            let e = self.entities.get_mut(&entity_id).expect("looked up above");
+            value.clone_into(&mut e.value);
         }
+        let e = self.entities.get_mut(&entity_id).expect("looked up above");
         let state = e.value.clone().into_bytes();
         let action = match e.route.released(req.handover_id, req.processed_seq, state) {
             Ok(action) => action,
@@ -525,9 +512,6 @@ impl World {
         let from_slot = e.owner_slot;
         let to_slot = e.handing_to.take().unwrap_or(from_slot);
         e.owner_slot = to_slot;
-        let value = e.value.clone();
-        let cell = e.cell;
-        let _ = self.set_in_cell(cell, entity_id, &value);
         self.figures.handovers.fetch_add(1, Ordering::Relaxed);
         let _ = server.respond(ok(id, Bytes::new()));
         match self.live_server(to_slot).cloned() {
@@ -667,22 +651,5 @@ impl SpatialFigures {
         if let Some(n) = self.publishes.get(slot as usize) {
             n.fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_line_object;
-
-    #[test]
-    fn a_value_is_one_whole_object_on_one_line() {
-        assert_eq!(one_line_object(r#" {"a": 1} "#).unwrap(), r#"{"a": 1}"#);
-        assert_eq!(one_line_object("{\"a\":\n1}").unwrap(), r#"{"a":1}"#, "line breaks go");
-        // Text after the object could add keys to the op it is pasted into: refused.
-        assert!(one_line_object(r#"{"a":1},"path":"/entities/9""#).is_err());
-        assert!(one_line_object(r#"{"a":1}}"#).is_err());
-        assert!(one_line_object("[1]").is_err());
-        assert!(one_line_object("{").is_err());
-        assert!(one_line_object("").is_err());
     }
 }
