@@ -144,8 +144,12 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let gateway = ChildGateway::start(&overrides, 1)?;
     let target = Target::Tcp(gateway.tcp);
     let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
+    // The game servers get a thread of their own, as they would have a machine of their own:
+    // a frame does not wait in a run queue behind a thousand bots' tasks.
+    let server_runtime = tickwire_transport::io_threads(1, "bench-servers")?;
     let stop = CancellationToken::new();
-    let (game, server_stats, server_tasks) = Game::start(args.scenario, &target, &runtimes, &stop).await?;
+    let (game, server_stats, server_tasks) =
+        Game::start(args.scenario, &target, &server_runtime, &stop).await?;
     let channel_id = match game {
         Game::Single { channel_id } => channel_id,
         Game::Spatial { .. } => 0,
