@@ -96,8 +96,11 @@ async fn run_server(
     spawned: Vec<(u64, usize)>,
     ledger: Arc<Mutex<Ledger>>,
     t0: Instant,
+    frozen: Arc<Mutex<Option<f32>>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    // The walkers' clock: stopped once the test has what it needs, so handovers can drain.
+    let now = || frozen.lock().unwrap().unwrap_or_else(|| t0.elapsed().as_secs_f32());
     // Entity id → (walker index, last processed seq).
     let mut owned: BTreeMap<u64, (usize, u64)> = spawned.into_iter().map(|(id, k)| (id, (k, 0))).collect();
     let mut frame = tokio::time::interval(Duration::from_millis(5));
@@ -132,7 +135,7 @@ async fn run_server(
                                 handover_id: h.handover_id,
                                 processed_seq: processed,
                                 value_json: format!(r#"{{"data":"{k}"}}"#),
-                                position: v3(walk(k, t0.elapsed().as_secs_f32())),
+                                position: v3(walk(k, now())),
                             };
                             c.spatial_release(release).await.unwrap();
                         } else {
@@ -155,7 +158,7 @@ async fn run_server(
                 }
             }
             _ = frame.tick() => {
-                let t = t0.elapsed().as_secs_f32();
+                let t = now();
                 let entities = owned.iter().map(|(&entity_id, &(k, processed))| EntityState {
                     entity_id,
                     position: v3(walk(k, t)),
@@ -199,11 +202,20 @@ async fn handovers_lose_duplicate_and_reorder_no_entity_message() {
 
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let (stop_tx, stop) = watch::channel(false);
+    let frozen = Arc::new(Mutex::new(None));
     let mut tasks = Vec::new();
     for (slot, c) in servers.iter().enumerate() {
         let spawned: Vec<(u64, usize)> =
             entities.iter().copied().filter(|&(_, k)| slot_of(walk(k, 0.0)) == slot as u32).collect();
-        let run = run_server(format!("s{slot}"), c.clone(), spawned, ledger.clone(), t0, stop.clone());
+        let run = run_server(
+            format!("s{slot}"),
+            c.clone(),
+            spawned,
+            ledger.clone(),
+            t0,
+            frozen.clone(),
+            stop.clone(),
+        );
         tasks.push(tokio::spawn(run));
     }
     // Each walker's client sends numbered messages to its entity, one every 4 ms, retrying
@@ -238,6 +250,13 @@ async fn handovers_lose_duplicate_and_reorder_no_entity_message() {
     common::wait_until("the servers processed every message (or found one wrong)", || {
         let l = ledger.lock().unwrap();
         l.processed >= total || !l.violations.is_empty()
+    })
+    .await;
+    // The walkers stand still; handovers under way finish (each release has its acquire).
+    *frozen.lock().unwrap() = Some(t0.elapsed().as_secs_f32());
+    common::wait_until("every handover under way completed", || {
+        let l = ledger.lock().unwrap();
+        l.acquires == l.releases || !l.violations.is_empty()
     })
     .await;
     stop_tx.send(true).unwrap();

@@ -9,7 +9,6 @@
 //! at its pace. A resume that dropped undelivered batches sends the client a snapshot of every
 //! cell in its view.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -40,9 +39,10 @@ pub(super) struct Viewer {
     area: Area,
     follow: Follow,
     codec: DeltaCodec,
-    /// The cells in view, and the version of each the client holds (`None`: it needs a
-    /// snapshot).
-    held: BTreeMap<u32, Option<Version>>,
+    /// The cells in view, sorted, and the version of each the client holds (`None`: it needs a
+    /// snapshot). A few cells (at most `spatial.max_view_cells`), walked on every pass: a
+    /// sorted vector, updated in place.
+    held: Vec<(u32, Option<Version>)>,
 }
 
 fn point(v: Option<tickwire_wire::proto::Vec3>) -> [f32; 3] {
@@ -122,14 +122,14 @@ impl World {
             area,
             follow,
             codec: options.codec(),
-            held: BTreeMap::new(),
+            held: Vec::new(),
         });
         let codec_changed = viewer.codec != options.codec();
         viewer.area = area;
         viewer.follow = follow;
         viewer.codec = options.codec();
         if codec_changed {
-            viewer.held.values_mut().for_each(|held| *held = None);
+            viewer.held.iter_mut().for_each(|(_, held)| *held = None);
         }
         if !self.schedule.set_options(conn, schedule, false) {
             self.schedule.join(conn, schedule, now, self.world_version);
@@ -156,9 +156,9 @@ impl World {
     fn show(&mut self, conn: u64, cells: &[u32]) {
         let Some(viewer) = self.viewers.get_mut(&conn) else { return };
         let wanted: std::collections::BTreeSet<u32> = cells.iter().copied().collect();
-        let left: Vec<u32> = viewer.held.keys().filter(|c| !wanted.contains(c)).copied().collect();
+        let left: Vec<u32> = viewer.held.iter().map(|&(c, _)| c).filter(|c| !wanted.contains(c)).collect();
+        viewer.held.retain(|(c, _)| wanted.contains(c));
         for cell in &left {
-            viewer.held.remove(cell);
             let event = ChannelEvent {
                 channel_id: CELL_BASE + u64::from(*cell),
                 kind: ChannelEventKind::Unsubscribed as i32,
@@ -168,10 +168,10 @@ impl World {
         }
         let mut entered = false;
         for &cell in cells {
-            viewer.held.entry(cell).or_insert_with(|| {
+            if let Err(at) = viewer.held.binary_search_by_key(&cell, |&(c, _)| c) {
+                viewer.held.insert(at, (cell, None));
                 entered = true;
-                None
-            });
+            }
         }
         if entered {
             // Due again even if nothing in the world changed: the new cells need snapshots.
@@ -217,7 +217,7 @@ impl World {
                 area,
                 follow: Follow::Off,
                 codec: DeltaCodec::Binary,
-                held: BTreeMap::new(),
+                held: Vec::new(),
             },
         );
         let schedule =
@@ -228,7 +228,11 @@ impl World {
 
     /// The clients that see at least one cell for which `shown` holds.
     pub fn viewers_of(&self, shown: impl Fn(u32) -> bool) -> Vec<SessionHandle> {
-        self.viewers.values().filter(|v| v.held.keys().any(|&c| shown(c))).map(|v| v.handle.clone()).collect()
+        self.viewers
+            .values()
+            .filter(|v| v.held.iter().any(|&(c, _)| shown(c)))
+            .map(|v| v.handle.clone())
+            .collect()
     }
 
     pub fn leave_view(&mut self, conn: u64) {
@@ -252,7 +256,7 @@ impl World {
         let World { cells, viewers, schedule, figures, world_version, .. } = self;
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
-                viewer.held.values_mut().for_each(|held| *held = None);
+                viewer.held.iter_mut().for_each(|(_, held)| *held = None);
                 schedule.rewind(conn, None);
             }
         }
@@ -266,7 +270,8 @@ impl World {
         let mut gone = Vec::new();
         let mut sent = 0;
         let mut parts: Vec<Bytes> = Vec::new();
-        let mut advanced: Vec<(u32, Version)> = Vec::new();
+        // (index in `held`, version reached; 0: a snapshot is due).
+        let mut advanced: Vec<(usize, Version)> = Vec::new();
         for Due { id: conn, from } in due {
             let Some(viewer) = viewers.get_mut(&conn) else { continue };
             if !viewer.handle.flow.has_room(now) {
@@ -280,7 +285,7 @@ impl World {
             };
             parts.clear();
             advanced.clear();
-            for (&cell, &held) in viewer.held.iter() {
+            for (at_held, &(cell, held)) in viewer.held.iter().enumerate() {
                 let c = &mut cells[cell as usize];
                 let version = c.state.version();
                 if held == Some(version) {
@@ -311,15 +316,15 @@ impl World {
                 match &cache[at].2 {
                     Some((field, to)) => {
                         parts.push(field.clone());
-                        advanced.push((cell, *to));
+                        advanced.push((at_held, *to));
                     }
                     // The history for a delta from `held` is gone: a snapshot next pass.
-                    None => advanced.push((cell, 0)),
+                    None => advanced.push((at_held, 0)),
                 }
             }
             if parts.is_empty() {
-                for &(cell, to) in &advanced {
-                    viewer.held.insert(cell, (to != 0).then_some(to));
+                for &(at, to) in &advanced {
+                    viewer.held[at].1 = (to != 0).then_some(to);
                 }
                 let outcome =
                     if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: *world_version } };
@@ -329,8 +334,8 @@ impl World {
             let envelope = push_envelope_concat("channel.updates", &parts);
             match viewer.handle.offer_update(now, WORLD_KEY, from, envelope) {
                 Ok(()) => {
-                    for &(cell, to) in &advanced {
-                        viewer.held.insert(cell, (to != 0).then_some(to));
+                    for &(at, to) in &advanced {
+                        viewer.held[at].1 = (to != 0).then_some(to);
                     }
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
                     sent += 1;
