@@ -27,7 +27,7 @@ import {
 } from "./gen/tickwire/v1/channel_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Client } from "./client.js";
-import { DecodeError } from "./errors.js";
+import { DecodeError, FrameError } from "./errors.js";
 import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema } from "./state/schema.js";
@@ -49,11 +49,13 @@ export class Subscription {
   private readonly eventListeners = new Set<Listener<[ChannelEvent]>>();
   private readonly errorListeners = new Set<Listener<[DecodeError]>>();
   private closed = false;
+  private resyncing = false;
 
   constructor(
     readonly channelId: bigint,
     private readonly unsubscribeFn: () => Promise<void>,
     private readonly report: Report = rethrowLater,
+    private readonly resyncFn?: () => Promise<void>,
   ) {}
 
   /** The channel's state as this client may see it. */
@@ -126,7 +128,24 @@ export class Subscription {
     return () => this.eventListeners.delete(fn);
   }
 
-  /** An update that did not decode; the replica waits for a snapshot. */
+  /**
+   * Starts the replica again from a snapshot: unsubscribes and subscribes again with the same
+   * options (§12.2, "Decode errors"). Done by itself after an update that does not decode.
+   */
+  async resync(): Promise<void> {
+    if (!this.resyncFn || this.resyncing || this.closed) return;
+    this.resyncing = true;
+    try {
+      await this.resyncFn();
+    } finally {
+      this.resyncing = false;
+    }
+  }
+
+  /**
+   * An update that did not decode. The replica then takes only a snapshot, and asks for one
+   * ([`resync`](#resync)); the changes in between are not reported.
+   */
   onError(fn: Listener<[DecodeError]>): () => void {
     this.errorListeners.add(fn);
     return () => this.errorListeners.delete(fn);
@@ -152,7 +171,11 @@ export class Subscription {
       else this.replicaNow!.apply(update, changes);
     } catch (e) {
       if (!(e instanceof DecodeError)) throw e;
+      // Deltas sent before a resync's unsubscribe still come, and cannot apply: expected.
+      if (this.resyncing) return;
       emit(this.report, this.errorListeners, e);
+      // The gateway goes on sending deltas the replica cannot apply: ask for a snapshot.
+      void this.resync().catch(() => {});
       return;
     }
     if (!changes) return;
@@ -197,9 +220,17 @@ function lookup(state: unknown, path: string[]): unknown {
 /** The `channel.*` calls of one client, and its subscriptions' replicas. */
 export class Channels {
   private readonly subscriptions = new Map<bigint, Subscription>();
+  /** Removes the push listener ([`dispose`](#dispose)). */
+  private readonly off: () => void;
 
   constructor(private readonly client: Client) {
-    client.on("push", (topic, body) => this.onPush(topic, body));
+    this.off = client.on("push", (topic, body) => this.onPush(topic, body));
+  }
+
+  /** Stops handling this client's pushes (the subscriptions stop updating). */
+  dispose(): void {
+    this.off();
+    this.subscriptions.clear();
   }
 
   /** `channel.create` (game servers, §13.1). `schemaJson` empty: the type's configured schema. */
@@ -221,10 +252,24 @@ export class Channels {
     let sub = this.subscriptions.get(channelId);
     const fresh = sub === undefined;
     if (!sub) {
-      sub = new Subscription(channelId, async () => {
-        this.subscriptions.delete(channelId);
-        await this.client.call("channel.unsubscribe", encode(ChannelRefSchema, { channelId }));
-      }, this.client.report);
+      const ref = encode(ChannelRefSchema, { channelId });
+      // A resync must start from a snapshot, whatever the first subscribe asked.
+      const again = encode(SubscribeSchema, {
+        channelId,
+        options: { ...options, skipFirstFullState: false } as SubscriptionOptions,
+      });
+      sub = new Subscription(
+        channelId,
+        async () => {
+          this.subscriptions.delete(channelId);
+          await this.client.call("channel.unsubscribe", ref);
+        },
+        this.client.report,
+        async () => {
+          await this.client.call("channel.unsubscribe", ref);
+          await this.client.call("channel.subscribe", again);
+        },
+      );
       this.subscriptions.set(channelId, sub);
     }
     try {
@@ -258,6 +303,16 @@ export class Channels {
   }
 
   private onPush(topic: string, body: Uint8Array): void {
+    try {
+      this.route(topic, body);
+    } catch (e) {
+      // A body that does not decode: the gateway broke the protocol.
+      if (e instanceof FrameError) this.client.protocolError(e);
+      else throw e;
+    }
+  }
+
+  private route(topic: string, body: Uint8Array): void {
     switch (topic) {
       case "channel.update": {
         const u = decodeBody(ChannelUpdateSchema, body);

@@ -15,7 +15,8 @@ import {
   type Welcome,
 } from "./gen/tickwire/v1/control_pb.js";
 import { BackpressureError, ClosedError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
-import { DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encodeFrame, type Frame } from "./frame.js";
+import { DEFAULT_MAX_FRAME_BYTES, FrameDecoder, PRE_WELCOME_MAX_FRAME_BYTES, encodeFrame, type Frame } from "./frame.js";
+import { FrameError } from "./errors.js";
 import { decodeControl, decodeEnvelope, encodeControl, encodeEnvelope } from "./messages.js";
 import { Session, configFromWelcome } from "./session.js";
 import type { Connector, Transport } from "./transport.js";
@@ -42,6 +43,13 @@ export interface ClientOptions {
    * session resumes; beyond this many a call is refused with `BackpressureError` (default 16,384).
    */
   maxWaiting?: number;
+  /** The same bound in bytes (default 64 MiB). */
+  maxWaitingBytes?: number;
+  /**
+   * How long one connection attempt may take, from opening it to the Welcome (ms, default
+   * 10,000). A resume attempt that takes longer is abandoned and tried again.
+   */
+  handshakeTimeoutMs?: number;
   /** The clock (ms); tests may pass their own. */
   now?: () => number;
 }
@@ -68,13 +76,54 @@ interface Opened {
   transport: Transport;
   decoder: FrameDecoder;
   welcome: Welcome;
+  /**
+   * What happened between the Welcome and the session taking the connection over: the bytes
+   * went on into `decoder`; a close or a bad chunk is kept here for the session to act on.
+   */
+  early: { closed: boolean; error?: Error };
 }
+
+/** A message waiting for room in the unacknowledged window; `id` for a call's request. */
+interface Waiting {
+  payload: Uint8Array;
+  id?: bigint;
+}
+
+/** Frame bytes besides a DATA frame's payload, at most: type, and `seq` and `ack` varints (§2). */
+const DATA_OVERHEAD = 1 + 10 + 10;
 
 const defaultNow = () => performance.now();
 
-/** Opens a connection, sends a Hello and waits for the Welcome (or the Close refusing it). */
+/**
+ * Opens a connection, sends a Hello and waits for the Welcome (or the Close refusing it), for
+ * at most `handshakeTimeoutMs`. Bytes that follow the Welcome (a resume's resent messages, in
+ * the same read or the next) stay in the decoder for the session.
+ */
 async function handshake(options: ClientOptions, resume?: { welcome: Welcome; lastReceived: number }): Promise<Opened> {
-  const transport = await options.connect();
+  const ms = options.handshakeTimeoutMs ?? 10_000;
+  let timedOut = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      timedOut = true;
+      reject(new TimeoutError("handshake", ms));
+    }, ms);
+  });
+  try {
+    const connecting = options.connect();
+    // A connection that opens after the deadline is closed at once.
+    connecting.then((t) => timedOut && t.close(), () => {});
+    const transport = await Promise.race([connecting, deadline]);
+    return await Promise.race([greet(transport, options, resume), deadline]).catch((e: unknown) => {
+      transport.close();
+      throw e;
+    });
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function greet(transport: Transport, options: ClientOptions, resume?: { welcome: Welcome; lastReceived: number }): Promise<Opened> {
   const decoder = new FrameDecoder(DEFAULT_MAX_FRAME_BYTES);
   const hello = create(HelloSchema, {
     protocolVersion: 1,
@@ -88,8 +137,14 @@ async function handshake(options: ClientOptions, resume?: { welcome: Welcome; la
         })
       : undefined,
   });
-  transport.write(encodeFrame({ type: "control", body: encodeControl({ case: "hello", value: hello }) }));
-  const welcome = await new Promise<Welcome>((resolve, reject) => {
+  const helloFrame = encodeFrame({ type: "control", body: encodeControl({ case: "hello", value: hello }) });
+  if (helloFrame.length - 4 > PRE_WELCOME_MAX_FRAME_BYTES) {
+    return Promise.reject(
+      new FrameError("FrameTooLarge", `a Hello of ${helloFrame.length - 4} bytes; the gateway takes at most ${PRE_WELCOME_MAX_FRAME_BYTES} before its Welcome (is the token that long?)`),
+    );
+  }
+  transport.write(helloFrame);
+  return new Promise<Opened>((resolve, reject) => {
     transport.onClose = (e) => reject(e ?? new Error("the connection closed before the Welcome"));
     transport.onData = (bytes) => {
       try {
@@ -98,17 +153,32 @@ async function handshake(options: ClientOptions, resume?: { welcome: Welcome; la
         if (!frame) return;
         if (frame.type !== "control") throw new ProtocolError("the first frame is not a Welcome");
         const control = decodeControl(frame.body);
-        if (control.kind.case === "welcome") resolve(control.kind.value);
-        else if (control.kind.case === "close") reject(new ClosedError(control.kind.value.reason, control.kind.value.message));
-        else throw new ProtocolError(`a ${control.kind.case} instead of a Welcome`);
+        if (control.kind.case === "close") {
+          reject(new ClosedError(control.kind.value.reason, control.kind.value.message));
+          return;
+        }
+        if (control.kind.case !== "welcome") throw new ProtocolError(`a ${control.kind.case} instead of a Welcome`);
+        const welcome = control.kind.value;
+        decoder.maxFrameBytes = Math.max(DEFAULT_MAX_FRAME_BYTES, welcome.maxFrameBytes);
+        // From here until the session takes the connection over, bytes only accumulate.
+        const early: Opened["early"] = { closed: false };
+        transport.onData = (more) => {
+          try {
+            decoder.push(more);
+          } catch (e) {
+            early.error ??= e as Error;
+          }
+        };
+        transport.onClose = () => {
+          early.closed = true;
+        };
+        resolve({ transport, decoder, welcome, early });
       } catch (e) {
         transport.close();
         reject(e as Error);
       }
     };
   });
-  decoder.maxFrameBytes = Math.max(DEFAULT_MAX_FRAME_BYTES, welcome.maxFrameBytes);
-  return { transport, decoder, welcome };
 }
 
 export class Client {
@@ -127,7 +197,8 @@ export class Client {
   };
   private readonly now: () => number;
   /** Messages waiting for room in the unacknowledged window, in order (bounded by maxWaiting). */
-  private readonly waiting: Uint8Array[] = [];
+  private waiting: Waiting[] = [];
+  private waitingBytes = 0;
   /** @internal Reports an error a callback threw (ClientOptions.onCallbackError). */
   readonly report: Report;
 
@@ -140,16 +211,23 @@ export class Client {
     this.welcome = opened.welcome;
     this.session = new Session(configFromWelcome(opened.welcome), this.now());
     this.decoder = opened.decoder;
-    this.attachLink(opened.transport);
+    this.attachLink(opened);
   }
 
   /** The Welcome that opened the session (§3). */
   readonly welcome: Welcome;
 
-  /** Opens a new session. Rejects with `ClosedError` if the gateway refuses the Hello. */
+  /**
+   * Opens a new session. Rejects with `ClosedError` if the gateway refuses the Hello, and with
+   * `TimeoutError` if no Welcome comes within `handshakeTimeoutMs`. Pushes that came with the
+   * Welcome are delivered on the next turn of the event loop, so listeners added as soon as
+   * this resolves see them.
+   */
   static async connect(options: ClientOptions): Promise<Client> {
     const client = new Client(options, await handshake(options));
-    client.pump();
+    // Bytes that broke the protocol right after the Welcome ended it already.
+    if (client.ended) throw client.ended;
+    setTimeout(() => client.pump(), 0);
     return client;
   }
 
@@ -188,11 +266,13 @@ export class Client {
     return new Promise<Uint8Array>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
+        // A call that never left is not sent later: the caller was told it failed.
+        this.unwait(id);
         reject(new TimeoutError(method, ms));
       }, ms);
       this.pending.set(id, { method, resolve, reject, timer });
       try {
-        this.sendPayload(encodeEnvelope({ case: "request", value: create(RequestSchema, { id, method, body }) }));
+        this.sendPayload(encodeEnvelope({ case: "request", value: create(RequestSchema, { id, method, body }) }), id);
       } catch (e) {
         clearTimeout(timer);
         this.pending.delete(id);
@@ -207,12 +287,13 @@ export class Client {
     this.sendPayload(encodeEnvelope({ case: "push", value: create(PushSchema, { topic, body }) }));
   }
 
-  /** Ends the session: tells the gateway (Close NORMAL) and closes the connection. */
+  /**
+   * Ends the session: tells the gateway (Close NORMAL) and closes the connection. While the
+   * connection is down there is nobody to tell: a resume under way that succeeds later carries
+   * the Close; otherwise the gateway ends the session when its resume window passes.
+   */
   close(): void {
-    if (this.ended) return;
-    const close = create(CloseSchema, { reason: CloseReason.NORMAL, message: "bye" });
-    this.link?.write(encodeFrame({ type: "control", body: encodeControl({ case: "close", value: close }) }));
-    this.end(new ClosedError(CloseReason.NORMAL, "closed by the client"));
+    this.end(new ClosedError(CloseReason.NORMAL, "closed by the client"), true);
   }
 
   /**
@@ -227,15 +308,24 @@ export class Client {
    * Sends a message, or keeps it behind those waiting when the unacknowledged window is full
    * (they go as acknowledgements arrive). Throws `BackpressureError` when it cannot be kept.
    */
-  private sendPayload(payload: Uint8Array): void {
+  private sendPayload(payload: Uint8Array, id?: bigint): void {
     if (!this.session.fits(payload.length)) {
       throw new BackpressureError(`a message of ${payload.length} bytes is larger than the unacknowledged window`);
+    }
+    const frameMax = this.welcome.maxFrameBytes || DEFAULT_MAX_FRAME_BYTES;
+    if (payload.length + DATA_OVERHEAD > frameMax) {
+      // The gateway would end the session on it (FRAME_TOO_LARGE, §2).
+      throw new BackpressureError(`a message of ${payload.length} bytes does not fit in the gateway's largest frame (${frameMax} bytes)`);
     }
     if (this.waiting.length > 0 || !this.session.hasRoom(payload.length)) {
       if (this.waiting.length >= (this.options.maxWaiting ?? 16_384)) {
         throw new BackpressureError(`${this.waiting.length} messages already wait for the gateway's acknowledgements`);
       }
-      this.waiting.push(payload);
+      if (this.waitingBytes + payload.length > (this.options.maxWaitingBytes ?? 64 << 20)) {
+        throw new BackpressureError(`${this.waitingBytes} bytes already wait for the gateway's acknowledgements`);
+      }
+      this.waiting.push({ payload, id });
+      this.waitingBytes += payload.length;
       return;
     }
     const frame = this.session.send(this.now(), payload);
@@ -246,19 +336,30 @@ export class Client {
   /** Sends what waited, as far as the window has room. */
   private flushWaiting(): void {
     let sent = false;
-    while (this.waiting.length > 0 && this.session.hasRoom(this.waiting[0]!.length)) {
-      const frame = this.session.send(this.now(), this.waiting.shift()!);
+    while (this.waiting.length > 0 && this.session.hasRoom(this.waiting[0]!.payload.length)) {
+      const { payload } = this.waiting.shift()!;
+      this.waitingBytes -= payload.length;
+      const frame = this.session.send(this.now(), payload);
       if (frame) this.write(frame);
       sent = true;
     }
     if (sent) this.arm();
   }
 
+  /** Takes call `id`'s request out of the waiting messages, if it is still there. */
+  private unwait(id: bigint): void {
+    const at = this.waiting.findIndex((w) => w.id === id);
+    if (at < 0) return;
+    this.waitingBytes -= this.waiting[at]!.payload.length;
+    this.waiting.splice(at, 1);
+  }
+
   private write(frame: Frame): void {
     this.link?.write(encodeFrame(frame));
   }
 
-  private attachLink(transport: Transport): void {
+  /** Takes a connection over from the handshake, with what happened on it since the Welcome. */
+  private attachLink({ transport, early }: Opened): void {
     this.link = transport;
     transport.onData = (bytes) => {
       if (this.link !== transport) return;
@@ -273,6 +374,13 @@ export class Client {
     transport.onClose = () => {
       if (this.link === transport) this.loseLink();
     };
+    if (early.error) this.fail(early.error);
+    else if (early.closed) queueMicrotask(() => this.link === transport && this.loseLink());
+  }
+
+  /** @internal A push body that does not decode: the gateway broke the protocol (§9). */
+  protocolError(error: Error): void {
+    this.fail(error);
   }
 
   /** Handles every whole frame received, then writes an ACK if one is due. */
@@ -354,9 +462,9 @@ export class Client {
     this.arm();
   }
 
-  /** A protocol violation by the peer: the session cannot go on. */
+  /** A protocol violation by the peer: the session cannot go on, and the gateway is told. */
   private fail(error: Error): void {
-    this.end(new ClosedError(CloseReason.PROTOCOL_ERROR, error.message));
+    this.end(new ClosedError(CloseReason.PROTOCOL_ERROR, error.message), true);
   }
 
   private loseLink(): void {
@@ -383,19 +491,23 @@ export class Client {
       try {
         const opened = await handshake(this.options, { welcome: this.welcome, lastReceived: this.session.lastReceived });
         if (this.ended) {
+          // Closed meanwhile: the session is resumed only to be ended properly.
+          sayClose(opened.transport, this.ended);
           opened.transport.close();
           return;
         }
         if (!opened.welcome.resumed) throw new ProtocolError("the Welcome to a resume says resumed = false");
         // Bytes of the old connection are gone with it; the new one starts clean.
         this.decoder = opened.decoder;
-        this.attachLink(opened.transport);
+        this.attachLink(opened);
+        if (this.ended) return;
         for (const frame of this.session.attach(this.now(), Number(opened.welcome.lastReceived))) this.write(frame);
         emit(this.report, this.listeners.resumed);
         this.pump();
         return;
       } catch (e) {
-        if (e instanceof ClosedError || e instanceof ProtocolError) {
+        // Refused, or bytes that break the protocol: trying again would not help.
+        if (e instanceof ClosedError || e instanceof ProtocolError || e instanceof FrameError) {
           this.end(e instanceof ClosedError ? e : new ClosedError(CloseReason.PROTOCOL_ERROR, e.message));
           return;
         }
@@ -405,13 +517,15 @@ export class Client {
     }
   }
 
-  private end(error: ClosedError): void {
+  /** Ends the session with `error`; `tell`: our decision, so the gateway gets a Close (§9). */
+  private end(error: ClosedError, tell = false): void {
     if (this.ended) return;
     this.ended = error;
     if (this.timer !== undefined) clearTimeout(this.timer);
     const link = this.link;
     this.link = undefined;
     if (link) {
+      if (tell) sayClose(link, error);
       link.onData = () => {};
       link.onClose = () => {};
       link.close();
@@ -421,7 +535,14 @@ export class Client {
       p.reject(error);
     }
     this.pending.clear();
-    this.waiting.length = 0;
+    this.waiting = [];
+    this.waitingBytes = 0;
     emit(this.report, this.listeners.closed, error);
   }
+}
+
+/** Writes a Close with the reason the session ended for (§9). */
+function sayClose(transport: Transport, error: ClosedError): void {
+  const close = create(CloseSchema, { reason: error.reason, message: error.detail });
+  transport.write(encodeFrame({ type: "control", body: encodeControl({ case: "close", value: close }) }));
 }

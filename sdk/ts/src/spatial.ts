@@ -14,7 +14,7 @@ import {
   type SpatialEvent,
 } from "./gen/tickwire/v1/spatial_pb.js";
 import type { Client } from "./client.js";
-import { DecodeError } from "./errors.js";
+import { DecodeError, FrameError } from "./errors.js";
 import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema, type Value } from "./state/schema.js";
@@ -65,9 +65,36 @@ export class Spatial {
   private readonly leftListeners = new Set<Listener<[bigint]>>();
   private readonly eventListeners = new Set<Listener<[SpatialEvent]>>();
   private readonly errorListeners = new Set<Listener<[bigint, DecodeError]>>();
+  /** The area last asked for, for [`resync`](#resync). */
+  private last: { area: Area | null; opts: InterestOptions } | undefined;
+  private resyncing = false;
+  private readonly off: () => void;
 
   constructor(private readonly client: Client) {
-    client.on("push", (topic, body) => this.onPush(topic, body));
+    this.off = client.on("push", (topic, body) => this.onPush(topic, body));
+  }
+
+  /** Stops handling this client's pushes (the cells stop updating). */
+  dispose(): void {
+    this.off();
+    this.cells.clear();
+  }
+
+  /**
+   * Starts every cell in view again from a snapshot: the area is cleared and set again (the
+   * cells leave the view, then come back whole). Done by itself after a cell update that does
+   * not decode (§12.2, "Decode errors").
+   */
+  async resync(): Promise<void> {
+    const last = this.last;
+    if (!last || this.resyncing) return;
+    this.resyncing = true;
+    try {
+      await this.interest(null);
+      await this.interest(last.area, last.opts);
+    } finally {
+      this.resyncing = false;
+    }
   }
 
   /** `spatial.interest`: replaces the area (`null`: none, and every cell leaves the view). */
@@ -86,6 +113,7 @@ export class Spatial {
       };
     }
     const result = decodeBody(InterestResultSchema, await this.client.call("spatial.interest", encode(SetInterestSchema, req)));
+    this.last = { area, opts };
     if (!this.schema) {
       this.schema = Schema.parse(result.cellSchemaJson);
       const early = this.early;
@@ -121,13 +149,26 @@ export class Spatial {
     return () => this.eventListeners.delete(fn);
   }
 
-  /** A cell's update did not decode; the cell's replica waits for its next snapshot. */
+  /**
+   * A cell's update did not decode. Its replica then takes only a snapshot, and the view asks
+   * for one ([`resync`](#resync)).
+   */
   onError(fn: Listener<[bigint, DecodeError]>): () => void {
     this.errorListeners.add(fn);
     return () => this.errorListeners.delete(fn);
   }
 
   private onPush(topic: string, body: Uint8Array): void {
+    try {
+      this.route(topic, body);
+    } catch (e) {
+      // A body that does not decode: the gateway broke the protocol.
+      if (e instanceof FrameError) this.client.protocolError(e);
+      else throw e;
+    }
+  }
+
+  private route(topic: string, body: Uint8Array): void {
     switch (topic) {
       case "channel.updates":
         for (const u of decodeBody(ChannelUpdatesSchema, body).updates) this.apply(u.channelId, u.codec, u.update);
@@ -165,7 +206,10 @@ export class Spatial {
       else replica.apply(update, changes);
     } catch (e) {
       if (!(e instanceof DecodeError)) throw e;
+      // Deltas sent before a resync cleared the area still come, and cannot apply: expected.
+      if (this.resyncing) return;
       emit(this.client.report, this.errorListeners, channelId, e);
+      void this.resync().catch(() => {});
       return;
     }
     if (changes) emit(this.client.report, this.cellListeners, channelId, changes);

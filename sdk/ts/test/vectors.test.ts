@@ -10,7 +10,7 @@ import { decodeControl, decodeEnvelope } from "../src/messages.js";
 import { Replica } from "../src/state/replica.js";
 import { Schema } from "../src/state/schema.js";
 import { EchoRequestSchema } from "../src/gen/tickwire/v1/control_pb.js";
-import { fromBinary } from "@bufbuild/protobuf";
+import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { hex, plain, toHex, vectors } from "./helpers.js";
 
 function decodeOne(bytes: Uint8Array, max?: number): Frame {
@@ -174,34 +174,124 @@ test("state.json: every invalid update is refused with its named error, and then
   assert.equal(replica.version, 0);
 });
 
-test("random bytes never crash the decoders: a typed error or a value", () => {
+/** A pseudo-random source, the same on every run. */
+function lcg(seed: number): () => number {
+  let state = seed;
+  return () => (state = (state * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+}
+
+/** Flips a few bytes of `seed`, and sometimes cuts it short. */
+function mutate(seed: Uint8Array, rand: () => number, keep = 0): Uint8Array {
+  const bytes = seed.slice();
+  const span = bytes.length - keep;
+  if (span > 0) {
+    for (let k = 0; k < 1 + Math.floor(rand() * 4); k++) bytes[keep + Math.floor(rand() * span)] = Math.floor(rand() * 256);
+  }
+  return rand() < 0.3 ? bytes.subarray(0, keep + Math.floor(rand() * (span + 1))) : bytes;
+}
+
+test("random bytes never crash the update decoders: a typed error or a value", () => {
   const doc = vectors("state.json");
   const schema = Schema.parse(JSON.stringify(doc.schema));
-  const seeds = doc.vectors.filter((v: any) => v.codec === "binary").map((v: any) => hex(v.hex));
-  let state = 42;
-  const rand = () => (state = (state * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  const byName = new Map<string, any>(doc.vectors.map((v: any) => [v.name, v]));
+  // A replica holding what `v` applies to: its chain of bases, applied in order.
+  const replicaFor = (v: any): Replica => {
+    const chain: any[] = [];
+    for (let b = v.base; b !== undefined; b = byName.get(b)?.base) chain.unshift(byName.get(b));
+    const r = new Replica(schema);
+    for (const base of chain) {
+      if (base.codec === "json") r.applyJson(base.text ?? hex(base.hex));
+      else r.apply(hex(base.hex));
+    }
+    return r;
+  };
+  const rand = lcg(42);
+  let applied = 0;
+  let refused = 0;
   for (let i = 0; i < 20_000; i++) {
-    const seed = seeds[i % seeds.length]!;
-    const bytes = seed.slice();
-    // Flip, cut or extend a few bytes of a valid update.
-    for (let k = 0; k < 1 + Math.floor(rand() * 4); k++) bytes[Math.floor(rand() * bytes.length)] = Math.floor(rand() * 256);
-    const input = rand() < 0.3 ? bytes.subarray(0, Math.floor(rand() * bytes.length)) : bytes;
+    const v = doc.vectors[i % doc.vectors.length];
+    if (v.codec !== "binary") continue;
+    // The header (kind, from, to) kept whole half the time, so the body's decoder is reached.
+    const input = mutate(hex(v.hex), rand, rand() < 0.5 ? 3 : 0);
     try {
-      new Replica(schema).apply(input);
+      replicaFor(v).apply(input);
+      applied++;
     } catch (e) {
       assert.ok(e instanceof DecodeError, `${toHex(input)}: ${e}`);
+      refused++;
     }
+  }
+  // Both outcomes happen: the bodies were decoded, not refused at the header.
+  assert.ok(applied > 100 && refused > 100, `${applied} applied, ${refused} refused`);
+});
+
+test("random JSON never crashes the JSON update decoder: a DecodeError or a value", () => {
+  const doc = vectors("state.json");
+  const schema = Schema.parse(JSON.stringify(doc.schema));
+  const json = doc.vectors.filter((v: any) => v.codec === "json");
+  assert.ok(json.length > 0, "the vectors have JSON updates");
+  // Lines that parse as JSON but are not what a line must be, and near-misses of real ops.
+  const pool = [
+    "null", "1", "[]", "\"x\"", "{}", "true", '{"op":"set"}', '{"op":"set","path":"/nope","value":1}',
+    '{"op":"len","path":"/","value":-1}', '{"op":"set","path":3}', '{"kind":"delta","from":"0","to":1}',
+    '{"op":"remove","path":"/players/~2"}', '{"op":"len","path":"/log","value":1e300}', "{",
+  ];
+  const rand = lcg(7);
+  let applied = 0;
+  let refused = 0;
+  for (let i = 0; i < 10_000; i++) {
+    const v = json[i % json.length];
+    const text: string = v.text ?? new TextDecoder().decode(hex(v.hex));
+    const lines = text.split("\n");
+    const at = Math.floor(rand() * lines.length);
+    if (rand() < 0.6) lines[at] = pool[Math.floor(rand() * pool.length)]!;
+    else {
+      const l = lines[at]!;
+      const c = Math.floor(rand() * (l.length + 1));
+      lines[at] = l.slice(0, c) + "{}[],:\"0-e"[Math.floor(rand() * 11)] + l.slice(c + 1);
+    }
+    const input = lines.join("\n");
+    try {
+      new Replica(schema).applyJson(input);
+      applied++;
+    } catch (e) {
+      assert.ok(e instanceof DecodeError, `${JSON.stringify(input)}: ${e}`);
+      refused++;
+    }
+  }
+  assert.ok(refused > 1000, `${applied} applied, ${refused} refused`);
+});
+
+test("random bytes never crash the frame decoder: a FrameError or a frame", () => {
+  const doc = vectors("frames.json");
+  const seeds: Uint8Array[] = [...doc.valid, ...doc.invalid].map((v: any) => hex(v.hex));
+  const rand = lcg(3);
+  let frames = 0;
+  for (let i = 0; i < 20_000; i++) {
+    // The length prefix kept whole (and fixed up after a cut) most of the time, so the body's
+    // decoders are reached; otherwise random.
+    const keepPrefix = rand() < 0.8;
+    const input = mutate(seeds[i % seeds.length]!, rand, keepPrefix ? 4 : 0).slice();
+    if (keepPrefix && input.length >= 4) new DataView(input.buffer).setUint32(0, input.length - 4);
     const d = new FrameDecoder(1024);
     d.push(input);
     try {
       const f = d.next();
       if (f?.type === "control") decodeControl(f.body);
       if (f?.type === "data") decodeEnvelope(f.payload);
+      if (f) frames++;
     } catch (e) {
       assert.ok(e instanceof FrameError, `${toHex(input)}: ${e}`);
     }
   }
-  // The generated encoder agrees with the echo vector's body.
-  const body = create(EchoRequestSchema, { responseBytes: 4, padding: hex("5a5a5a5a") });
-  assert.equal(body.responseBytes, 4);
+  assert.ok(frames > 1000, `${frames} frames decoded`);
+});
+
+test("the generated protobuf encoder writes the echo vector's request body", () => {
+  const doc = vectors("frames.json");
+  const echo = doc.valid.find((v: any) => v.name === "data_echo_request");
+  const body = toBinary(EchoRequestSchema, create(EchoRequestSchema, { responseBytes: 4, padding: hex("5a5a5a5a") }));
+  // DATA frame: length (4), type, seq 1, ack 0, then the Envelope whose request body ends it.
+  assert.ok(toHex(hex(echo.hex)).endsWith(toHex(body)), `${toHex(body)} in ${echo.hex}`);
+  assert.equal(toHex(body), "080412045a5a5a5a");
 });

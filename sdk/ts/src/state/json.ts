@@ -16,15 +16,22 @@ export interface JsonHeader {
   body: string;
 }
 
-export function jsonHeader(text: string): JsonHeader {
-  const end = text.indexOf("\n");
-  if (end < 0) throw new DecodeError("Truncated", "JSON header line");
-  let h: { kind?: unknown; from?: unknown; to?: unknown };
+/** One line that must hold a JSON object (a header or an op): parsed, or `DecodeError` Json. */
+function objectLine(line: string, what: string): { [key: string]: unknown } {
+  let v: unknown;
   try {
-    h = JSON.parse(text.slice(0, end));
+    v = JSON.parse(line);
   } catch (e) {
     throw bad((e as Error).message);
   }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) throw bad(`${what} must be a JSON object`);
+  return v as { [key: string]: unknown };
+}
+
+export function jsonHeader(text: string): JsonHeader {
+  const end = text.indexOf("\n");
+  if (end < 0) throw new DecodeError("Truncated", "JSON header line");
+  const h = objectLine(text.slice(0, end), "the header");
   if (h.kind !== "snapshot" && h.kind !== "delta") throw bad(`unknown kind ${JSON.stringify(h.kind)}`);
   if (typeof h.from !== "number" || typeof h.to !== "number") throw bad("from and to must be numbers");
   return { snapshot: h.kind === "snapshot", from: h.from, to: h.to, body: text.slice(end + 1) };
@@ -122,12 +129,7 @@ function walk(node: Value, t: Type, segs: string[]): [Value, Type] {
 export function applyJsonOps(rootType: Type, root: Value, body: string, changes?: Change[]): void {
   for (const line of body.split("\n")) {
     if (line === "") continue;
-    let op: { op?: unknown; path?: unknown; value?: unknown };
-    try {
-      op = JSON.parse(line);
-    } catch (e) {
-      throw bad((e as Error).message);
-    }
+    const op = objectLine(line, "an op");
     if (typeof op.op !== "string" || typeof op.path !== "string") throw bad("an op needs op and path strings");
     const segs = segments(op.path);
     const value = () => {

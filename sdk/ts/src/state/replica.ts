@@ -128,7 +128,7 @@ export class Replica {
     const from = Number(r.varint("update header"));
     const to = Number(r.varint("update header"));
     if (kind !== KIND_SNAPSHOT && kind !== KIND_DELTA) throw new DecodeError("UnknownKind", `update kind ${kind}`);
-    return this.applyWith(kind === KIND_SNAPSHOT, from, to, changes, () => {
+    return this.applyWith(kind === KIND_SNAPSHOT, from, to, changes, "BadOp", () => {
       while (r.left > 0) this.patch(this.schema.root, this.root, r, changes ? [] : undefined, changes);
     });
   }
@@ -142,10 +142,18 @@ export class Replica {
       throw new DecodeError("BadUtf8", "a JSON update that is not UTF-8");
     }
     const h = jsonHeader(text);
-    return this.applyWith(h.snapshot, h.from, h.to, changes, () => applyJsonOps(this.schema.root, this.root, h.body, changes));
+    return this.applyWith(h.snapshot, h.from, h.to, changes, "Json", () => applyJsonOps(this.schema.root, this.root, h.body, changes));
   }
 
-  private applyWith(snapshot: boolean, from: number, to: number, changes: Change[] | undefined, body: () => void): number {
+  /** `code`: the error any failure of `body` other than a `DecodeError` is reported as. */
+  private applyWith(
+    snapshot: boolean,
+    from: number,
+    to: number,
+    changes: Change[] | undefined,
+    code: "BadOp" | "Json",
+    body: () => void,
+  ): number {
     if (snapshot) {
       this.root = defaultValue(this.schema.root) as { [key: string]: Value };
       this.ids = new WeakMap();
@@ -159,7 +167,7 @@ export class Replica {
       body();
     } catch (e) {
       this.poisoned = true;
-      throw e;
+      throw e instanceof DecodeError ? e : new DecodeError(code, e instanceof Error ? e.message : String(e));
     }
     this.versionNow = to;
     this.poisoned = false;
