@@ -27,7 +27,7 @@ import {
 } from "./gen/tickwire/v1/channel_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Client } from "./client.js";
-import { DecodeError, FrameError } from "./errors.js";
+import { DecodeError } from "./errors.js";
 import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema } from "./state/schema.js";
@@ -224,7 +224,7 @@ export class Channels {
   private readonly off: () => void;
 
   constructor(private readonly client: Client) {
-    this.off = client.on("push", (topic, body) => this.onPush(topic, body));
+    this.off = client.routePushes((topic, body) => this.route(topic, body));
   }
 
   /** Stops handling this client's pushes (the subscriptions stop updating). */
@@ -300,16 +300,6 @@ export class Channels {
 
   async remove(channelId: bigint): Promise<void> {
     await this.client.call("channel.remove", encode(ChannelRefSchema, { channelId }));
-  }
-
-  private onPush(topic: string, body: Uint8Array): void {
-    try {
-      this.route(topic, body);
-    } catch (e) {
-      // A body that does not decode: the gateway broke the protocol.
-      if (e instanceof FrameError) this.client.protocolError(e);
-      else throw e;
-    }
   }
 
   private route(topic: string, body: Uint8Array): void {

@@ -378,9 +378,19 @@ export class Client {
     else if (early.closed) queueMicrotask(() => this.link === transport && this.loseLink());
   }
 
-  /** @internal A push body that does not decode: the gateway broke the protocol (§9). */
-  protocolError(error: Error): void {
-    this.fail(error);
+  /**
+   * @internal Listens to pushes with `route`, which decodes their bodies: a body that does not
+   * decode (`FrameError`) means the gateway broke the protocol, and ends the session (§9).
+   */
+  routePushes(route: (topic: string, body: Uint8Array) => void): () => void {
+    return this.on("push", (topic, body) => {
+      try {
+        route(topic, body);
+      } catch (e) {
+        if (e instanceof FrameError) this.fail(e);
+        else throw e;
+      }
+    });
   }
 
   /** Handles every whole frame received, then writes an ACK if one is due. */

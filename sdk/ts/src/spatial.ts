@@ -14,7 +14,7 @@ import {
   type SpatialEvent,
 } from "./gen/tickwire/v1/spatial_pb.js";
 import type { Client } from "./client.js";
-import { DecodeError, FrameError } from "./errors.js";
+import { DecodeError } from "./errors.js";
 import { decodeBody, encode } from "./messages.js";
 import { Replica, type Change } from "./state/replica.js";
 import { Schema, type Value } from "./state/schema.js";
@@ -71,7 +71,7 @@ export class Spatial {
   private readonly off: () => void;
 
   constructor(private readonly client: Client) {
-    this.off = client.on("push", (topic, body) => this.onPush(topic, body));
+    this.off = client.routePushes((topic, body) => this.route(topic, body));
   }
 
   /** Stops handling this client's pushes (the cells stop updating). */
@@ -156,16 +156,6 @@ export class Spatial {
   onError(fn: Listener<[bigint, DecodeError]>): () => void {
     this.errorListeners.add(fn);
     return () => this.errorListeners.delete(fn);
-  }
-
-  private onPush(topic: string, body: Uint8Array): void {
-    try {
-      this.route(topic, body);
-    } catch (e) {
-      // A body that does not decode: the gateway broke the protocol.
-      if (e instanceof FrameError) this.client.protocolError(e);
-      else throw e;
-    }
   }
 
   private route(topic: string, body: Uint8Array): void {

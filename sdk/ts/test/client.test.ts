@@ -260,3 +260,15 @@ test("a spatial view whose cell update does not decode asks for snapshots: the a
   assert.deepEqual(areas, ["sphere", undefined, "sphere"]);
   client.close();
 });
+
+test("a push whose body does not decode ends the session with PROTOCOL_ERROR, told to the gateway", async () => {
+  const { client, links } = await connect(() => [welcome()]);
+  const link = links[0]!;
+  new Channels(client);
+  let closed: ClosedError | undefined;
+  client.on("closed", (e) => (closed = e));
+  link.onData(link.push("channel.update", Uint8Array.of(0x0a, 0xff)));
+  assert.equal(closed?.reason, CloseReason.PROTOCOL_ERROR, `${closed}`);
+  const last = link.frames.at(-1)!;
+  assert.ok(last.type === "control" && decodeControl(last.body).kind.case === "close");
+});
