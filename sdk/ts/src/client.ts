@@ -14,9 +14,8 @@ import {
   Status,
   type Welcome,
 } from "./gen/tickwire/v1/control_pb.js";
-import { BackpressureError, ClosedError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
+import { BackpressureError, ClosedError, FrameError, ProtocolError, StatusError, TimeoutError } from "./errors.js";
 import { DEFAULT_MAX_FRAME_BYTES, FrameDecoder, PRE_WELCOME_MAX_FRAME_BYTES, encodeFrame, type Frame } from "./frame.js";
-import { FrameError } from "./errors.js";
 import { decodeControl, decodeEnvelope, encodeControl, encodeEnvelope } from "./messages.js";
 import { Session, configFromWelcome } from "./session.js";
 import type { Connector, Transport } from "./transport.js";
