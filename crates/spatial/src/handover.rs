@@ -137,15 +137,9 @@ impl<M: Clone> Route<M> {
         Ok(Action::Release { to: self.owner, handover })
     }
 
-    /// The old owner released the entity: it processed everything up to `processed` and
-    /// nothing after, and `state` is the entity's state. The new owner gets the state and
-    /// every message not processed, in order.
-    pub fn released(
-        &mut self,
-        handover: u64,
-        processed: u64,
-        state: Vec<u8>,
-    ) -> Result<Action<M>, RouteError> {
+    /// Whether [`Route::released`] would take this release, changing nothing: for a caller that
+    /// has more to check and change before it commits.
+    pub fn check_release(&self, handover: u64, processed: u64) -> Result<(), RouteError> {
         let Phase::HandingOver { handover: current, waiting, .. } = &self.phase else {
             return Err(RouteError::UnknownHandover(handover));
         };
@@ -157,6 +151,19 @@ impl<M: Clone> Route<M> {
         if processed > sent {
             return Err(RouteError::BadRelease { released: processed, sent });
         }
+        Ok(())
+    }
+
+    /// The old owner released the entity: it processed everything up to `processed` and
+    /// nothing after, and `state` is the entity's state. The new owner gets the state and
+    /// every message not processed, in order.
+    pub fn released(
+        &mut self,
+        handover: u64,
+        processed: u64,
+        state: Vec<u8>,
+    ) -> Result<Action<M>, RouteError> {
+        self.check_release(handover, processed)?;
         let Phase::HandingOver { to, waiting, .. } = std::mem::replace(&mut self.phase, Phase::Owned) else {
             unreachable!("checked above");
         };

@@ -487,6 +487,14 @@ impl World {
                 format!("entity {entity_id} is not this server's"),
             ));
         }
+        // A release the route would refuse changes nothing, its value included.
+        if let Err(err) = e.route.check_release(req.handover_id, req.processed_seq) {
+            return Some(error_response(
+                id,
+                Status::FailedPrecondition,
+                format!("entity {entity_id}: {err}"),
+            ));
+        }
         if !req.value_json.is_empty() {
             // Into the cell first: a value that does not fit changes nothing.
             let (cell, value) = (e.cell, req.value_json.trim());
