@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use prost::Message;
 use tickwire_fanout::Scheduler;
-use tickwire_spatial::handover::{Action, Route, RouteError};
+use tickwire_spatial::handover::{Action, Route};
 use tickwire_spatial::{Cell, Layout, Move};
 use tickwire_state::{Key, PreparedCache, Schema, State, Step};
 use tickwire_wire::proto::{
@@ -495,26 +495,21 @@ impl World {
                 format!("entity {entity_id}: {err}"),
             ));
         }
-        if !req.value_json.is_empty() {
-            // Into the cell first: a value that does not fit changes nothing.
-            let (cell, value) = (e.cell, req.value_json.trim());
-            if let Err(msg) = self.set_in_cell(cell, entity_id, value) {
-                return Some(error_response(id, Status::InvalidArgument, msg));
-            }
-            let e = self.entities.get_mut(&entity_id).expect("looked up above");
-            value.clone_into(&mut e.value);
+        // Into the cell first: a value that does not fit changes nothing.
+        let (cell, value) = (e.cell, (!req.value_json.is_empty()).then(|| req.value_json.trim()));
+        if let Some(value) = value
+            && let Err(msg) = self.set_in_cell(cell, entity_id, value)
+        {
+            return Some(error_response(id, Status::InvalidArgument, msg));
         }
         let e = self.entities.get_mut(&entity_id).expect("looked up above");
+        if let Some(value) = value {
+            value.clone_into(&mut e.value);
+        }
         let state = e.value.clone().into_bytes();
+        // Checked above, with nothing changed in the route since.
         let action = match e.route.released(req.handover_id, req.processed_seq, state) {
             Ok(action) => action,
-            Err(err @ (RouteError::UnknownHandover(_) | RouteError::BadRelease { .. })) => {
-                return Some(error_response(
-                    id,
-                    Status::FailedPrecondition,
-                    format!("entity {entity_id}: {err}"),
-                ));
-            }
             Err(err) => return Some(error_response(id, Status::Internal, err.to_string())),
         };
         let from_slot = e.owner_slot;
