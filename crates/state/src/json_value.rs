@@ -1,10 +1,16 @@
-//! Plain values from JSON, typed by the schema: shared by the JSON replica and by patches that
-//! game servers send as JSON ops. Also JSON Pointer paths resolved against the schema.
+//! Plain values from JSON, typed by the schema: one reader shared by the JSON replica, by
+//! patches that game servers send as JSON ops, and by `State::set_json` (entity values). Also
+//! JSON Pointer paths resolved against the schema.
+//!
+//! One reader, so that a value is taken or refused the same way wherever it comes from. It reads
+//! the text straight into the schema's type, and refuses an object that names a field or a key
+//! twice (`{"hp":1,"hp":2}`, or `"1"` and `"01"` in an int-keyed map): which copy would win is not
+//! something two readers, or two languages, agree on.
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeSeed as _;
-use serde_json::Value as J;
+use serde_json::value::RawValue;
 
 use crate::schema::{KeyKind, Kind, ROOT, Schema, TypeId};
 use crate::value::{Key, Value};
@@ -13,11 +19,25 @@ use crate::value::{Key, Value};
 /// replica (updates) and by patches.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct JsonOp {
+pub(crate) struct JsonOp<'a> {
     pub op: String,
     pub path: String,
-    #[serde(default)]
-    pub value: Option<J>,
+    /// The value's text, read with [`from_json_str`] against the type at `path`. `null` is a
+    /// value (a float that is not finite), not a missing one.
+    #[serde(default, borrow, deserialize_with = "present")]
+    pub value: Option<&'a RawValue>,
+}
+
+/// A field that is there, whatever its value (serde would read `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+impl JsonOp<'_> {
+    /// The value as a count (`len`, `cap`, `truncate`), if it is one.
+    pub fn count(&self) -> Option<u64> {
+        serde_json::from_str(self.value?.get()).ok()
+    }
 }
 
 /// A path step that owns its key, from a JSON Pointer.
@@ -37,9 +57,24 @@ pub(crate) fn segments(path: &str) -> Result<Vec<String>, String> {
     Ok(rest.split('/').map(|s| s.replace("~1", "/").replace("~0", "~")).collect())
 }
 
+/// A map key from its text. An int key must be written the one way the encoders write it
+/// (`-?(0|[1-9][0-9]*)`, no `-0`), so that two texts never name the same key.
 pub(crate) fn parse_key(kind: KeyKind, s: &str) -> Result<Key, String> {
     match kind {
-        KeyKind::Int => s.parse().map(Key::Int).map_err(|_| format!("bad int key {s:?}")),
+        KeyKind::Int => {
+            let digits = s.strip_prefix('-').unwrap_or(s);
+            let canonical = match digits.as_bytes() {
+                [b'0'] => digits.len() == s.len(),
+                [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+                _ => false,
+            };
+            match s.parse() {
+                Ok(n) if canonical => Ok(Key::Int(n)),
+                _ => Err(format!(
+                    "bad int key {s:?}: not a decimal i64 written without a sign or leading zeros"
+                )),
+            }
+        }
         KeyKind::String => Ok(Key::str(s)),
     }
 }
@@ -70,45 +105,11 @@ pub(crate) fn resolve(schema: &Schema, path: &str) -> Result<(Vec<PathBuf>, Type
     Ok((steps, ty))
 }
 
-/// A value of type `ty` from its JSON form (as the JSON codec writes it). Missing struct fields
-/// are defaults; unknown ones are an error.
-pub(crate) fn from_json(schema: &Schema, ty: TypeId, v: &J) -> Result<Value, String> {
-    let mismatch = || format!("value {v} does not fit {:?}", schema.node(ty).kind);
-    Ok(match (&schema.node(ty).kind, v) {
-        (Kind::Int, J::Number(n)) => Value::Int(n.as_i64().ok_or_else(mismatch)?),
-        (Kind::Float(_), J::Number(n)) => Value::Float(n.as_f64().ok_or_else(mismatch)?),
-        (Kind::Float(_), J::Null) => Value::Float(f64::NAN),
-        (Kind::Bool, J::Bool(b)) => Value::Bool(*b),
-        (Kind::Str, J::String(s)) => Value::Str(s.clone()),
-        (Kind::Bytes, J::String(s)) => Value::Bytes(Bytes::from(hex::decode(s).map_err(|_| mismatch())?)),
-        (Kind::Vec3(_), J::Array(a)) if a.len() == 3 => {
-            let c = |i: usize| a[i].as_f64().ok_or_else(mismatch);
-            Value::Vec3([c(0)?, c(1)?, c(2)?])
-        }
-        (Kind::Struct(decl), J::Object(obj)) => {
-            let mut values: Vec<Value> = decl.iter().map(|f| schema.default_value(f.ty)).collect();
-            for (name, fv) in obj {
-                let i =
-                    decl.iter().position(|f| &*f.name == name).ok_or_else(|| format!("no field {name:?}"))?;
-                values[i] = from_json(schema, decl[i].ty, fv)?;
-            }
-            Value::Struct(values)
-        }
-        (Kind::List(item), J::Array(a)) => {
-            Value::List(a.iter().map(|x| from_json(schema, *item, x)).collect::<Result<_, _>>()?)
-        }
-        (Kind::Map { key, value }, J::Object(obj)) => Value::Map(
-            obj.iter()
-                .map(|(k, x)| Ok((parse_key(*key, k)?, from_json(schema, *value, x)?)))
-                .collect::<Result<_, String>>()?,
-        ),
-        _ => return Err(mismatch()),
-    })
-}
-
-/// A value of type `ty` read straight from JSON text, by the same rules as [`from_json`] but
-/// without building a `serde_json::Value` first (no map of owned keys per object): game servers
-/// send every entity's value as JSON on every frame, and the spatial world reads them all.
+/// A value of type `ty` from its JSON form (as the JSON codec writes it, docs/protocol.md
+/// section 12.3): missing struct fields are defaults; unknown or repeated fields, repeated map
+/// keys, and text after the value are errors. Read straight from the text, without building a
+/// `serde_json::Value` first: game servers send every entity's value as JSON on every frame, and
+/// the spatial world reads them all.
 pub(crate) fn from_json_str(schema: &Schema, ty: TypeId, text: &str) -> Result<Value, String> {
     let mut de = serde_json::Deserializer::from_str(text);
     let value = Typed { schema, ty }.deserialize(&mut de).map_err(|e| e.to_string())?;
@@ -229,21 +230,35 @@ impl<'de> serde::de::Visitor<'de> for Typed<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         match self.kind() {
             Kind::Struct(decl) => {
-                let mut values: Vec<Value> = decl.iter().map(|f| self.schema.default_value(f.ty)).collect();
+                let mut values: Vec<Option<Value>> = vec![None; decl.len()];
                 while let Some(KeyText(name)) = map.next_key()? {
                     let i = decl
                         .iter()
                         .position(|f| *f.name == *name)
                         .ok_or_else(|| serde::de::Error::custom(format!("no field {name:?}")))?;
-                    values[i] = map.next_value_seed(self.at(decl[i].ty))?;
+                    if values[i].is_some() {
+                        return Err(serde::de::Error::custom(format!("field {name:?} appears twice")));
+                    }
+                    values[i] = Some(map.next_value_seed(self.at(decl[i].ty))?);
                 }
-                Ok(Value::Struct(values))
+                let values = values.into_iter().zip(decl.iter());
+                Ok(Value::Struct(
+                    values.map(|(v, f)| v.unwrap_or_else(|| self.schema.default_value(f.ty))).collect(),
+                ))
             }
             Kind::Map { key, value } => {
                 let mut out = std::collections::BTreeMap::new();
-                while let Some(KeyText(k)) = map.next_key()? {
-                    let k = parse_key(*key, &k).map_err(serde::de::Error::custom)?;
-                    out.insert(k, map.next_value_seed(self.at(*value))?);
+                while let Some(KeyText(text)) = map.next_key()? {
+                    let k = parse_key(*key, &text).map_err(serde::de::Error::custom)?;
+                    match out.entry(k) {
+                        std::collections::btree_map::Entry::Vacant(slot) => {
+                            slot.insert(map.next_value_seed(self.at(*value))?);
+                        }
+                        std::collections::btree_map::Entry::Occupied(slot) => {
+                            let msg = format!("key {text:?} appears twice (as key {})", slot.key());
+                            return Err(serde::de::Error::custom(msg));
+                        }
+                    }
                 }
                 Ok(Value::Map(out))
             }
@@ -279,8 +294,54 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
+    use serde_json::Value as J;
+
     use super::*;
     use crate::schema::{Field, SchemaDef, Type};
+
+    /// The reference reader for the property tests: the same rules over a parsed
+    /// `serde_json::Value`, written as plainly as possible. It cannot see a key repeated in the
+    /// text (parsing keeps one copy), so those cases are written out in
+    /// [`repeated_fields_and_keys_are_refused`].
+    fn from_json(schema: &Schema, ty: TypeId, v: &J) -> Result<Value, String> {
+        let mismatch = || format!("value {v} does not fit {:?}", schema.node(ty).kind);
+        Ok(match (&schema.node(ty).kind, v) {
+            (Kind::Int, J::Number(n)) => Value::Int(n.as_i64().ok_or_else(mismatch)?),
+            (Kind::Float(_), J::Number(n)) => Value::Float(n.as_f64().ok_or_else(mismatch)?),
+            (Kind::Float(_), J::Null) => Value::Float(f64::NAN),
+            (Kind::Bool, J::Bool(b)) => Value::Bool(*b),
+            (Kind::Str, J::String(s)) => Value::Str(s.clone()),
+            (Kind::Bytes, J::String(s)) => Value::Bytes(Bytes::from(hex::decode(s).map_err(|_| mismatch())?)),
+            (Kind::Vec3(_), J::Array(a)) if a.len() == 3 => {
+                let c = |i: usize| a[i].as_f64().ok_or_else(mismatch);
+                Value::Vec3([c(0)?, c(1)?, c(2)?])
+            }
+            (Kind::Struct(decl), J::Object(obj)) => {
+                let mut values: Vec<Value> = decl.iter().map(|f| schema.default_value(f.ty)).collect();
+                for (name, fv) in obj {
+                    let i = decl
+                        .iter()
+                        .position(|f| &*f.name == name)
+                        .ok_or_else(|| format!("no field {name:?}"))?;
+                    values[i] = from_json(schema, decl[i].ty, fv)?;
+                }
+                Value::Struct(values)
+            }
+            (Kind::List(item), J::Array(a)) => {
+                Value::List(a.iter().map(|x| from_json(schema, *item, x)).collect::<Result<_, _>>()?)
+            }
+            (Kind::Map { key, value }, J::Object(obj)) => {
+                let mut out = std::collections::BTreeMap::new();
+                for (k, x) in obj {
+                    if out.insert(parse_key(*key, k)?, from_json(schema, *value, x)?).is_some() {
+                        return Err(format!("key {k:?} appears twice"));
+                    }
+                }
+                Value::Map(out)
+            }
+            _ => return Err(mismatch()),
+        })
+    }
 
     fn schema() -> std::sync::Arc<Schema> {
         let entity = Type::Struct(vec![
@@ -315,7 +376,7 @@ mod tests {
 
     fn json_value() -> impl Strategy<Value = J> {
         let key = prop::sample::select(vec![
-            "i", "f", "b", "s", "by", "v", "l", "m", "n", "pos", "yaw", "tags", "7", "-3", "x",
+            "i", "f", "b", "s", "by", "v", "l", "m", "n", "pos", "yaw", "tags", "7", "-3", "07", "+7", "x",
         ]);
         let leaf = prop_oneof![
             Just(J::Null),
@@ -388,5 +449,32 @@ mod tests {
         {
             assert!(from_json_str(&schema, ROOT, text).is_err(), "{text}");
         }
+    }
+
+    #[test]
+    fn repeated_fields_and_keys_are_refused() {
+        let schema = schema();
+        for text in [
+            r#"{"i": 1, "i": 2}"#,
+            r#"{"i": 1, "\u0069": 1}"#,
+            r#"{"m": {"5": {}, "5": {}}}"#,
+            r#"{"m": {"5": {"yaw": 1, "yaw": 1}}}"#,
+            r#"{"n": {"a": 1, "a": 1}}"#,
+        ] {
+            let err = from_json_str(&schema, ROOT, text).unwrap_err();
+            assert!(err.contains("appears twice"), "{text}: {err}");
+        }
+        // Int keys have one spelling, so no two texts name the same key.
+        for key in ["01", "+7", "-0", "", "-", "1.0", " 1", "9223372036854775808", "0x1"] {
+            let text = format!(r#"{{"m": {{"{key}": {{}}}}}}"#);
+            let err = from_json_str(&schema, ROOT, &text).unwrap_err();
+            assert!(err.contains("bad int key"), "{text}: {err}");
+        }
+        for key in ["0", "-1", "9223372036854775807", "-9223372036854775808"] {
+            let text = format!(r#"{{"m": {{"{key}": {{}}}}}}"#);
+            assert!(from_json_str(&schema, ROOT, &text).is_ok(), "{text}");
+        }
+        // The same key in two different objects is fine.
+        assert!(from_json_str(&schema, ROOT, r#"{"m": {"1": {"yaw": 1}, "2": {"yaw": 1}}}"#).is_ok());
     }
 }

@@ -14,7 +14,7 @@
 //! rolls the ops before it back, so a rejected patch leaves every value as it was.
 
 use crate::error::StateError;
-use crate::json_value::{JsonOp, PathBuf, from_json, resolve};
+use crate::json_value::{JsonOp, PathBuf, from_json_str, resolve};
 use crate::schema::{Kind, Schema};
 use crate::state::{State, Step};
 use crate::value::Value;
@@ -67,17 +67,17 @@ impl Patch {
             }
             let value = || op.value.as_ref().ok_or_else(|| invalid(format!("`{}` needs a value", op.op)));
             let count = || {
-                value()?
-                    .as_u64()
-                    .map(|n| n as usize)
-                    .ok_or_else(|| invalid("the value must be a count".into()))
+                value()?;
+                op.count().map(|n| n as usize).ok_or_else(|| invalid("the value must be a count".into()))
             };
             let list_item = || match schema.node(ty).kind {
                 Kind::List(item) => Ok(item),
                 _ => Err(invalid(format!("`{}` applies to lists", op.op))),
             };
             ops.push(match op.op.as_str() {
-                "set" => PatchOp::Set { value: from_json(schema, ty, value()?).map_err(invalid)?, path },
+                "set" => {
+                    PatchOp::Set { value: from_json_str(schema, ty, value()?.get()).map_err(invalid)?, path }
+                }
                 "remove" => {
                     if !matches!(path.last(), Some(PathBuf::Key(_))) {
                         return Err(invalid("`remove` applies to map entries".into()));
@@ -85,7 +85,8 @@ impl Patch {
                     PatchOp::Remove { path }
                 }
                 "push" => {
-                    PatchOp::Push { value: from_json(schema, list_item()?, value()?).map_err(invalid)?, path }
+                    let value = from_json_str(schema, list_item()?, value()?.get()).map_err(invalid)?;
+                    PatchOp::Push { value, path }
                 }
                 "cap" => {
                     list_item()?;
@@ -240,6 +241,11 @@ mod tests {
             (r#"{"op":"set","path":"","value":{}}"#, 1),
             (r#"{"op":"set","path":"/round"}"#, 1),
             (r#"{"op":"set","path":"/round","value":1,"extra":2}"#, 1),
+            (r#"{"op":"set","path":"/round","value":null}"#, 1),
+            (r#"{"op":"set","path":"/players/ann","value":{"hp":1,"hp":2}}"#, 1),
+            (r#"{"op":"set","path":"/players","value":{"ann":{},"ann":{}}}"#, 1),
+            (r#"{"op":"cap","path":"/log","value":-1}"#, 1),
+            (r#"{"op":"cap","path":"/log"}"#, 1),
         ];
         for (text, line) in bad {
             match Patch::parse_json(&s, text.as_bytes()) {

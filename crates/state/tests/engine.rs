@@ -200,6 +200,57 @@ fn rejected_writes_change_nothing() {
 }
 
 #[test]
+fn json_writes_that_do_not_fit_change_nothing() {
+    let (mut state, keys) = with_players(2);
+    let before = state.view_for(&keys[0]);
+    let (v, bytes) = (state.version(), state.bytes());
+    let ghost = Key::str("ghost");
+    let player = |k| vec![Step::Field(PLAYERS), Step::Key(k)];
+    let cases: Vec<(Vec<Step<'_>>, &str)> = vec![
+        (vec![Step::Field(ROUND)], r#""not an int""#),
+        (vec![Step::Field(ROUND)], "1.5"),
+        (vec![Step::Field(ROUND)], "1 2"),
+        (player(&keys[0]), r#"{"hp": 1, "hp": 2}"#),
+        (player(&keys[0]), r#"{"nope": 1}"#),
+        (player(&keys[0]), r#"{"hp": "x"}"#),
+        (player(&ghost), r#"{"name": "g", "hp": 1"#),
+        (vec![Step::Field(HANDS), Step::Key(&keys[0])], "[1, 2, null]"),
+        (vec![Step::Field(PLAYERS), Step::Key(&ghost), Step::Field(HP)], "1"),
+    ];
+    for (path, json) in cases {
+        assert!(state.set_json(&path, json).is_err(), "{path:?} {json}");
+    }
+    assert!(!state.is_dirty());
+    assert_eq!((state.seal(), state.bytes()), (v, bytes));
+    assert_eq!(state.view_for(&keys[0]), before);
+    // And one that fits is taken, as `set` would take it.
+    state.set_json(&player(&ghost), r#"{"name": "g"}"#).unwrap();
+    assert_eq!(state.get(&player(&ghost)), Ok(player_value("g", 0)));
+}
+
+#[test]
+fn a_float_that_is_not_finite_reaches_a_json_replica_as_nan() {
+    let schema = Schema::new(SchemaDef::new([Field::new("f", Type::Float)])).unwrap();
+    let mut state = State::new(schema.clone());
+    let mut replica = Replica::new(schema);
+    for value in [f64::INFINITY, f64::NAN] {
+        let held = replica.version();
+        state.set(&[Step::Field(0)], Value::Float(value)).unwrap();
+        state.seal();
+        let update = state
+            .prepare(held, Codec::Json)
+            .unwrap()
+            .update_for(&state, &Key::Int(0), false)
+            .unwrap()
+            .to_vec();
+        assert!(String::from_utf8_lossy(&update).contains("null"), "{}", String::from_utf8_lossy(&update));
+        replica.apply_json(&update).unwrap();
+        let Some(Value::Float(got)) = replica.get(&[Step::Field(0)]) else { panic!("a float") };
+        assert!(got.is_nan(), "{value} arrives as null, read as NaN; got {got}");
+    }
+}
+
+#[test]
 fn views_cut_owner_only_maps_to_the_own_entry() {
     let (state, keys) = with_players(3);
     let Value::Struct(fields) = state.view_for(&keys[1]) else { panic!("root is a struct") };

@@ -156,6 +156,18 @@ test("state.json: every JSON update decodes to the vector's state", () => {
   assert.throws(() => r.applyJson("no header"), (e: unknown) => e instanceof DecodeError && e.code === "Truncated");
 });
 
+test("JSON updates: an int map key has one spelling", () => {
+  const schema = Schema.parse(JSON.stringify({ fields: [{ name: "m", type: { map: { key: "int", value: "int" } } }] }));
+  const update = (key: string) => `{"kind":"snapshot","from":0,"to":1}\n{"op":"set","path":"/m","value":{"${key}":1}}\n`;
+  for (const key of ["0", "-1", "7", "9007199254740993"]) {
+    const r = new Replica(schema);
+    assert.equal(r.applyJson(update(key)), 1, key);
+  }
+  for (const key of ["01", "+7", "-0", "", "1.0", " 1", "0x1"]) {
+    assert.throws(() => new Replica(schema).applyJson(update(key)), (e: unknown) => e instanceof DecodeError && e.code === "Json", key);
+  }
+});
+
 test("state.json: every invalid update is refused with its named error, and then only a snapshot applies", () => {
   const doc = vectors("state.json");
   const schema = Schema.parse(JSON.stringify(doc.schema));

@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use super::{Header, RNode, default_node, from_value};
 use crate::error::DecodeError;
-use crate::json_value::{JsonOp, from_json, parse_key, segments};
+use crate::json_value::{JsonOp, from_json_str, parse_key, segments};
 use crate::schema::{Kind, ROOT, Schema, TypeId};
 
 #[derive(Deserialize)]
@@ -40,13 +40,14 @@ pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8]) -> Result<()
 
 fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), DecodeError> {
     let segs = segments(&op.path).map_err(bad)?;
-    let value = || op.value.as_ref().ok_or_else(|| bad(format!("{} needs a value", op.op)));
+    let value = || op.value.map(|v| v.get()).ok_or_else(|| bad(format!("{} needs a value", op.op)));
     if op.op == "len" {
         let (node, ty) = walk(schema, root, ROOT, &segs)?;
         let (RNode::List(items), Kind::List(item)) = (node, &schema.node(ty).kind) else {
             return Err(bad("len applies to lists"));
         };
-        let len = value()?.as_u64().ok_or_else(|| bad("len must be a number"))?;
+        value()?;
+        let len = op.count().ok_or_else(|| bad("len must be a number"))?;
         if len < items.len() as u64 || len > 1 << 24 {
             return Err(DecodeError::BadLength(len));
         }
@@ -60,7 +61,7 @@ fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), Decode
             let i =
                 decl.iter().position(|f| &*f.name == last).ok_or_else(|| bad(format!("no field {last}")))?;
             fields[i] = match op.op.as_str() {
-                "set" => from_value(from_json(schema, decl[i].ty, value()?).map_err(bad)?),
+                "set" => from_value(from_json_str(schema, decl[i].ty, value()?).map_err(bad)?),
                 _ => default_node(schema, decl[i].ty),
             };
         }
@@ -68,12 +69,12 @@ fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), Decode
             let index: usize = last.parse().map_err(|_| bad(format!("bad index {last}")))?;
             let len = items.len();
             let slot = items.get_mut(index).ok_or(DecodeError::BadIndex { index: index as u64, len })?;
-            *slot = from_value(from_json(schema, *item, value()?).map_err(bad)?);
+            *slot = from_value(from_json_str(schema, *item, value()?).map_err(bad)?);
         }
         (RNode::Map(map), Kind::Map { key, value: vt }, "set" | "remove") => {
             let key = parse_key(*key, last).map_err(bad)?;
             if op.op == "set" {
-                map.entries.insert(key, from_value(from_json(schema, *vt, value()?).map_err(bad)?));
+                map.entries.insert(key, from_value(from_json_str(schema, *vt, value()?).map_err(bad)?));
             } else if map.entries.remove(&key).is_none() {
                 return Err(bad(format!("remove of absent key {key}")));
             }

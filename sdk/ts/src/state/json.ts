@@ -46,8 +46,9 @@ function segments(path: string): string[] {
     .map((s) => s.replace(/~1/g, "/").replace(/~0/g, "~"));
 }
 
+/** An int key has one spelling (`-?(0|[1-9][0-9]*)`, no `-0`), so no two texts name one key. */
 function mapKey(kind: "int" | "string", s: string): string {
-  if (kind === "int" && !/^-?\d+$/.test(s)) throw bad(`bad int key ${JSON.stringify(s)}`);
+  if (kind === "int" && !/^(0|-?[1-9]\d*)$/.test(s)) throw bad(`bad int key ${JSON.stringify(s)}`);
   return kind === "int" ? String(BigInt(s)) : s;
 }
 
