@@ -64,6 +64,15 @@ pub fn spatial_arena() -> Arena {
     Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES)
 }
 
+/// Runs `connect` on `runtime`: the connection's own tasks (reader, writer, heartbeats) are
+/// spawned where it runs, so a server's whole connection lives on the servers' runtime.
+async fn on<T: Send + 'static>(
+    runtime: &tokio::runtime::Handle,
+    connect: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> anyhow::Result<T> {
+    runtime.spawn(connect).await?
+}
+
 /// The game servers of a run and how bots join them.
 pub enum Game {
     Single { channel_id: u64 },
@@ -81,7 +90,7 @@ impl Game {
     ) -> anyhow::Result<(Game, Vec<Arc<ServerStats>>, Vec<tokio::task::JoinHandle<anyhow::Result<()>>>)> {
         match scenario {
             Scenario::Single => {
-                let server = GameServer::connect(target.clone()).await?;
+                let server = on(&runtimes[0], GameServer::connect(target.clone())).await?;
                 let channel_id = server.channel_id;
                 let stats = server.stats.clone();
                 let task = runtimes[0]
@@ -93,14 +102,12 @@ impl Game {
                 let (mut spawners, mut stats, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
                 let slots = spatial_server::SERVERS * spatial_server::SERVERS;
                 for slot in 0..slots {
-                    let server = SpatialServer::connect(target.clone(), slot).await?;
+                    let runtime = &runtimes[slot as usize % runtimes.len()];
+                    let server = on(runtime, SpatialServer::connect(target.clone(), slot)).await?;
                     let (tx, rx) = mpsc::channel(1024);
                     let figures = Arc::new(ServerStats::default());
                     let run = server.run(arena.clone(), rx, figures.clone(), stop.clone());
-                    tasks.push(
-                        runtimes[slot as usize % runtimes.len()]
-                            .spawn(say_if_failed(format!("spatial server {slot}"), run)),
-                    );
+                    tasks.push(runtime.spawn(say_if_failed(format!("spatial server {slot}"), run)));
                     spawners.push(tx);
                     stats.push(figures);
                 }
