@@ -622,12 +622,15 @@ async fn entity_values_that_do_not_fit_the_schema_are_refused() {
         assert_eq!(status(r), Status::InvalidArgument, "spawn {value}");
     }
     let entity_id = s0.spatial_spawn(spawn(r#" {"pos": [5, 0, 5], "data": "a"} "#)).await.unwrap().entity_id;
+    // A second entity in the same cell: a change to it carries the cell's state, the first
+    // entity's value included, at a version after everything sent before it.
+    let other = s0.spatial_spawn(spawn(r#"{"pos": [5, 0, 5], "data": "b0"}"#)).await.unwrap().entity_id;
     let viewer = client(&gw, "viewer").await;
     let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
     let result =
         viewer.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
     let mut view = View::new(&result.cell_schema_json);
-    let data = |v: &View| -> Option<String> {
+    let data_of = |v: &View, entity_id: u64| -> Option<String> {
         v.cells.values().find_map(|replica| {
             let key = Key::Int(entity_id as i64);
             match replica.get(&[Step::Field(0), Step::Key(&key), Step::Field(2)]) {
@@ -636,6 +639,7 @@ async fn entity_values_that_do_not_fit_the_schema_are_refused() {
             }
         })
     };
+    let data = |v: &View| data_of(v, entity_id);
     view.until(&viewer, "the entity shows", |v, _| data(v).as_deref() == Some("a")).await;
     for value in BAD {
         let update = EntityState {
@@ -657,6 +661,16 @@ async fn entity_values_that_do_not_fit_the_schema_are_refused() {
     let release =
         Release { entity_id, handover_id: 1, value_json: r#"{"data": "z"}"#.into(), ..Release::default() };
     assert_eq!(status(s0.spatial_release(release).await), Status::FailedPrecondition);
+    let nudge = EntityState {
+        entity_id: other,
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos": [5, 0, 5], "data": "b1"}"#.into(),
+        processed_seq: 0,
+    };
+    assert!(s0.spatial_publish(vec![nudge]).await.unwrap().ignored.is_empty());
+    view.until(&viewer, "the other entity's change shows", |v, _| data_of(v, other).as_deref() == Some("b1"))
+        .await;
+    assert_eq!(data(&view).as_deref(), Some("a"), "nothing refused reached the cell");
     // A value that fits goes through, and the viewer sees it; nothing refused got in between.
     let good = EntityState {
         entity_id,
