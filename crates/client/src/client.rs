@@ -56,14 +56,19 @@ impl Client {
     /// Calls `method` and waits for its response body. A non-OK status is an error.
     /// The call survives reconnects: the request is resent if the link drops.
     pub async fn call(&self, method: &str, body: Bytes) -> Result<Bytes, ClientError> {
+        self.queue_call(method, body).await?.answer().await
+    }
+
+    /// Queues a call of `method` and returns once it is queued, with its answer to wait for
+    /// later (or never: dropping the [`Reply`] only drops the answer). Calls go out in the
+    /// order they were queued, so a game server can send a frame's requests and go on with its
+    /// next frame without waiting for the gateway to answer the last one. Waits only while the
+    /// queue of commands in front of the connection is full.
+    pub async fn queue_call(&self, method: &str, body: Bytes) -> Result<Reply, ClientError> {
         let (reply, rx) = oneshot::channel();
         let cmd = Command::Call { method: method.to_owned(), body, reply };
         self.commands.send(cmd).await.map_err(|_| ClientError::Shutdown)?;
-        let response = rx.await.map_err(|_| ClientError::Shutdown)??;
-        match response.status() {
-            Status::Ok => Ok(response.body),
-            status => Err(ClientError::Status { status, message: response.error }),
-        }
+        Ok(Reply(rx))
     }
 
     /// Sends a one-way message.
@@ -82,6 +87,21 @@ impl Client {
         let (done, rx) = oneshot::channel();
         if self.commands.send(Command::Close { done }).await.is_ok() {
             let _ = rx.await;
+        }
+    }
+}
+
+/// The answer to a call queued with [`Client::queue_call`].
+#[derive(Debug)]
+pub struct Reply(oneshot::Receiver<Result<Response, ClientError>>);
+
+impl Reply {
+    /// The response body; a non-OK status is an error, as for [`Client::call`].
+    pub async fn answer(self) -> Result<Bytes, ClientError> {
+        let response = self.0.await.map_err(|_| ClientError::Shutdown)??;
+        match response.status() {
+            Status::Ok => Ok(response.body),
+            status => Err(ClientError::Status { status, message: response.error }),
         }
     }
 }

@@ -54,3 +54,27 @@ async fn target_parsing() {
     assert!(matches!(Target::parse("http://127.0.0.1:1").await, Err(ClientError::BadTarget(_))));
     assert!(matches!(Target::parse("nonsense").await, Err(ClientError::BadTarget(_))));
 }
+
+/// Calls queued without waiting each get their own answer, whichever order the answers are
+/// waited for in; a reply that is dropped takes nothing from the others.
+#[tokio::test]
+async fn queued_calls_each_get_their_own_answer() {
+    let gw = common::start(&[]).await;
+    let client = Client::connect(ConnectOptions::new(common::tcp_target(&gw))).await.unwrap();
+    let mut replies = Vec::new();
+    for size in 0..50u32 {
+        let reply = client.queue_call("echo", common::echo_body(size, 3)).await.unwrap();
+        if size % 7 == 3 {
+            drop(reply);
+        } else {
+            replies.push((size, reply));
+        }
+    }
+    let bad = client.queue_call("nope", Bytes::new()).await.unwrap();
+    while let Some((size, reply)) = replies.pop() {
+        assert_eq!(reply.answer().await.unwrap().len(), size as usize);
+    }
+    let err = bad.answer().await.unwrap_err();
+    assert!(matches!(err, ClientError::Status { status: Status::NotFound, .. }), "{err}");
+    client.close().await;
+}

@@ -379,6 +379,10 @@ async fn hold(
     counted: BotCounts,
 ) -> anyhow::Result<(Step, BotCounts)> {
     let frames = || -> Vec<u64> { servers.iter().map(|s| s.frames.load(Ordering::Relaxed)).collect() };
+    let unpublished = || -> u64 {
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+        servers.iter().map(|s| load(&s.refused) + load(&s.unanswered)).sum()
+    };
     // The slowest server's frame rate between two readings.
     let slowest = |now: &[u64], before: &[u64], dt: f64| -> f64 {
         now.iter().zip(before).map(|(n, b)| (n - b) as f64 / dt).fold(f64::INFINITY, f64::min)
@@ -398,6 +402,7 @@ async fn hold(
     let cpu0 = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
     let load0 = LoadCpu::read(fleet);
     let frames0 = frames();
+    let unpublished0 = unpublished();
     let mut last_counts = sample0.updates_per_bot;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut rates = Vec::new();
@@ -526,6 +531,7 @@ async fn hold(
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
+        frames_not_published: (args.scenario == Scenario::Spatial).then(|| unpublished() - unpublished0),
         gateway_connections: last.get("connection_num") as u64,
         gateway_channels: last.get("channel_num") as u64,
         samples,

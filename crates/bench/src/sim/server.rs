@@ -64,11 +64,17 @@ pub struct InputMessage {
 /// Frames simulated and published so far; the demo and the bench derive frames per second.
 #[derive(Debug, Default)]
 pub struct ServerStats {
+    /// Frames published: for `single`, frames whose update the gateway applied (the server
+    /// waits for each answer); for `spatial`, publishes the world accepted (the server does not
+    /// wait, see `spatial_server`).
     pub frames: AtomicU64,
     pub characters: AtomicU64,
-    /// Requests the gateway refused as busy (UNAVAILABLE): frames not published, releases
-    /// retried.
+    /// `spatial` frames the world refused as busy (UNAVAILABLE): not published.
     pub refused: AtomicU64,
+    /// `spatial` frames not published because earlier publishes were still unanswered.
+    pub unanswered: AtomicU64,
+    /// `spatial` releases the world refused as busy, and that were sent again.
+    pub release_retries: AtomicU64,
 }
 
 /// Microseconds since the Unix epoch: the clock both the server and the bots read.

@@ -18,10 +18,11 @@ use prost::Message;
 use serde::Deserialize;
 use tickwire_client::{Client, ClientError, ConnectOptions, Target};
 use tickwire_wire::proto::{
-    ChannelSend, EntityMessage, EntityState, Handover, HandoverKind, RegisterServer, Release, SpawnEntity,
-    Vec3,
+    ChannelSend, EntityMessage, EntityState, Handover, HandoverKind, Publish, RegisterServer, Release,
+    SpawnEntity, Vec3,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::server::{BLOCKED, InputMessage, ServerStats, now_us};
@@ -35,6 +36,11 @@ pub const OBSTACLES: usize = 135;
 pub const SERVERS: u32 = 3;
 pub const CELLS: u32 = 15;
 pub const CELL_SIZE: f32 = 20.0;
+
+/// Frames whose publish the gateway has not answered yet, at most. A server does not wait for
+/// the answer before its next frame (a game's frame loop would not), but it does not queue
+/// without bound either: with this many unanswered, a frame is simulated and not published.
+const MAX_UNANSWERED: usize = 3;
 
 /// One entity's value: field 0 is the publish time, so a counting client finds it first in
 /// every entity op (docs/protocol.md 12.2: a struct's fields come in order).
@@ -100,7 +106,7 @@ struct Owned {
 }
 
 pub struct SpatialServer {
-    client: Client,
+    client: Arc<Client>,
     slot: u32,
 }
 
@@ -126,7 +132,7 @@ impl SpatialServer {
             .spatial_register(RegisterServer { slot: Some(slot), observe_only: false })
             .await
             .with_context(|| format!("registering spatial server {slot}"))?;
-        Ok(SpatialServer { client, slot })
+        Ok(SpatialServer { client: Arc::new(client), slot })
     }
 
     /// Runs the server until `stop`: spawns what `spawns` asks for, simulates and publishes
@@ -139,15 +145,18 @@ impl SpatialServer {
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let client = &self.client;
+        // The answers being waited for: publishes (at most MAX_UNANSWERED) and releases.
+        let mut answers: JoinSet<anyhow::Result<()>> = JoinSet::new();
+        let unanswered = Arc::new(Semaphore::new(MAX_UNANSWERED));
         let mut owned: HashMap<u64, Owned> = HashMap::new();
         let dt = 1.0 / FPS as f32;
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
         frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut frame: u64 = 0;
         let mut hits = Vec::new();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
+                Some(answered) = answers.join_next() => answered??,
                 Some(req) = spawns.recv() => {
                     let c = Character::new(req.at, req.yaw);
                     let spawn = SpawnEntity {
@@ -182,15 +191,24 @@ impl SpatialServer {
                                         value_json: value_json(&o.character, now_us()),
                                         position: v3(o.character.pos),
                                     };
-                                    // A busy world refuses with UNAVAILABLE: retry, as the
-                                    // protocol says (the release is what the handover waits on).
-                                    while let Err(e) = client.spatial_release(release.clone()).await {
-                                        if !is_busy(&e) {
-                                            return Err(e).context("releasing");
+                                    // Queued now, in order with the frames' publishes; its
+                                    // answer is waited for beside the frame loop. A busy world
+                                    // refuses with UNAVAILABLE: retry, as the protocol says (the
+                                    // release is what the handover waits on).
+                                    let first = client.queue_call("spatial.release", release.encode_to_vec().into()).await?;
+                                    let (client, stats) = (client.clone(), stats.clone());
+                                    answers.spawn(async move {
+                                        let mut answer = first.answer().await;
+                                        while let Err(e) = answer {
+                                            if !is_busy(&e) {
+                                                return Err(e).context("releasing");
+                                            }
+                                            stats.release_retries.fetch_add(1, Ordering::Relaxed);
+                                            tokio::time::sleep(Duration::from_millis(1)).await;
+                                            answer = client.call("spatial.release", release.encode_to_vec().into()).await;
                                         }
-                                        stats.refused.fetch_add(1, Ordering::Relaxed);
-                                        tokio::time::sleep(Duration::from_millis(1)).await;
-                                    }
+                                        Ok(())
+                                    });
                                 }
                                 HandoverKind::Acquire => {
                                     let v: EntityValue = serde_json::from_str(&h.value_json).context("an acquired value")?;
@@ -209,7 +227,6 @@ impl SpatialServer {
                     }
                 }
                 _ = frame_timer.tick() => {
-                    frame += 1;
                     let ts = now_us();
                     let mut entities = Vec::with_capacity(owned.len());
                     for (&entity_id, o) in owned.iter_mut() {
@@ -229,22 +246,35 @@ impl SpatialServer {
                             });
                         }
                     }
-                    match client.spatial_publish(entities).await {
-                        Ok(_) => {}
-                        // A busy world: this frame is lost to the clients (the next one carries
-                        // every character again); counted, and the frame rate shows it.
-                        Err(e) if is_busy(&e) => {
-                            stats.refused.fetch_add(1, Ordering::Relaxed);
-                            continue;
+                    // Published without waiting for the answer; the frame counts once the world
+                    // took it. A frame past MAX_UNANSWERED, or one a busy world refuses, is lost
+                    // to the clients (the next one carries every character that moved), and the
+                    // frame rate shows it.
+                    match unanswered.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            let publish = Publish { entities }.encode_to_vec().into();
+                            let answer = client.queue_call("spatial.publish", publish).await?;
+                            let stats = stats.clone();
+                            answers.spawn(async move {
+                                let _permit = permit;
+                                match answer.answer().await {
+                                    Ok(_) => stats.frames.fetch_add(1, Ordering::Relaxed),
+                                    Err(e) if is_busy(&e) => stats.refused.fetch_add(1, Ordering::Relaxed),
+                                    Err(e) => return Err(e).context("publishing a frame"),
+                                };
+                                Ok(())
+                            });
                         }
-                        Err(e) => return Err(e).context("publishing a frame"),
+                        Err(_) => {
+                            stats.unanswered.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     for (entity_id, to_connection) in hits.drain(..) {
                         let send = ChannelSend { channel_id: entity_id, to_connection, broadcast: 0, body: Bytes::from_static(BLOCKED) };
-                        // The player may have left, or not be known to the world yet.
-                        let _ = client.call("channel.send", send.encode_to_vec().into()).await;
+                        // The player may have left, or not be known to the world yet: the answer
+                        // does not matter.
+                        drop(client.queue_call("channel.send", send.encode_to_vec().into()).await?);
                     }
-                    stats.frames.store(frame, Ordering::Relaxed);
                     stats.characters.store(owned.len() as u64, Ordering::Relaxed);
                 }
             }
