@@ -98,11 +98,12 @@ pub struct Step {
     /// upper bound of its histogram bucket; `tick_ms.max`, repeated under the name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tick_ms: Option<f64>,
-    /// Scenario `spatial`: server frames of the hold that were simulated but not published,
-    /// because the world refused them as busy or three earlier publishes were unanswered (the
-    /// servers' frame rate counts only frames the world accepted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub frames_not_published: Option<u64>,
+    /// Game-server frames of the hold that were simulated but not published, because the
+    /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
+    /// servers' frame rate counts only frames the gateway took).
+    pub frames_not_published: u64,
+    /// Scenario `spatial`: releases the world refused as busy and the servers sent again.
+    pub release_retries: u64,
     /// Connections (clients and the game server) and channels, from the gateway's metrics.
     pub gateway_connections: u64,
     pub gateway_channels: u64,
@@ -174,12 +175,15 @@ pub(super) fn print_row(step: &Step) {
     );
     if let Some(h) = step.handovers_per_s {
         println!(
-            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s, {} server frames not published",
+            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s",
             ms(s.tick_ms.max),
             s.msgs_out_per_s / step.clients.max(1) as f64,
-            step.frames_not_published.unwrap_or(0)
         );
     }
+    println!(
+        "  servers: {} frames not published, {} releases retried",
+        step.frames_not_published, step.release_retries
+    );
     if !step.held {
         println!("  not held: {}", step.hold.failures());
     }

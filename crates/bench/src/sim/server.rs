@@ -20,7 +20,8 @@ use tickwire_client::{Client, ConnectOptions, Target};
 use tickwire_wire::proto::{
     ChannelMessage, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, UpdateChannel,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::world::{Arena, Character, FPS, Input};
@@ -61,17 +62,21 @@ pub struct InputMessage {
     pub jump: bool,
 }
 
-/// Frames simulated and published so far; the demo and the bench derive frames per second.
+/// Frames whose publish the gateway has not answered yet, at most. A server does not wait for
+/// the answer before its next frame (a game's frame loop would not), but it does not queue
+/// without bound either: with this many unanswered, a frame is simulated and not published.
+pub(crate) const MAX_UNANSWERED: usize = 3;
+
+/// What a game server counts; the demo and the bench derive frames per second.
 #[derive(Debug, Default)]
 pub struct ServerStats {
-    /// Frames published: for `single`, frames whose update the gateway applied (the server
-    /// waits for each answer); for `spatial`, publishes the world accepted (the server does not
-    /// wait, see `spatial_server`).
+    /// Frames the gateway took: `channel.update`s applied (`single`), publishes the world
+    /// accepted (`spatial`). A server does not wait for these answers before its next frame.
     pub frames: AtomicU64,
     pub characters: AtomicU64,
     /// `spatial` frames the world refused as busy (UNAVAILABLE): not published.
     pub refused: AtomicU64,
-    /// `spatial` frames not published because earlier publishes were still unanswered.
+    /// Frames not published because [`MAX_UNANSWERED`] earlier ones were still unanswered.
     pub unanswered: AtomicU64,
     /// `spatial` releases the world refused as busy, and that were sent again.
     pub release_retries: AtomicU64,
@@ -105,6 +110,12 @@ impl GameServer {
             .await
             .context("creating the channel")?;
         let channel_id = CreateChannelResult::decode(body)?.channel_id;
+        // The timestamp is set before anyone can subscribe: a bot reads one from every update,
+        // snapshots included, and one that joined before the first frame was applied would
+        // otherwise get an empty snapshot (seen once in a ramp, as a decode failure).
+        let first = format!("{{\"op\":\"set\",\"path\":\"/ts_us\",\"value\":{}}}\n", now_us());
+        let update = UpdateChannel { channel_id, patch: Bytes::from(first) };
+        client.call("channel.update", update.encode_to_vec().into()).await.context("the first update")?;
         Ok(GameServer { client: Arc::new(client), channel_id, stats: Arc::default() })
     }
 
@@ -142,9 +153,16 @@ impl GameServer {
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
         frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut frame: u64 = 0;
+        // The answers to publishes being waited for (at most MAX_UNANSWERED).
+        let mut answers: JoinSet<anyhow::Result<()>> = JoinSet::new();
+        let unanswered = Arc::new(Semaphore::new(MAX_UNANSWERED));
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
+                Some(answered) = answers.join_next() => {
+                    answered??;
+                    continue;
+                }
                 _ = frame_timer.tick() => {}
             }
             while let Ok((conn, input)) = inputs.try_recv() {
@@ -173,11 +191,25 @@ impl GameServer {
                     ));
                 }
             }
+            // Published without waiting for the answer, as a game's frame loop would; the frame
+            // counts once the gateway applied it. Past MAX_UNANSWERED, a frame is not published.
             let update = UpdateChannel { channel_id: self.channel_id, patch: Bytes::from(patch) };
-            self.client
-                .call("channel.update", update.encode_to_vec().into())
-                .await
-                .context("publishing a frame")?;
+            match unanswered.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let answer =
+                        self.client.queue_call("channel.update", update.encode_to_vec().into()).await?;
+                    let stats = self.stats.clone();
+                    answers.spawn(async move {
+                        let _permit = permit;
+                        answer.answer().await.context("publishing a frame")?;
+                        stats.frames.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    });
+                }
+                Err(_) => {
+                    self.stats.unanswered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             // Tell each player whose character just hit a wall or an obstacle (server to client).
             for player in hits.drain(..) {
                 if let Some(&to_connection) = connections.get(&player) {
@@ -187,11 +219,11 @@ impl GameServer {
                         broadcast: 0,
                         body: Bytes::from_static(BLOCKED),
                     };
-                    // The player may have left; that is not the server's problem.
-                    let _ = self.client.call("channel.send", send.encode_to_vec().into()).await;
+                    // The player may have left; that is not the server's problem: the answer
+                    // does not matter.
+                    drop(self.client.queue_call("channel.send", send.encode_to_vec().into()).await?);
                 }
             }
-            self.stats.frames.store(frame, Ordering::Relaxed);
             self.stats.characters.store(characters.len() as u64, Ordering::Relaxed);
         }
     }

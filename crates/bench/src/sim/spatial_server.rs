@@ -25,7 +25,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::server::{BLOCKED, InputMessage, ServerStats, now_us};
+use super::server::{BLOCKED, InputMessage, MAX_UNANSWERED, ServerStats, now_us};
 use super::world::{Arena, Character, FPS, Input};
 
 /// Half the world's side, in metres.
@@ -36,11 +36,6 @@ pub const OBSTACLES: usize = 135;
 pub const SERVERS: u32 = 3;
 pub const CELLS: u32 = 15;
 pub const CELL_SIZE: f32 = 20.0;
-
-/// Frames whose publish the gateway has not answered yet, at most. A server does not wait for
-/// the answer before its next frame (a game's frame loop would not), but it does not queue
-/// without bound either: with this many unanswered, a frame is simulated and not published.
-const MAX_UNANSWERED: usize = 3;
 
 /// One entity's value: field 0 is the publish time, so a counting client finds it first in
 /// every entity op (docs/protocol.md 12.2: a struct's fields come in order).
@@ -148,6 +143,9 @@ impl SpatialServer {
         // The answers being waited for: publishes (at most MAX_UNANSWERED) and releases.
         let mut answers: JoinSet<anyhow::Result<()>> = JoinSet::new();
         let unanswered = Arc::new(Semaphore::new(MAX_UNANSWERED));
+        // Entities of frames the world refused: the world does not have their last values, so
+        // the next frame publishes them whether they moved or not.
+        let not_taken: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
         let mut owned: HashMap<u64, Owned> = HashMap::new();
         let dt = 1.0 / FPS as f32;
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
@@ -199,12 +197,14 @@ impl SpatialServer {
                                     let (client, stats) = (client.clone(), stats.clone());
                                     answers.spawn(async move {
                                         let mut answer = first.answer().await;
+                                        let mut backoff = Duration::from_millis(1);
                                         while let Err(e) = answer {
                                             if !is_busy(&e) {
                                                 return Err(e).context("releasing");
                                             }
                                             stats.release_retries.fetch_add(1, Ordering::Relaxed);
-                                            tokio::time::sleep(Duration::from_millis(1)).await;
+                                            tokio::time::sleep(backoff).await;
+                                            backoff = (backoff * 2).min(Duration::from_millis(64));
                                             answer = client.call("spatial.release", release.encode_to_vec().into()).await;
                                         }
                                         Ok(())
@@ -228,6 +228,12 @@ impl SpatialServer {
                 }
                 _ = frame_timer.tick() => {
                     let ts = now_us();
+                    let refused = std::mem::take(&mut *not_taken.lock().expect("not poisoned"));
+                    for id in refused {
+                        if let Some(o) = owned.get_mut(&id) {
+                            o.published = false;
+                        }
+                    }
                     let mut entities = Vec::with_capacity(owned.len());
                     for (&entity_id, o) in owned.iter_mut() {
                         let c = &mut o.character;
@@ -248,24 +254,33 @@ impl SpatialServer {
                     }
                     // Published without waiting for the answer; the frame counts once the world
                     // took it. A frame past MAX_UNANSWERED, or one a busy world refuses, is lost
-                    // to the clients (the next one carries every character that moved), and the
-                    // frame rate shows it.
+                    // to the clients and counted (a step with one does not hold); its entities go
+                    // out again in the next frame that is published.
                     match unanswered.clone().try_acquire_owned() {
                         Ok(permit) => {
+                            let ids: Vec<u64> = entities.iter().map(|e| e.entity_id).collect();
                             let publish = Publish { entities }.encode_to_vec().into();
                             let answer = client.queue_call("spatial.publish", publish).await?;
-                            let stats = stats.clone();
+                            let (stats, not_taken) = (stats.clone(), not_taken.clone());
                             answers.spawn(async move {
                                 let _permit = permit;
                                 match answer.answer().await {
                                     Ok(_) => stats.frames.fetch_add(1, Ordering::Relaxed),
-                                    Err(e) if is_busy(&e) => stats.refused.fetch_add(1, Ordering::Relaxed),
+                                    Err(e) if is_busy(&e) => {
+                                        not_taken.lock().expect("not poisoned").extend(ids);
+                                        stats.refused.fetch_add(1, Ordering::Relaxed)
+                                    }
                                     Err(e) => return Err(e).context("publishing a frame"),
                                 };
                                 Ok(())
                             });
                         }
                         Err(_) => {
+                            for e in &entities {
+                                if let Some(o) = owned.get_mut(&e.entity_id) {
+                                    o.published = false;
+                                }
+                            }
                             stats.unanswered.fetch_add(1, Ordering::Relaxed);
                         }
                     }
