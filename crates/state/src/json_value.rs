@@ -57,25 +57,34 @@ pub(crate) fn segments(path: &str) -> Result<Vec<String>, String> {
     Ok(rest.split('/').map(|s| s.replace("~1", "/").replace("~0", "~")).collect())
 }
 
+/// Whether `s` is a decimal integer written the one way the encoders write it:
+/// `-?(0|[1-9][0-9]*)`, without `-0` (and without a sign at all unless `signed`).
+fn canonical_decimal(s: &str, signed: bool) -> bool {
+    let digits = if signed { s.strip_prefix('-').unwrap_or(s) } else { s };
+    match digits.as_bytes() {
+        [b'0'] => digits.len() == s.len(),
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
+}
+
 /// A map key from its text. An int key must be written the one way the encoders write it
 /// (`-?(0|[1-9][0-9]*)`, no `-0`), so that two texts never name the same key.
 pub(crate) fn parse_key(kind: KeyKind, s: &str) -> Result<Key, String> {
     match kind {
-        KeyKind::Int => {
-            let digits = s.strip_prefix('-').unwrap_or(s);
-            let canonical = match digits.as_bytes() {
-                [b'0'] => digits.len() == s.len(),
-                [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
-                _ => false,
-            };
-            match s.parse() {
-                Ok(n) if canonical => Ok(Key::Int(n)),
-                _ => Err(format!(
-                    "bad int key {s:?}: not a decimal i64 written without a sign or leading zeros"
-                )),
-            }
-        }
+        KeyKind::Int => match s.parse() {
+            Ok(n) if canonical_decimal(s, true) => Ok(Key::Int(n)),
+            _ => Err(format!("bad int key {s:?}: not a decimal i64 written without a sign or leading zeros")),
+        },
         KeyKind::String => Ok(Key::str(s)),
+    }
+}
+
+/// A list index from a path segment, written as the encoders write it (`0|[1-9][0-9]*`).
+pub(crate) fn parse_index(s: &str) -> Result<u32, String> {
+    match s.parse() {
+        Ok(i) if canonical_decimal(s, false) => Ok(i),
+        _ => Err(format!("bad list index {s:?}")),
     }
 }
 
@@ -92,7 +101,7 @@ pub(crate) fn resolve(schema: &Schema, path: &str) -> Result<(Vec<PathBuf>, Type
                 ty = fields[i].ty;
             }
             Kind::List(item) => {
-                steps.push(PathBuf::Index(seg.parse().map_err(|_| format!("bad list index {seg:?}"))?));
+                steps.push(PathBuf::Index(parse_index(&seg)?));
                 ty = *item;
             }
             Kind::Map { key, value } => {
@@ -205,10 +214,14 @@ impl<'de> serde::de::Visitor<'de> for Typed<'_> {
             Kind::Vec3(_) => {
                 let mut c = [0.0; 3];
                 for (i, slot) in c.iter_mut().enumerate() {
-                    let n: Option<serde_json::Number> = seq.next_element()?;
-                    *slot = n
-                        .and_then(|n| n.as_f64())
-                        .ok_or_else(|| self.mismatch(&format!("an array whose item {i} is not a number")))?;
+                    // A part that is not finite is written as `null`, as a float is.
+                    let n: Option<Option<serde_json::Number>> = seq.next_element()?;
+                    *slot = match n {
+                        Some(Some(n)) => n.as_f64(),
+                        Some(None) => Some(f64::NAN),
+                        None => None,
+                    }
+                    .ok_or_else(|| self.mismatch(&format!("an array whose item {i} is not a number")))?;
                 }
                 if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
                     return Err(self.mismatch("an array of more than 3 items"));
@@ -313,7 +326,8 @@ mod tests {
             (Kind::Str, J::String(s)) => Value::Str(s.clone()),
             (Kind::Bytes, J::String(s)) => Value::Bytes(Bytes::from(hex::decode(s).map_err(|_| mismatch())?)),
             (Kind::Vec3(_), J::Array(a)) if a.len() == 3 => {
-                let c = |i: usize| a[i].as_f64().ok_or_else(mismatch);
+                let c =
+                    |i: usize| if a[i].is_null() { Ok(f64::NAN) } else { a[i].as_f64().ok_or_else(mismatch) };
                 Value::Vec3([c(0)?, c(1)?, c(2)?])
             }
             (Kind::Struct(decl), J::Object(obj)) => {
@@ -474,6 +488,12 @@ mod tests {
             let text = format!(r#"{{"m": {{"{key}": {{}}}}}}"#);
             assert!(from_json_str(&schema, ROOT, &text).is_ok(), "{text}");
         }
+        // A vec3 part that is not finite is written as null and read as NaN.
+        let Value::Struct(fields) = from_json_str(&schema, ROOT, r#"{"v": [1, null, 2]}"#).unwrap() else {
+            panic!("a struct")
+        };
+        assert!(matches!(fields[5], Value::Vec3([1.0, y, 2.0]) if y.is_nan()), "{:?}", fields[5]);
+        assert!(from_json_str(&schema, ROOT, r#"{"v": [1, true, 2]}"#).is_err());
         // The same key in two different objects is fine.
         assert!(from_json_str(&schema, ROOT, r#"{"m": {"1": {"yaw": 1}, "2": {"yaw": 1}}}"#).is_ok());
     }

@@ -187,6 +187,7 @@ mod tests {
             Field::new("round", Type::Int),
             Field::new("log", Type::list(Type::String)),
             Field::new("players", Type::map(KeyKind::String, Type::structure([Field::new("hp", Type::Int)]))),
+            Field::new("speed", Type::Float),
         ]))
         .unwrap()
     }
@@ -242,8 +243,6 @@ mod tests {
             (r#"{"op":"set","path":"/round"}"#, 1),
             (r#"{"op":"set","path":"/round","value":1,"extra":2}"#, 1),
             (r#"{"op":"set","path":"/round","value":null}"#, 1),
-            (r#"{"op":"set","path":"/players/ann","value":{"hp":1,"hp":2}}"#, 1),
-            (r#"{"op":"set","path":"/players","value":{"ann":{},"ann":{}}}"#, 1),
             (r#"{"op":"cap","path":"/log","value":-1}"#, 1),
             (r#"{"op":"cap","path":"/log"}"#, 1),
         ];
@@ -253,6 +252,25 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
+        // A field or key named twice, and a list index in another spelling, with their reasons.
+        for (text, why) in [
+            (r#"{"op":"set","path":"/players/ann","value":{"hp":1,"hp":2}}"#, "appears twice"),
+            (r#"{"op":"set","path":"/players","value":{"ann":{},"ann":{}}}"#, "appears twice"),
+            (r#"{"op":"set","path":"/log/01","value":"x"}"#, "bad list index"),
+            (r#"{"op":"set","path":"/log/+1","value":"x"}"#, "bad list index"),
+        ] {
+            match Patch::parse_json(&s, text.as_bytes()) {
+                Err(PatchError::Invalid { line: 1, reason }) => {
+                    assert!(reason.contains(why), "{text}: {reason}")
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // `null` is a float's value (one that is not finite), not a missing value.
+        let patch = Patch::parse_json(&s, br#"{"op":"set","path":"/speed","value":null}"#).unwrap();
+        let mut state = State::new(s.clone());
+        state.apply_patch(&patch).unwrap();
+        assert!(matches!(state.get(&[Step::Field(3)]), Ok(Value::Float(f)) if f.is_nan()));
     }
 
     #[test]

@@ -230,12 +230,14 @@ fn json_writes_that_do_not_fit_change_nothing() {
 
 #[test]
 fn a_float_that_is_not_finite_reaches_a_json_replica_as_nan() {
-    let schema = Schema::new(SchemaDef::new([Field::new("f", Type::Float)])).unwrap();
+    let schema =
+        Schema::new(SchemaDef::new([Field::new("f", Type::Float), Field::new("v", Type::Vec3)])).unwrap();
     let mut state = State::new(schema.clone());
     let mut replica = Replica::new(schema);
     for value in [f64::INFINITY, f64::NAN] {
         let held = replica.version();
         state.set(&[Step::Field(0)], Value::Float(value)).unwrap();
+        state.set(&[Step::Field(1)], Value::Vec3([1.0, value, 2.0])).unwrap();
         state.seal();
         let update = state
             .prepare(held, Codec::Json)
@@ -247,6 +249,8 @@ fn a_float_that_is_not_finite_reaches_a_json_replica_as_nan() {
         replica.apply_json(&update).unwrap();
         let Some(Value::Float(got)) = replica.get(&[Step::Field(0)]) else { panic!("a float") };
         assert!(got.is_nan(), "{value} arrives as null, read as NaN; got {got}");
+        let Some(Value::Vec3([1.0, got, 2.0])) = replica.get(&[Step::Field(1)]) else { panic!("a vec3") };
+        assert!(got.is_nan(), "a vec3 part {value} arrives as null, read as NaN; got {got}");
     }
 }
 

@@ -159,11 +159,19 @@ test("state.json: every JSON update decodes to the vector's state", () => {
 test("JSON updates: an int map key has one spelling", () => {
   const schema = Schema.parse(JSON.stringify({ fields: [{ name: "m", type: { map: { key: "int", value: "int" } } }] }));
   const update = (key: string) => `{"kind":"snapshot","from":0,"to":1}\n{"op":"set","path":"/m","value":{"${key}":1}}\n`;
-  for (const key of ["0", "-1", "7", "9007199254740993"]) {
+  for (const key of ["0", "-1", "7", "9007199254740993", "9223372036854775807", "-9223372036854775808"]) {
     const r = new Replica(schema);
     assert.equal(r.applyJson(update(key)), 1, key);
+    assert.deepEqual(Object.keys((r.state as any).m), [key], key);
   }
-  for (const key of ["01", "+7", "-0", "", "1.0", " 1", "0x1"]) {
+  // A vec3 part that is not finite arrives as null and is read as NaN.
+  const v3 = Schema.parse(JSON.stringify({ fields: [{ name: "v", type: "vec3" }] }));
+  const r = new Replica(v3);
+  r.applyJson('{"kind":"snapshot","from":0,"to":1}\n{"op":"set","path":"/v","value":[1,null,2]}\n');
+  const v = (r.state as any).v;
+  assert.ok(v[0] === 1 && Number.isNaN(v[1]) && v[2] === 2, String(v));
+  assert.throws(() => new Replica(schema).applyJson('{"kind":"snapshot","from":0,"to":1}\n{"op":"set","path":"/m/01","value":1}\n'), (e: unknown) => e instanceof DecodeError);
+  for (const key of ["01", "+7", "-0", "", "1.0", " 1", "0x1", "9223372036854775808", "-9223372036854775809"]) {
     assert.throws(() => new Replica(schema).applyJson(update(key)), (e: unknown) => e instanceof DecodeError && e.code === "Json", key);
   }
 });

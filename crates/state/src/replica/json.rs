@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use super::{Header, RNode, default_node, from_value};
 use crate::error::DecodeError;
-use crate::json_value::{JsonOp, from_json_str, parse_key, segments};
+use crate::json_value::{JsonOp, from_json_str, parse_index, parse_key, segments};
 use crate::schema::{Kind, ROOT, Schema, TypeId};
 
 #[derive(Deserialize)]
@@ -66,7 +66,7 @@ fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), Decode
             };
         }
         (RNode::List(items), Kind::List(item), "set") => {
-            let index: usize = last.parse().map_err(|_| bad(format!("bad index {last}")))?;
+            let index = parse_index(last).map_err(bad)? as usize;
             let len = items.len();
             let slot = items.get_mut(index).ok_or(DecodeError::BadIndex { index: index as u64, len })?;
             *slot = from_value(from_json_str(schema, *item, value()?).map_err(bad)?);
@@ -100,7 +100,7 @@ fn walk<'n>(
                 (&mut fields[i], decl[i].ty)
             }
             (RNode::List(items), Kind::List(item)) => {
-                let index: usize = seg.parse().map_err(|_| bad(format!("bad index {seg}")))?;
+                let index = parse_index(seg).map_err(bad)? as usize;
                 let len = items.len();
                 (items.get_mut(index).ok_or(DecodeError::BadIndex { index: index as u64, len })?, *item)
             }

@@ -1,7 +1,10 @@
 // Why this exists: the JSON form of updates (docs/protocol.md §12.3) for subscribers that ask
 // for `codec: JSON`: a header line, then one `{"op","path","value"}` object per line, applied
 // to the same plain-object state as the binary replica keeps. Mirrors the Rust reader
-// (crates/state/src/replica/json.rs); errors are `DecodeError` "Json" (or BadIndex, BadLength).
+// (crates/state/src/replica/json.rs) with two differences JSON.parse imposes: a key repeated in
+// one object is not seen (the last copy wins; the gateway never writes one), and an int may be
+// written as `1.0` (JavaScript numbers cannot tell). Errors are `DecodeError` "Json" (or
+// BadIndex, BadLength).
 
 import { DecodeError } from "../errors.js";
 import { defaultValue, emptyObject, type Type, type Value } from "./schema.js";
@@ -46,9 +49,13 @@ function segments(path: string): string[] {
     .map((s) => s.replace(/~1/g, "/").replace(/~0/g, "~"));
 }
 
-/** An int key has one spelling (`-?(0|[1-9][0-9]*)`, no `-0`), so no two texts name one key. */
+const I64_MIN = -(1n << 63n);
+const I64_MAX = (1n << 63n) - 1n;
+
+/** An int key has one spelling (`-?(0|[1-9][0-9]*)`, no `-0`) and fits an i64, as in Rust. */
 function mapKey(kind: "int" | "string", s: string): string {
-  if (kind === "int" && !/^(0|-?[1-9]\d*)$/.test(s)) throw bad(`bad int key ${JSON.stringify(s)}`);
+  const fits = (n: bigint) => n >= I64_MIN && n <= I64_MAX;
+  if (kind === "int" && !(/^(0|-?[1-9]\d*)$/.test(s) && fits(BigInt(s)))) throw bad(`bad int key ${JSON.stringify(s)}`);
   return kind === "int" ? String(BigInt(s)) : s;
 }
 
@@ -73,9 +80,12 @@ export function fromJson(t: Type, v: unknown): Value {
       if (typeof v !== "string" || !/^([0-9a-fA-F]{2})*$/.test(v)) throw mismatch();
       return Uint8Array.from(v.match(/../g) ?? [], (b) => parseInt(b, 16));
     }
-    case "vec3":
-      if (!Array.isArray(v) || v.length !== 3 || !v.every((x) => typeof x === "number")) throw mismatch();
-      return [v[0] as number, v[1] as number, v[2] as number];
+    case "vec3": {
+      // A part that is not finite is written as null, as a float is.
+      if (!Array.isArray(v) || v.length !== 3 || !v.every((x) => typeof x === "number" || x === null)) throw mismatch();
+      const part = (x: unknown) => (x === null ? NaN : (x as number));
+      return [part(v[0]), part(v[1]), part(v[2])];
+    }
     case "struct": {
       if (v === null || typeof v !== "object" || Array.isArray(v)) throw mismatch();
       const out = defaultValue(t) as { [key: string]: Value };
@@ -109,7 +119,7 @@ function walk(node: Value, t: Type, segs: string[]): [Value, Type] {
     } else if (t.kind === "list") {
       const items = node as Value[];
       const index = Number(seg);
-      if (!/^\d+$/.test(seg)) throw bad(`bad index ${seg}`);
+      if (!/^(0|[1-9]\d*)$/.test(seg)) throw bad(`bad index ${seg}`);
       if (index >= items.length) throw new DecodeError("BadIndex", `list index ${index} (length ${items.length})`);
       node = items[index]!;
       t = t.item;
@@ -159,7 +169,7 @@ export function applyJsonOps(rootType: Type, root: Value, body: string, changes?
       changes?.push({ path: segs, op: op.op, value: obj[last] });
     } else if (t.kind === "list" && op.op === "set") {
       const items = node as Value[];
-      if (!/^\d+$/.test(last)) throw bad(`bad index ${last}`);
+      if (!/^(0|[1-9]\d*)$/.test(last)) throw bad(`bad index ${last}`);
       const index = Number(last);
       if (index >= items.length) throw new DecodeError("BadIndex", `list index ${index} (length ${items.length})`);
       items[index] = fromJson(t.item, value());
