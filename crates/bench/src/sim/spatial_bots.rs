@@ -13,17 +13,18 @@ use anyhow::Context;
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_client::{ConnectOptions, Connection, Event, Target};
 use tickwire_state::Version;
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, SetInterest, Sphere, Vec3, set_interest,
+    ChannelEvent, ChannelMessage, ChannelSend, ChannelUpdates, Follow, Response, SetInterest, Sphere, Status,
+    Vec3, set_interest,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::bots::{BotStats, Connected, send_input};
-use super::server::{BLOCKED, now_us};
+use super::bots::{BotStats, Connected};
+use super::server::{BLOCKED, InputMessage, now_us};
 use super::spatial_server::{SpawnRequest, slot_of};
 use super::world::{Arena, Input};
 
@@ -64,12 +65,16 @@ async fn session(
     let player = format!("bot-{index}");
     opts.token = player.clone();
     opts.client_name = "tickwire-sim-spatial-bot".into();
-    let client = Client::connect(opts).await.with_context(|| format!("connecting {player}"))?;
+    // The bot drives its session's `Connection` itself, with no `Client` task and queues between
+    // it and the socket: the load shares the gateway's two cores, and what the bots save the
+    // gateway gets. It never waits for an answer in its loop either (a player's client would
+    // not stop reading while its input travels); answers are checked as they come.
+    let mut conn = Connection::connect(opts).await.with_context(|| format!("connecting {player}"))?;
     let mut rng = SmallRng::seed_from_u64(index as u64);
     let at = arena.spawn(&mut rng);
     let yaw = rng.random_range(0.0..std::f32::consts::TAU);
     let (reply, entity) = oneshot::channel();
-    let request = SpawnRequest { at, yaw, controller: client.connection_id(), reply };
+    let request = SpawnRequest { at, yaw, controller: conn.welcome().connection_id, reply };
     spawners[slot_of(at)].send(request).await.context("the spawning server is gone")?;
     let entity_id = entity.await.context("the spawning server is gone")?.context("spawning")?;
     let area = set_interest::Area::Sphere(Sphere {
@@ -77,69 +82,129 @@ async fn session(
         radius: INTEREST_RADIUS,
     });
     let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
-    client.spatial_interest(interest).await.context("setting the area of interest")?;
+    let mut requests = 0u64;
+    let mut request = |conn: &mut Connection, method: &str, body: Vec<u8>| {
+        requests += 1;
+        conn.send_request(requests, method, body.into()).map(|()| requests)
+    };
+    let interest_id = request(&mut conn, "spatial.interest", interest.encode_to_vec())?;
+    // Until the interest is answered nothing else is due to this bot (its cells' updates come
+    // after the answer), so other events wait with it.
+    loop {
+        conn.flush().await;
+        match event(&mut conn, &player).await? {
+            Some(Event::Response(r)) if r.id == interest_id => {
+                answered(&r).context("setting the area of interest")?;
+                break;
+            }
+            Some(Event::Response(r)) => answered(&r)?,
+            _ => {}
+        }
+    }
     let counter = stats.add_bot();
     let _connected = Connected::count(&stats.connected);
 
     let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
-    send_input(&client, entity_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
+    let input = Input { forward: true, yaw: bot.yaw(), jump: false };
+    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
     // The version of each cell in view this bot holds.
     let mut held: HashMap<u64, Version> = HashMap::new();
     let result = loop {
-        tokio::select! {
+        conn.flush().await;
+        let push = tokio::select! {
             () = stop.cancelled() => break Ok(()),
             _ = second.tick() => {
                 if let Some(input) = bot.every_second() {
-                    send_input(&client, entity_id, &player, input).await?;
+                    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
+                }
+                continue;
+            }
+            event = event(&mut conn, &player) => match event? {
+                Some(Event::Push(push)) => push,
+                // An input refused (its entity gone, a busy world) ends the bot, as a failed call
+                // did: it is counted as an error.
+                Some(Event::Response(r)) => {
+                    answered(&r).context("sending input")?;
+                    continue;
+                }
+                _ => continue,
+            },
+        };
+        match push.topic.as_str() {
+            "channel.updates" => {
+                let Ok(batch) = ChannelUpdates::decode(push.body) else {
+                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let now = now_us();
+                for update in batch.updates {
+                    stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
+                    let Some(peeked) = peek_cell(&update.update) else {
+                        stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    stats.check_chain(peeked.snapshot, peeked.from, held.get(&update.channel_id).copied());
+                    held.insert(update.channel_id, peeked.to);
+                    if let Some(ts) = peeked.ts
+                        && let Ok(mut h) = stats.latency_us.lock()
+                    {
+                        let _ = h.record((now - ts).max(1) as u64);
+                    }
+                }
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            "channel.event" => {
+                // Left the area: the cell's next update, if it comes back, is a snapshot.
+                if let Ok(e) = ChannelEvent::decode(push.body) {
+                    held.remove(&e.channel_id);
                 }
             }
-            push = client.next_push() => {
-                let Some(push) = push else { break Err(anyhow::anyhow!("{player}: the session ended")) };
-                match push.topic.as_str() {
-                    "channel.updates" => {
-                        let Ok(batch) = ChannelUpdates::decode(push.body) else {
-                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        };
-                        let now = now_us();
-                        for update in batch.updates {
-                            stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
-                            let Some(peeked) = peek_cell(&update.update) else {
-                                stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            };
-                            stats.check_chain(peeked.snapshot, peeked.from, held.get(&update.channel_id).copied());
-                            held.insert(update.channel_id, peeked.to);
-                            if let Some(ts) = peeked.ts
-                                && let Ok(mut h) = stats.latency_us.lock()
-                            {
-                                let _ = h.record((now - ts).max(1) as u64);
-                            }
-                        }
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                    "channel.event" => {
-                        // Left the area: the cell's next update, if it comes back, is a snapshot.
-                        if let Ok(e) = ChannelEvent::decode(push.body) {
-                            held.remove(&e.channel_id);
-                        }
-                    }
-                    "channel.message" => {
-                        if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
-                            && let Some(input) = bot.observe(true, bot.yaw())
-                        {
-                            send_input(&client, entity_id, &player, input).await?;
-                        }
-                    }
-                    _ => {}
+            "channel.message" => {
+                if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
+                    && let Some(input) = bot.observe(true, bot.yaw())
+                {
+                    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
                 }
             }
+            _ => {}
         }
     };
-    client.close().await;
+    conn.close().await;
     result
+}
+
+/// The session's next event; the link dropping or the gateway closing the session is an error
+/// (on loopback neither should happen, and a resume would hide it). `None`: housekeeping only.
+async fn event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Event>> {
+    match conn.next_event().await.with_context(|| format!("{player}: the session"))? {
+        Some(Event::LinkLost) => anyhow::bail!("{player}: the connection dropped"),
+        Some(Event::Closed { reason, message }) => {
+            anyhow::bail!("{player}: the gateway closed the session ({reason:?}: {message})")
+        }
+        event => Ok(event),
+    }
+}
+
+/// An answer's status, as an error unless OK.
+fn answered(r: &Response) -> anyhow::Result<()> {
+    match r.status() {
+        Status::Ok => Ok(()),
+        status => anyhow::bail!("{status:?}: {}", r.error),
+    }
+}
+
+/// A `channel.send` of `input` to the bot's entity.
+fn input_body(entity_id: u64, player: &str, input: Input) -> anyhow::Result<Vec<u8>> {
+    let msg =
+        InputMessage { player: player.to_owned(), forward: input.forward, yaw: input.yaw, jump: input.jump };
+    let send = ChannelSend {
+        channel_id: entity_id,
+        body: serde_json::to_vec(&msg)?.into(),
+        ..ChannelSend::default()
+    };
+    Ok(send.encode_to_vec())
 }
 
 /// What a counting bot reads of one cell's binary update.
