@@ -98,11 +98,16 @@ pub struct Reply(oneshot::Receiver<Result<Response, ClientError>>);
 impl Reply {
     /// The response body; a non-OK status is an error, as for [`Client::call`].
     pub async fn answer(self) -> Result<Bytes, ClientError> {
-        let response = self.0.await.map_err(|_| ClientError::Shutdown)??;
-        match response.status() {
-            Status::Ok => Ok(response.body),
-            status => Err(ClientError::Status { status, message: response.error }),
-        }
+        response_body(self.0.await.map_err(|_| ClientError::Shutdown)??)
+    }
+}
+
+/// A response's body, or its status as an error unless OK: how [`Client::call`] reads an
+/// answer, for code that reads [`Connection`] events itself.
+pub fn response_body(response: Response) -> Result<Bytes, ClientError> {
+    match response.status() {
+        Status::Ok => Ok(response.body),
+        status => Err(ClientError::Status { status, message: response.error }),
     }
 }
 

@@ -13,7 +13,7 @@ mod error;
 mod spatial;
 mod target;
 
-pub use client::{Client, Reply};
+pub use client::{Client, Reply, response_body};
 pub use connection::{ConnectOptions, Connection, Event};
 pub use error::ClientError;
 pub use target::Target;

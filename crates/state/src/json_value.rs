@@ -4,8 +4,9 @@
 //!
 //! One reader, so that a value is taken or refused the same way wherever it comes from. It reads
 //! the text straight into the schema's type, and refuses an object that names a field or a key
-//! twice (`{"hp":1,"hp":2}`, or `"1"` and `"01"` in an int-keyed map): which copy would win is not
-//! something two readers, or two languages, agree on.
+//! twice (`{"hp":1,"hp":2}`), and an int key or list index written another way than the encoders
+//! write it (`"01"`, `"+1"`: else `"1"` and `"01"` would name one key twice): which copy would win
+//! is not something two readers, or two languages, agree on.
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -74,7 +75,7 @@ pub(crate) fn parse_key(kind: KeyKind, s: &str) -> Result<Key, String> {
     match kind {
         KeyKind::Int => match s.parse() {
             Ok(n) if canonical_decimal(s, true) => Ok(Key::Int(n)),
-            _ => Err(format!("bad int key {s:?}: not a decimal i64 written without a sign or leading zeros")),
+            _ => Err(format!("bad int key {s:?}: not a decimal i64 written without `+` or leading zeros")),
         },
         KeyKind::String => Ok(Key::str(s)),
     }

@@ -257,12 +257,21 @@ pub(crate) async fn send_input(
     player: &str,
     input: Input,
 ) -> anyhow::Result<()> {
+    client
+        .call("channel.send", input_body(channel_id, player, input)?.into())
+        .await
+        .context("sending input")?;
+    Ok(())
+}
+
+/// The `channel.send` body of a player's `input` to `channel_id` (the `single` channel, or a
+/// spatial bot's entity).
+pub(crate) fn input_body(channel_id: u64, player: &str, input: Input) -> anyhow::Result<Vec<u8>> {
     let msg =
         InputMessage { player: player.to_owned(), forward: input.forward, yaw: input.yaw, jump: input.jump };
     let send =
         ChannelSend { channel_id, to_connection: 0, broadcast: 0, body: serde_json::to_vec(&msg)?.into() };
-    client.call("channel.send", send.encode_to_vec().into()).await.context("sending input")?;
-    Ok(())
+    Ok(send.encode_to_vec())
 }
 
 #[cfg(test)]

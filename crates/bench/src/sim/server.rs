@@ -16,7 +16,7 @@ use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
-use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_client::{Client, ClientError, ConnectOptions, Target};
 use tickwire_wire::proto::{
     ChannelMessage, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, UpdateChannel,
 };
@@ -66,6 +66,63 @@ pub struct InputMessage {
 /// the answer before its next frame (a game's frame loop would not), but it does not queue
 /// without bound either: with this many unanswered, a frame is simulated and not published.
 pub(crate) const MAX_UNANSWERED: usize = 3;
+
+/// A game server's requests whose answers it has not waited for: its frames' publishes (at most
+/// [`MAX_UNANSWERED`]) and anything else it hands over ([`Unanswered::spawn`]). The frame loop
+/// polls [`Unanswered::next`] beside its timer, so a failed answer ends the server.
+pub(crate) struct Unanswered {
+    answers: JoinSet<anyhow::Result<()>>,
+    permits: Arc<Semaphore>,
+}
+
+impl Unanswered {
+    pub fn new() -> Unanswered {
+        Unanswered { answers: JoinSet::new(), permits: Arc::new(Semaphore::new(MAX_UNANSWERED)) }
+    }
+
+    /// Queues a frame's `method` call, unless [`MAX_UNANSWERED`] frames are unanswered: then it
+    /// is not sent, `stats.unanswered` counts it, and this returns `false`. An answered frame
+    /// counts in `stats.frames`; an error answer goes to `refused`, whose error ends the server.
+    pub async fn publish(
+        &mut self,
+        client: &Client,
+        method: &str,
+        body: Bytes,
+        stats: &Arc<ServerStats>,
+        refused: impl FnOnce(ClientError) -> anyhow::Result<()> + Send + 'static,
+    ) -> anyhow::Result<bool> {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            stats.unanswered.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        };
+        let answer = client.queue_call(method, body).await?;
+        let stats = stats.clone();
+        self.answers.spawn(async move {
+            let _permit = permit;
+            match answer.answer().await {
+                Ok(_) => {
+                    stats.frames.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => refused(e),
+            }
+        });
+        Ok(true)
+    }
+
+    /// Waits for an answer beside the frame loop (a release and its retries, say).
+    pub fn spawn(&mut self, waiting: impl Future<Output = anyhow::Result<()>> + Send + 'static) {
+        self.answers.spawn(waiting);
+    }
+
+    /// The next answer waited for: an error if it failed. Pending while there is none.
+    pub async fn next(&mut self) -> anyhow::Result<()> {
+        match self.answers.join_next().await {
+            Some(answered) => answered?,
+            None => std::future::pending().await,
+        }
+    }
+}
 
 /// What a game server counts; the demo and the bench derive frames per second.
 #[derive(Debug, Default)]
@@ -153,14 +210,12 @@ impl GameServer {
         let mut frame_timer = tokio::time::interval(Duration::from_secs(1) / FPS);
         frame_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut frame: u64 = 0;
-        // The answers to publishes being waited for (at most MAX_UNANSWERED).
-        let mut answers: JoinSet<anyhow::Result<()>> = JoinSet::new();
-        let unanswered = Arc::new(Semaphore::new(MAX_UNANSWERED));
+        let mut unanswered = Unanswered::new();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                Some(answered) = answers.join_next() => {
-                    answered??;
+                answered = unanswered.next() => {
+                    answered?;
                     continue;
                 }
                 _ = frame_timer.tick() => {}
@@ -194,22 +249,9 @@ impl GameServer {
             // Published without waiting for the answer, as a game's frame loop would; the frame
             // counts once the gateway applied it. Past MAX_UNANSWERED, a frame is not published.
             let update = UpdateChannel { channel_id: self.channel_id, patch: Bytes::from(patch) };
-            match unanswered.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    let answer =
-                        self.client.queue_call("channel.update", update.encode_to_vec().into()).await?;
-                    let stats = self.stats.clone();
-                    answers.spawn(async move {
-                        let _permit = permit;
-                        answer.answer().await.context("publishing a frame")?;
-                        stats.frames.fetch_add(1, Ordering::Relaxed);
-                        Ok(())
-                    });
-                }
-                Err(_) => {
-                    self.stats.unanswered.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            let body = update.encode_to_vec().into();
+            let refused = |e: ClientError| Err(e).context("publishing a frame");
+            unanswered.publish(&self.client, "channel.update", body, &self.stats, refused).await?;
             // Tell each player whose character just hit a wall or an obstacle (server to client).
             for player in hits.drain(..) {
                 if let Some(&to_connection) = connections.get(&player) {

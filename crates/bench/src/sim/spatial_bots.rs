@@ -13,18 +13,17 @@ use anyhow::Context;
 use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tickwire_client::{ConnectOptions, Connection, Event, Target};
+use tickwire_client::{ConnectOptions, Connection, Event, Target, response_body};
 use tickwire_state::Version;
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelMessage, ChannelSend, ChannelUpdates, Follow, Response, SetInterest, Sphere, Status,
-    Vec3, set_interest,
+    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, SetInterest, Sphere, Vec3, set_interest,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::bots::{BotStats, Connected};
-use super::server::{BLOCKED, InputMessage, now_us};
+use super::bots::{BotStats, Connected, input_body};
+use super::server::{BLOCKED, now_us};
 use super::spatial_server::{SpawnRequest, slot_of};
 use super::world::{Arena, Input};
 
@@ -94,10 +93,10 @@ async fn session(
         conn.flush().await;
         match event(&mut conn, &player).await? {
             Some(Event::Response(r)) if r.id == interest_id => {
-                answered(&r).context("setting the area of interest")?;
+                response_body(r).context("setting the area of interest")?;
                 break;
             }
-            Some(Event::Response(r)) => answered(&r)?,
+            Some(Event::Response(r)) => drop(response_body(r)?),
             _ => {}
         }
     }
@@ -126,7 +125,7 @@ async fn session(
                 // An input refused (its entity gone, a busy world) ends the bot, as a failed call
                 // did: it is counted as an error.
                 Some(Event::Response(r)) => {
-                    answered(&r).context("sending input")?;
+                    response_body(r).context("sending input")?;
                     continue;
                 }
                 _ => continue,
@@ -185,26 +184,6 @@ async fn event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Eve
         }
         event => Ok(event),
     }
-}
-
-/// An answer's status, as an error unless OK.
-fn answered(r: &Response) -> anyhow::Result<()> {
-    match r.status() {
-        Status::Ok => Ok(()),
-        status => anyhow::bail!("{status:?}: {}", r.error),
-    }
-}
-
-/// A `channel.send` of `input` to the bot's entity.
-fn input_body(entity_id: u64, player: &str, input: Input) -> anyhow::Result<Vec<u8>> {
-    let msg =
-        InputMessage { player: player.to_owned(), forward: input.forward, yaw: input.yaw, jump: input.jump };
-    let send = ChannelSend {
-        channel_id: entity_id,
-        body: serde_json::to_vec(&msg)?.into(),
-        ..ChannelSend::default()
-    };
-    Ok(send.encode_to_vec())
 }
 
 /// What a counting bot reads of one cell's binary update.

@@ -21,11 +21,10 @@ use tickwire_wire::proto::{
     ChannelSend, EntityMessage, EntityState, Handover, HandoverKind, Publish, RegisterServer, Release,
     SpawnEntity, Vec3,
 };
-use tokio::sync::{Semaphore, mpsc, oneshot};
-use tokio::task::JoinSet;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::server::{BLOCKED, InputMessage, MAX_UNANSWERED, ServerStats, now_us};
+use super::server::{BLOCKED, InputMessage, ServerStats, Unanswered, now_us};
 use super::world::{Arena, Character, FPS, Input};
 
 /// Half the world's side, in metres.
@@ -140,9 +139,8 @@ impl SpatialServer {
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let client = &self.client;
-        // The answers being waited for: publishes (at most MAX_UNANSWERED) and releases.
-        let mut answers: JoinSet<anyhow::Result<()>> = JoinSet::new();
-        let unanswered = Arc::new(Semaphore::new(MAX_UNANSWERED));
+        // Publishes and releases whose answers are waited for beside the frame loop.
+        let mut unanswered = Unanswered::new();
         // Entities of frames the world refused: the world does not have their last values, so
         // the next frame publishes them whether they moved or not.
         let not_taken: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
@@ -154,7 +152,7 @@ impl SpatialServer {
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
-                Some(answered) = answers.join_next() => answered??,
+                answered = unanswered.next() => answered?,
                 Some(req) = spawns.recv() => {
                     let c = Character::new(req.at, req.yaw);
                     let spawn = SpawnEntity {
@@ -195,8 +193,8 @@ impl SpatialServer {
                                     // release is what the handover waits on).
                                     let first = client.queue_call("spatial.release", release.encode_to_vec().into()).await?;
                                     let (client, stats) = (client.clone(), stats.clone());
-                                    answers.spawn(async move {
-                                        let mut answer = first.answer().await;
+                                    unanswered.spawn(async move {
+                                        let mut answer = first.answer().await.map(drop);
                                         let mut backoff = Duration::from_millis(1);
                                         while let Err(e) = answer {
                                             if !is_busy(&e) {
@@ -205,7 +203,7 @@ impl SpatialServer {
                                             stats.release_retries.fetch_add(1, Ordering::Relaxed);
                                             tokio::time::sleep(backoff).await;
                                             backoff = (backoff * 2).min(Duration::from_millis(64));
-                                            answer = client.call("spatial.release", release.encode_to_vec().into()).await;
+                                            answer = client.spatial_release(release.clone()).await;
                                         }
                                         Ok(())
                                     });
@@ -256,32 +254,24 @@ impl SpatialServer {
                     // took it. A frame past MAX_UNANSWERED, or one a busy world refuses, is lost
                     // to the clients and counted (a step with one does not hold); its entities go
                     // out again in the next frame that is published.
-                    match unanswered.clone().try_acquire_owned() {
-                        Ok(permit) => {
-                            let ids: Vec<u64> = entities.iter().map(|e| e.entity_id).collect();
-                            let publish = Publish { entities }.encode_to_vec().into();
-                            let answer = client.queue_call("spatial.publish", publish).await?;
-                            let (stats, not_taken) = (stats.clone(), not_taken.clone());
-                            answers.spawn(async move {
-                                let _permit = permit;
-                                match answer.answer().await {
-                                    Ok(_) => stats.frames.fetch_add(1, Ordering::Relaxed),
-                                    Err(e) if is_busy(&e) => {
-                                        not_taken.lock().expect("not poisoned").extend(ids);
-                                        stats.refused.fetch_add(1, Ordering::Relaxed)
-                                    }
-                                    Err(e) => return Err(e).context("publishing a frame"),
-                                };
-                                Ok(())
-                            });
-                        }
-                        Err(_) => {
-                            for e in &entities {
-                                if let Some(o) = owned.get_mut(&e.entity_id) {
-                                    o.published = false;
-                                }
+                    let ids: Vec<u64> = entities.iter().map(|e| e.entity_id).collect();
+                    let publish = Publish { entities }.encode_to_vec().into();
+                    let refused = {
+                        let (stats, not_taken, ids) = (stats.clone(), not_taken.clone(), ids.clone());
+                        move |e: ClientError| {
+                            if !is_busy(&e) {
+                                return Err(e).context("publishing a frame");
                             }
-                            stats.unanswered.fetch_add(1, Ordering::Relaxed);
+                            not_taken.lock().expect("not poisoned").extend(ids);
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                            Ok(())
+                        }
+                    };
+                    if !unanswered.publish(client, "spatial.publish", publish, &stats, refused).await? {
+                        for id in ids {
+                            if let Some(o) = owned.get_mut(&id) {
+                                o.published = false;
+                            }
                         }
                     }
                     for (entity_id, to_connection) in hits.drain(..) {
