@@ -6,11 +6,13 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Context;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tickwire_session::{Received, ResumeToken, Session, SessionError, SessionId, Timeout};
 use tickwire_transport::Conn;
+use tickwire_transport::wake_batch::DeferrableWaker;
 use tickwire_wire::proto::{CloseReason, Control, Envelope, Welcome, control, envelope};
 use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_message};
 use tokio::sync::mpsc;
@@ -73,10 +75,18 @@ pub(crate) struct SessionTask {
     rbuf: BytesMut,
     wbuf: BytesMut,
     outbox: mpsc::Receiver<Outgoing>,
+    /// The waker the outbox is polled with: fan-out passes on other I/O threads wake this task
+    /// in a batch (`tickwire_transport::wake_batch`).
+    outbox_waker: DeferrableWaker,
     takeovers: mpsc::Receiver<Box<Takeover>>,
     bucket: TokenBucket,
     /// The client's acknowledgement last reported to the update window.
     acked: u64,
+}
+
+/// The next message in the outbox, polled with the task's deferrable waker.
+async fn recv_outbox(outbox: &mut mpsc::Receiver<Outgoing>, waker: &mut DeferrableWaker) -> Option<Outgoing> {
+    std::future::poll_fn(|cx| outbox.poll_recv(&mut Context::from_waker(waker.get(cx.waker())))).await
 }
 
 /// Reads from the connection if there is one; otherwise never completes.
@@ -123,6 +133,7 @@ impl SessionTask {
             rbuf,
             wbuf: BytesMut::new(),
             outbox,
+            outbox_waker: DeferrableWaker::default(),
             takeovers,
             bucket: TokenBucket::new(limits.messages_per_second, limits.message_burst, now),
             acked: 0,
@@ -215,7 +226,7 @@ impl SessionTask {
                         self.on_input(Instant::now()).await
                     }
                 },
-                Some(msg) = self.outbox.recv(), if attached => self.on_outbox(msg).await,
+                Some(msg) = recv_outbox(&mut self.outbox, &mut self.outbox_waker), if attached => self.on_outbox(msg).await,
                 () = &mut deadline => Box::pin(self.on_deadline()).await,
             };
             if let Err(end) = step {

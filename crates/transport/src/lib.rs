@@ -6,6 +6,7 @@
 //! for readiness before it reserves memory.
 
 mod tls;
+pub mod wake_batch;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -346,6 +347,7 @@ pub fn io_threads(n: usize, name: &str) -> io::Result<Vec<tokio::runtime::Handle
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => {
+                        wake_batch::register(rt.handle().clone());
                         let _ = tx.send(Ok(rt.handle().clone()));
                         rt.block_on(std::future::pending::<()>());
                     }

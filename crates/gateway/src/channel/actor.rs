@@ -23,6 +23,7 @@ use hdrhistogram::Histogram;
 use prost::Message;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler};
 use tickwire_state::{Codec, FieldMask, Key, Patch, PatchError, PreparedCache, State, StateError, Version};
+use tickwire_transport::wake_batch::batch;
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
     DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
@@ -207,13 +208,13 @@ impl Channel {
         loop {
             tokio::select! {
                 msg = inbox.recv() => match msg {
-                    Some(msg) => if self.on_msg(Instant::now(), msg) == Flow::Stop { break },
+                    Some(msg) => if batch(|| self.on_msg(Instant::now(), msg)) == Flow::Stop { break },
                     None => break,
                 },
                 _ = ticker.tick() => {
                     let now = Instant::now();
                     self.figures.ticks.fetch_add(1, Ordering::Relaxed);
-                    self.on_tick(now);
+                    batch(|| self.on_tick(now));
                     if self.orphan_expired(now) && self.expire() {
                         break;
                     }
@@ -296,7 +297,7 @@ impl Channel {
                     // Subscribers that are due get the change now instead of at the next tick;
                     // the others get it when they are due. Each still gets at most one update
                     // per fan-out interval.
-                    self.on_tick(now);
+                    batch(|| self.on_tick(now));
                 }
             }
             Msg::Send { from, send, request_id } => {

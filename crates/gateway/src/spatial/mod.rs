@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tickwire_spatial::{Layout, LayoutConfig};
 use tickwire_state::{Field, KeyKind, Limits, Schema, SchemaDef, Type};
+use tickwire_transport::wake_batch::batch;
 use tickwire_wire::proto::{
     ChannelRef, ChannelSend, Despawn, Publish, RegisterServer, Release, Request, Response, SetInterest,
     SpawnEntity, Status, Subscribe, UpdateChannel,
@@ -314,12 +315,12 @@ async fn run(mut world: World, mut inbox: mpsc::Receiver<Msg>, figures: Arc<Figu
     loop {
         tokio::select! {
             msg = inbox.recv() => match msg {
-                Some(msg) => on_msg(&mut world, msg, Instant::now()),
+                Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
                 None => break,
             },
             _ = ticker.tick() => {
                 let started = Instant::now();
-                world.tick(started);
+                batch(|| world.tick(started));
                 world.figures.viewers.store(world.viewers.len() as u64, Ordering::Relaxed);
                 figures.record_pass(started.elapsed());
             }
