@@ -46,6 +46,8 @@ pub enum GatewayError {
     Handoff { path: std::path::PathBuf, source: io::Error },
     #[error("tls: {0}")]
     Tls(#[from] TlsError),
+    #[error("cannot start the router's threads: {0}")]
+    Threads(io::Error),
     #[error("tls: writing the self-signed certificate to {path}: {source}")]
     TlsCertOut { path: std::path::PathBuf, source: io::Error },
 }
@@ -122,7 +124,7 @@ impl Gateway {
             ),
             config: self.config,
         });
-        shared.router.on_start(runtimes);
+        shared.router.on_start(runtimes).map_err(GatewayError::Threads)?;
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
             listen_for_handoffs(shared.clone(), workers, runtime.clone())
                 .map_err(|source| GatewayError::Handoff { path: workers.dir.clone(), source })?;

@@ -183,8 +183,11 @@ pub trait Router: Send + Sync + 'static {
     fn on_session_closed(&self, _session: &SessionHandle) {}
 
     /// The gateway started on these runtimes (one per I/O thread); a router that runs tasks of
-    /// its own can spread them over them.
-    fn on_start(&self, _runtimes: &[tokio::runtime::Handle]) {}
+    /// its own can spread them over them, or start threads of its own. An error (no thread
+    /// could be started) stops the gateway from starting.
+    fn on_start(&self, _runtimes: &[tokio::runtime::Handle]) -> std::io::Result<()> {
+        Ok(())
+    }
 
     /// Figures of the router's own, read at each scrape of `/metrics`.
     fn gauges(&self) -> Vec<Gauge> {

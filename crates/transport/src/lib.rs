@@ -343,22 +343,47 @@ fn set_bind_address_no_port(socket: &TcpSocket) -> io::Result<()> {
 pub fn io_threads(n: usize, name: &str) -> io::Result<Vec<tokio::runtime::Handle>> {
     (0..n.max(1))
         .map(|i| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
-                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => {
-                        wake_batch::register(rt.handle().clone());
-                        let _ = tx.send(Ok(rt.handle().clone()));
-                        rt.block_on(std::future::pending::<()>());
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                    }
-                }
-            })?;
-            rx.recv().map_err(|_| io::Error::other("runtime thread died"))?
+            runtime_thread(format!("{name}-{i}"), |rt| {
+                wake_batch::register(rt.handle().clone());
+                rt.block_on(std::future::pending::<()>());
+            })
         })
         .collect()
+}
+
+/// Runs `task` on a thread of its own, named `name`, in a single-threaded tokio runtime; the
+/// thread ends when the task does.
+///
+/// For one task that does a lot of work per wake-up (the spatial world's fan-out pass): on an
+/// I/O thread it would hold up every session there for the length of its pass. It is not an
+/// I/O thread, so the sessions it wakes inside a [`wake_batch::batch`] are woken in one batch
+/// per I/O thread.
+pub fn dedicated_thread<F>(name: &str, task: F) -> io::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    runtime_thread(name.to_owned(), move |rt| rt.block_on(task)).map(drop)
+}
+
+/// Starts a thread named `name` with a single-threaded runtime, returns the runtime's handle
+/// once it is built, and then runs `body` with it on that thread.
+fn runtime_thread(
+    name: String,
+    body: impl FnOnce(&tokio::runtime::Runtime) + Send + 'static,
+) -> io::Result<tokio::runtime::Handle> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new().name(name).spawn(
+        move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => {
+                let _ = tx.send(Ok(rt.handle().clone()));
+                body(&rt);
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        },
+    )?;
+    rx.recv().map_err(|_| io::Error::other("runtime thread died"))?
 }
 
 /// A TCP socket bound to `addr` with `SO_REUSEADDR` and `SO_REUSEPORT`, not yet listening.

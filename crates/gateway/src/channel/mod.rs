@@ -562,9 +562,9 @@ impl Router for ChannelRouter {
         }
     }
 
-    fn on_start(&self, runtimes: &[Handle]) {
+    fn on_start(&self, runtimes: &[Handle]) -> std::io::Result<()> {
         let _ = self.runtimes.set(runtimes.to_vec());
-        self.fallback.on_start(runtimes);
+        self.fallback.on_start(runtimes)
     }
 
     fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {

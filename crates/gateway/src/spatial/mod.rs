@@ -263,13 +263,21 @@ impl Router for SpatialRouter {
         self.fallback.on_push(session, push);
     }
 
-    fn on_start(&self, runtimes: &[Handle]) {
-        self.fallback.on_start(runtimes);
-        let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    fn on_start(&self, runtimes: &[Handle]) -> std::io::Result<()> {
+        self.fallback.on_start(runtimes)?;
+        let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(());
+        };
         let task = run(world, rx, self.channel_figures.clone());
-        match runtimes.first() {
-            Some(rt) => drop(rt.spawn(task)),
-            None => drop(tokio::spawn(task)),
+        // Off the I/O threads: a pass at thousands of viewers takes milliseconds, and on an I/O
+        // thread every session there would wait for it, while from its own thread the pass
+        // wakes each I/O thread's sessions in one batch. Without I/O threads (tests on one
+        // runtime) it runs where the gateway does.
+        if runtimes.is_empty() {
+            drop(tokio::spawn(task));
+            Ok(())
+        } else {
+            tickwire_transport::dedicated_thread("tickwire-world", task)
         }
     }
 
