@@ -115,6 +115,11 @@ pub struct LimitsConfig {
     pub messages_per_second: u32,
     /// Burst allowance above the sustained rate.
     pub message_burst: u32,
+    /// The same for a game server's connection (role `server`), which speaks for all of its
+    /// players: a frame per tick, answers, and a message per player it tells something.
+    pub server_messages_per_second: u32,
+    /// Burst allowance above a game server's sustained rate.
+    pub server_message_burst: u32,
     /// Pushes queued for one session before it counts as a slow consumer.
     pub outbox_capacity: usize,
     /// Connections that may be waiting for their Hello at once, in all; more are closed with
@@ -212,6 +217,8 @@ impl Default for LimitsConfig {
             write_timeout: Duration::from_secs(10),
             messages_per_second: 200,
             message_burst: 400,
+            server_messages_per_second: 20_000,
+            server_message_burst: 40_000,
             outbox_capacity: 256,
             max_pending_handshakes: 4096,
             max_pending_per_ip: 256,

@@ -135,7 +135,12 @@ impl SessionTask {
             outbox,
             outbox_waker: DeferrableWaker::default(),
             takeovers,
-            bucket: TokenBucket::new(limits.messages_per_second, limits.message_burst, now),
+            bucket: match role {
+                Role::Player => TokenBucket::new(limits.messages_per_second, limits.message_burst, now),
+                Role::Server => {
+                    TokenBucket::new(limits.server_messages_per_second, limits.server_message_burst, now)
+                }
+            },
             acked: 0,
             shared: shared.clone(),
         };

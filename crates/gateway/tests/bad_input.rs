@@ -95,6 +95,43 @@ async fn a_flooding_client_is_rate_limited_alone() {
     assert_healthy(&mut healthy, 1).await;
 }
 
+#[tokio::test]
+async fn a_game_server_has_a_rate_limit_of_its_own() {
+    // The flood that closes a player (above) is well within a game server's limit: it speaks
+    // for all of its players. Every echo is answered and the connection stays open.
+    let gw = common::start(&["limits.messages_per_second=10", "limits.message_burst=20"]).await;
+    let mut flood = common::hello_frame("server:gs");
+    for seq in 1..=40 {
+        flood.extend(common::echo_frame(seq, seq));
+    }
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, &flood).await.unwrap();
+    let decoder = tickwire_wire::FrameDecoder::default();
+    let mut buf = BytesMut::new();
+    let mut answers = 0;
+    while answers < 40 {
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read_buf(&mut stream, &mut buf),
+        );
+        let n = read.await.expect("answers in time").unwrap();
+        assert!(n > 0, "the gateway closed a game server's connection after {answers} answers");
+        while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            match frame {
+                tickwire_wire::Frame::Data { .. } => answers += 1,
+                tickwire_wire::Frame::Control(body) => {
+                    let kind = tickwire_wire::decode_control(body).unwrap();
+                    assert!(
+                        !matches!(kind, tickwire_wire::proto::control::Kind::Close(_)),
+                        "closed: {kind:?}"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
