@@ -46,8 +46,8 @@ pub enum GatewayError {
     Handoff { path: std::path::PathBuf, source: io::Error },
     #[error("tls: {0}")]
     Tls(#[from] TlsError),
-    #[error("cannot start the router's threads: {0}")]
-    Threads(io::Error),
+    #[error("cannot start the router's threads: {source}")]
+    Threads { source: io::Error },
     #[error("tls: writing the self-signed certificate to {path}: {source}")]
     TlsCertOut { path: std::path::PathBuf, source: io::Error },
 }
@@ -124,7 +124,10 @@ impl Gateway {
             ),
             config: self.config,
         });
-        shared.router.on_start(runtimes).map_err(GatewayError::Threads)?;
+        shared
+            .router
+            .on_start(runtimes, &shared.cancel)
+            .map_err(|source| GatewayError::Threads { source })?;
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
             listen_for_handoffs(shared.clone(), workers, runtime.clone())
                 .map_err(|source| GatewayError::Handoff { path: workers.dir.clone(), source })?;

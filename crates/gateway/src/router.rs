@@ -183,9 +183,14 @@ pub trait Router: Send + Sync + 'static {
     fn on_session_closed(&self, _session: &SessionHandle) {}
 
     /// The gateway started on these runtimes (one per I/O thread); a router that runs tasks of
-    /// its own can spread them over them, or start threads of its own. An error (no thread
-    /// could be started) stops the gateway from starting.
-    fn on_start(&self, _runtimes: &[tokio::runtime::Handle]) -> std::io::Result<()> {
+    /// its own can spread them over them, or start threads of its own, and ends them when
+    /// `stop` is cancelled (the gateway shuts down). An error (no thread could be started)
+    /// stops the gateway from starting.
+    fn on_start(
+        &self,
+        _runtimes: &[tokio::runtime::Handle],
+        _stop: &tokio_util::sync::CancellationToken,
+    ) -> std::io::Result<()> {
         Ok(())
     }
 

@@ -5,7 +5,8 @@
 //! so a fan-out pass that queues a message to each of 1,000 sessions costs about 500 syscalls,
 //! one per session on the other thread. Inside [`batch`], a wake of a [`deferrable`] waker
 //! that belongs to another I/O thread is held back, and when the batch ends each such thread
-//! gets one task that wakes all of its sessions: one syscall per thread per pass.
+//! gets one task that wakes all of its sessions: one syscall per thread per batch (a fan-out pass
+//! is one batch).
 //!
 //! Only the wake waits, never the data: what the pass queued is in the queue at once, in
 //! order, and the woken task finds it there. A batch lasts as long as the synchronous closure
@@ -17,7 +18,7 @@ use std::task::{Wake, Waker};
 
 use tokio::runtime::Handle;
 
-/// Every I/O thread's runtime, in the order [`crate::io_threads`] made them (across calls).
+/// Every I/O thread's runtime, indexed by the number each thread got when it registered.
 static THREADS: Mutex<Vec<Handle>> = Mutex::new(Vec::new());
 
 thread_local! {
@@ -101,7 +102,7 @@ impl DeferrableWaker {
     /// The deferrable form of `task`.
     pub fn get(&mut self, task: &Waker) -> &Waker {
         if !self.cached.as_ref().is_some_and(|(cached, _)| cached.will_wake(task)) {
-            self.cached = Some((task.clone(), deferrable(task)));
+            self.cached = None;
         }
         let (_, deferred) = self.cached.get_or_insert_with(|| (task.clone(), deferrable(task)));
         deferred
@@ -120,7 +121,8 @@ impl Wake for Deferred {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let held = HELD.with(|held| {
+        // `try_with`: during thread-local teardown there is no batch; wake at once.
+        let held = HELD.try_with(|held| {
             // Busy only if waking re-entered this code (tokio's wakers do not).
             let Ok(mut held) = held.try_borrow_mut() else { return false };
             match held.as_mut() {
@@ -135,7 +137,7 @@ impl Wake for Deferred {
                 _ => false,
             }
         });
-        if !held {
+        if !held.unwrap_or(false) {
             self.task.wake_by_ref();
         }
     }

@@ -562,9 +562,13 @@ impl Router for ChannelRouter {
         }
     }
 
-    fn on_start(&self, runtimes: &[Handle]) -> std::io::Result<()> {
+    fn on_start(
+        &self,
+        runtimes: &[Handle],
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> std::io::Result<()> {
         let _ = self.runtimes.set(runtimes.to_vec());
-        self.fallback.on_start(runtimes)
+        self.fallback.on_start(runtimes, stop)
     }
 
     fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {

@@ -263,22 +263,24 @@ impl Router for SpatialRouter {
         self.fallback.on_push(session, push);
     }
 
-    fn on_start(&self, runtimes: &[Handle]) -> std::io::Result<()> {
-        self.fallback.on_start(runtimes)?;
+    fn on_start(
+        &self,
+        runtimes: &[Handle],
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> std::io::Result<()> {
+        self.fallback.on_start(runtimes, stop)?;
         let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(());
         };
-        let task = run(world, rx, self.channel_figures.clone());
         // Off the I/O threads: a pass at thousands of viewers takes milliseconds, and on an I/O
         // thread every session there would wait for it, while from its own thread the pass
-        // wakes each I/O thread's sessions in one batch. Without I/O threads (tests on one
-        // runtime) it runs where the gateway does.
-        if runtimes.is_empty() {
-            drop(tokio::spawn(task));
-            Ok(())
-        } else {
-            tickwire_transport::dedicated_thread("tickwire-world", task)
-        }
+        // wakes each I/O thread's sessions in one batch. (Requests to the world now cross
+        // threads, one wake each: a few thousand a second against 50 passes' worth of
+        // sessions.)
+        tickwire_transport::dedicated_thread(
+            "tickwire-world",
+            run(world, rx, self.channel_figures.clone(), stop.clone()),
+        )
     }
 
     fn on_session_closed(&self, session: &SessionHandle) {
@@ -315,13 +317,20 @@ impl Router for SpatialRouter {
     }
 }
 
-/// The world's task: messages as they come, a fan-out pass every tick. Pass times go into the
-/// channels' `channel_tick_duration_seconds` (the world is one channel actor there).
-async fn run(mut world: World, mut inbox: mpsc::Receiver<Msg>, figures: Arc<Figures>) {
+/// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
+/// or every sender is gone. Pass times go into the channels' `channel_tick_duration_seconds`
+/// (the world is one channel actor there).
+async fn run(
+    mut world: World,
+    mut inbox: mpsc::Receiver<Msg>,
+    figures: Arc<Figures>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let mut ticker = tokio::time::interval(world.settings.tick);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {
         tokio::select! {
+            () = stop.cancelled() => break,
             msg = inbox.recv() => match msg {
                 Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
                 None => break,
