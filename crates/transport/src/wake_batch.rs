@@ -41,7 +41,8 @@ pub fn io_thread() -> Option<usize> {
 }
 
 /// `task`'s waker, in a form that a [`batch`] on another thread may hold back until it ends.
-/// Off an I/O thread it is `task` itself.
+/// Off an I/O thread it is `task` itself. Call it from the task's own poll: the waker is taken
+/// to belong to a task of the calling thread's runtime, which is where a held wake is sent.
 pub fn deferrable(task: &Waker) -> Waker {
     match io_thread() {
         Some(io) => Waker::from(Arc::new(Deferred { task: task.clone(), io })),
@@ -71,16 +72,17 @@ pub fn batch<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Wakes what a batch held back: each I/O thread gets one task that wakes its wakers in order.
+/// Wakes what a batch held back: each I/O thread with more than one held wake gets one task that
+/// wakes them in order.
 fn release(held: Vec<Vec<Waker>>) {
-    if held.iter().all(Vec::is_empty) {
-        return;
-    }
-    let threads: Vec<Handle> = THREADS.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut threads = None;
     for (io, wakers) in held.into_iter().enumerate() {
-        if wakers.is_empty() {
+        if wakers.len() < 2 {
+            // One wake costs one syscall either way: wake it at once rather than through a task.
+            wakers.into_iter().for_each(Waker::wake);
             continue;
         }
+        let threads = threads.get_or_insert_with(|| THREADS.lock().unwrap_or_else(PoisonError::into_inner));
         match threads.get(io) {
             // A runtime that has shut down drops the task, and with it wakers of tasks that
             // are gone too.
@@ -91,7 +93,7 @@ fn release(held: Vec<Vec<Waker>>) {
 }
 
 /// Caches [`deferrable`]'s waker for a task that polls one source again and again, so the
-/// source sees the same waker each time (and keeps it without cloning).
+/// source sees the same waker each time (and can tell it wakes the same task).
 #[derive(Debug, Default)]
 pub struct DeferrableWaker {
     /// The task's waker, and its deferrable form.
