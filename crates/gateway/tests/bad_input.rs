@@ -132,6 +132,17 @@ async fn a_game_server_has_a_rate_limit_of_its_own() {
     }
 }
 
+#[tokio::test]
+async fn a_flooding_game_server_is_rate_limited_at_its_own_limit() {
+    let gw = common::start(&["limits.server_messages_per_second=10", "limits.server_message_burst=20"]).await;
+    let mut flood = common::hello_frame("server:gs");
+    for seq in 1..=40 {
+        flood.extend(common::echo_frame(seq, seq));
+    }
+    let close = common::raw_close(gw.tcp_addrs()[0], &flood).await;
+    assert_eq!(common::reason(&close), Some(CloseReason::RateLimited));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

@@ -65,7 +65,7 @@ pub fn batch<R>(f: impl FnOnce() -> R) -> R {
     struct Release;
     impl Drop for Release {
         fn drop(&mut self) {
-            release(HELD.with(|held| held.borrow_mut().take()).unwrap_or_default());
+            release(HELD.try_with(|held| held.borrow_mut().take()).ok().flatten().unwrap_or_default());
         }
     }
     let _release = Release;
@@ -75,14 +75,16 @@ pub fn batch<R>(f: impl FnOnce() -> R) -> R {
 /// Wakes what a batch held back: each I/O thread with more than one held wake gets one task that
 /// wakes them in order.
 fn release(held: Vec<Vec<Waker>>) {
-    let mut threads = None;
+    let mut threads: Option<Vec<Handle>> = None;
     for (io, wakers) in held.into_iter().enumerate() {
         if wakers.len() < 2 {
             // One wake costs one syscall either way: wake it at once rather than through a task.
             wakers.into_iter().for_each(Waker::wake);
             continue;
         }
-        let threads = threads.get_or_insert_with(|| THREADS.lock().unwrap_or_else(PoisonError::into_inner));
+        // Cloned out, so no waker runs under the lock (the list only grows, at start-up).
+        let threads =
+            threads.get_or_insert_with(|| THREADS.lock().unwrap_or_else(PoisonError::into_inner).clone());
         match threads.get(io) {
             // A runtime that has shut down drops the task, and with it wakers of tasks that
             // are gone too.

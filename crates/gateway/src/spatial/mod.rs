@@ -326,11 +326,15 @@ async fn run(
     figures: Arc<Figures>,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    // Made once: a `cancelled()` future per turn would register a waiter on the gateway-wide
+    // token each time.
+    let stopped = stop.cancelled_owned();
+    tokio::pin!(stopped);
     let mut ticker = tokio::time::interval(world.settings.tick);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {
         tokio::select! {
-            () = stop.cancelled() => break,
+            () = &mut stopped => break,
             msg = inbox.recv() => match msg {
                 Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
                 None => break,

@@ -270,8 +270,9 @@ impl World {
         let mut gone = Vec::new();
         let mut sent = 0;
         let mut parts: Vec<Bytes> = Vec::new();
-        // (index in `held`, version reached; 0: a snapshot is due).
-        let mut advanced: Vec<(usize, Version)> = Vec::new();
+        // (index in `held`, version reached; `None`: a snapshot is due). A cell no entity has
+        // touched is at version 0, and a viewer that got its snapshot holds `Some(0)`.
+        let mut advanced: Vec<(usize, Option<Version>)> = Vec::new();
         for Due { id: conn, from } in due {
             let Some(viewer) = viewers.get_mut(&conn) else { continue };
             // The window is asked only when a cell in view moved on: a pass finds nothing new
@@ -322,15 +323,15 @@ impl World {
                 match &cache[at].2 {
                     Some((field, to)) => {
                         parts.push(field.clone());
-                        advanced.push((at_held, *to));
+                        advanced.push((at_held, Some(*to)));
                     }
                     // The history for a delta from `held` is gone: a snapshot next pass.
-                    None => advanced.push((at_held, 0)),
+                    None => advanced.push((at_held, None)),
                 }
             }
             if parts.is_empty() {
                 for &(at, to) in &advanced {
-                    viewer.held[at].1 = (to != 0).then_some(to);
+                    viewer.held[at].1 = to;
                 }
                 let outcome =
                     if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: *world_version } };
@@ -341,7 +342,7 @@ impl World {
             match viewer.handle.offer_update(now, WORLD_KEY, from, envelope) {
                 Ok(()) => {
                     for &(at, to) in &advanced {
-                        viewer.held[at].1 = (to != 0).then_some(to);
+                        viewer.held[at].1 = to;
                     }
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
                     sent += 1;
