@@ -82,14 +82,20 @@ async fn silent_connections_hit_the_auth_timeout() {
     assert_eq!(common::reason(&close), Some(CloseReason::AuthTimeout));
 }
 
+/// A Hello with `token`, then `n` echo requests, as one write.
+fn echo_flood(token: &str, n: u64) -> Vec<u8> {
+    let mut flood = common::hello_frame(token);
+    for seq in 1..=n {
+        flood.extend(common::echo_frame(seq, seq));
+    }
+    flood
+}
+
 #[tokio::test]
 async fn a_flooding_client_is_rate_limited_alone() {
     let gw = common::start(&["limits.messages_per_second=10", "limits.message_burst=20"]).await;
     let mut healthy = common::connect(&gw).await;
-    let mut flood = common::hello_frame("");
-    for seq in 1..=40 {
-        flood.extend(common::echo_frame(seq, seq));
-    }
+    let flood = echo_flood("", 40);
     let close = common::raw_close(gw.tcp_addrs()[0], &flood).await;
     assert_eq!(common::reason(&close), Some(CloseReason::RateLimited));
     assert_healthy(&mut healthy, 1).await;
@@ -100,10 +106,7 @@ async fn a_game_server_has_a_rate_limit_of_its_own() {
     // The flood that closes a player (above) is well within a game server's limit: it speaks
     // for all of its players. Every echo is answered and the connection stays open.
     let gw = common::start(&["limits.messages_per_second=10", "limits.message_burst=20"]).await;
-    let mut flood = common::hello_frame("server:gs");
-    for seq in 1..=40 {
-        flood.extend(common::echo_frame(seq, seq));
-    }
+    let flood = echo_flood("server:gs", 40);
     let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
     tokio::io::AsyncWriteExt::write_all(&mut stream, &flood).await.unwrap();
     let decoder = tickwire_wire::FrameDecoder::default();
@@ -135,10 +138,7 @@ async fn a_game_server_has_a_rate_limit_of_its_own() {
 #[tokio::test]
 async fn a_flooding_game_server_is_rate_limited_at_its_own_limit() {
     let gw = common::start(&["limits.server_messages_per_second=10", "limits.server_message_burst=20"]).await;
-    let mut flood = common::hello_frame("server:gs");
-    for seq in 1..=40 {
-        flood.extend(common::echo_frame(seq, seq));
-    }
+    let flood = echo_flood("server:gs", 40);
     let close = common::raw_close(gw.tcp_addrs()[0], &flood).await;
     assert_eq!(common::reason(&close), Some(CloseReason::RateLimited));
 }

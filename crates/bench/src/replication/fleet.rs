@@ -79,8 +79,8 @@ pub(crate) struct BotSample {
     pub decode_errors: u64,
     pub gaps: u64,
     pub repeats: u64,
-    /// Updates received by each bot, in a fixed order (bots that join later come after).
-    pub updates_per_bot: Vec<u64>,
+    /// Updates received by each bot, as (bot index, count), from every process.
+    pub updates_per_bot: Vec<(usize, u64)>,
     /// Update ages in µs since the last sample, as (value, count) pairs of a histogram.
     pub ages_us: Vec<(u64, u64)>,
 }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::hold::Hold;
 use crate::machine::{Machine, ProcSample};
 use crate::server::ChildGateway;
-use crate::sim::bots::{BotMode, BotStats, run_bot};
+use crate::sim::bots::{BotMode, BotStats, rates_between, run_bot};
 use crate::sim::game::Game;
 pub use crate::sim::game::Scenario;
 use crate::sim::server::ServerStats;
@@ -278,15 +278,6 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     Ok(report)
 }
 
-/// Each bot's updates per second between two readings of the per-bot counters `seconds`
-/// apart; a bot that joined after the first reading counts from zero.
-fn rates_between(first: &[u64], last: &[u64], seconds: f64) -> Vec<f64> {
-    last.iter()
-        .zip(first.iter().chain(std::iter::repeat(&0)))
-        .map(|(n, f)| n.saturating_sub(*f) as f64 / seconds)
-        .collect()
-}
-
 /// The 5th percentile (the value with 5% of them below it), 0 for none. Sorts `values`.
 fn p5(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -334,7 +325,7 @@ struct Groups<'a> {
 
 /// A group's counters at the start of a hold.
 struct GroupStart {
-    counts: Vec<u64>,
+    counts: Vec<(usize, u64)>,
     errors: u64,
 }
 
@@ -568,9 +559,10 @@ mod tests {
 
     #[test]
     fn a_clients_rate_is_its_count_over_the_whole_window() {
-        // Three bots over 10 s; the third joined after the first reading.
-        let rates = rates_between(&[100, 50], &[400, 340, 290], 10.0);
-        assert_eq!(rates, vec![30.0, 29.0, 29.0]);
+        // Three bots over 10 s; bot 7 joined after the first reading, and the second reading
+        // lists the bots in another order (two processes joined the other way round).
+        let rates = rates_between(&[(3, 100), (5, 50)], &[(7, 290), (5, 340), (3, 400)], 10.0);
+        assert_eq!(rates, vec![29.0, 29.0, 30.0]);
         // Twenty bots: 5% of them (one) may be below the p5; the second lowest is the p5.
         let mut twenty: Vec<f64> = (0..20).map(|i| 30.0 - f64::from(i)).collect();
         assert_eq!(p5(&mut twenty), 12.0);

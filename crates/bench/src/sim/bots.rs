@@ -38,7 +38,8 @@ pub struct BotStats {
     pub version_repeats: AtomicU64,
     /// Update age (server publish to bot receipt), in microseconds.
     pub latency_us: Mutex<Histogram<u64>>,
-    per_bot: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Each bot's update counter, with the bot's index.
+    per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
 }
 
 impl Default for BotStats {
@@ -57,11 +58,11 @@ impl Default for BotStats {
 }
 
 impl BotStats {
-    /// A new bot's own update counter.
-    pub(crate) fn add_bot(&self) -> Arc<AtomicU64> {
+    /// Bot `index`'s own update counter.
+    pub(crate) fn add_bot(&self, index: usize) -> Arc<AtomicU64> {
         let counter = Arc::new(AtomicU64::new(0));
         if let Ok(mut v) = self.per_bot.lock() {
-            v.push(counter.clone());
+            v.push((index, counter.clone()));
         }
         counter
     }
@@ -76,10 +77,23 @@ impl BotStats {
         };
     }
 
-    /// Updates received so far by each bot.
-    pub fn updates_per_bot(&self) -> Vec<u64> {
-        self.per_bot.lock().map(|v| v.iter().map(|c| c.load(Ordering::Relaxed)).collect()).unwrap_or_default()
+    /// Updates received so far by each bot, as (bot index, count).
+    pub fn updates_per_bot(&self) -> Vec<(usize, u64)> {
+        self.per_bot
+            .lock()
+            .map(|v| v.iter().map(|(bot, c)| (*bot, c.load(Ordering::Relaxed))).collect())
+            .unwrap_or_default()
     }
+}
+
+/// Each bot's updates per second between two readings of [`BotStats::updates_per_bot`] (of one
+/// process or several, joined in any order) `seconds` apart. Bots are matched by index; a bot
+/// missing from the first reading joined after it and counts from zero.
+pub fn rates_between(first: &[(usize, u64)], last: &[(usize, u64)], seconds: f64) -> Vec<f64> {
+    let before: std::collections::HashMap<usize, u64> = first.iter().copied().collect();
+    last.iter()
+        .map(|&(bot, n)| n.saturating_sub(before.get(&bot).copied().unwrap_or(0)) as f64 / seconds)
+        .collect()
 }
 
 /// How much a bot does with the updates it receives.
@@ -125,7 +139,7 @@ async fn bot_session(
     client.call("channel.subscribe", sub.encode_to_vec().into()).await.context("subscribing")?;
     let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
     let mut replica = Replica::new(schema);
-    let counter = stats.add_bot();
+    let counter = stats.add_bot(index);
     let _connected = Connected::count(&stats.connected);
 
     let mut bot =

@@ -175,11 +175,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         let elapsed = last_at.elapsed().as_secs_f64();
         last_at = Instant::now();
         let counts = stats.updates_per_bot();
-        let mut rates: Vec<f64> = counts
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (n - last_counts.get(i).copied().unwrap_or(0)) as f64 / elapsed)
-            .collect();
+        let mut rates = super::bots::rates_between(&last_counts, &counts, elapsed);
         rates.sort_by(f64::total_cmp);
         last_counts = counts;
         let served = gateway.stats().snapshot();
@@ -217,7 +213,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
                 .fold(f64::INFINITY, f64::min),
             characters: server_stats.iter().map(|s| s.characters.load(Ordering::Relaxed)).sum(),
             handovers_per_s: per_s(2, 1.0),
-            min_updates: last_counts.iter().copied().min().unwrap_or(0),
+            min_updates: last_counts.iter().map(|&(_, n)| n).min().unwrap_or(0),
             decode_errors: stats.decode_errors.load(Ordering::Relaxed),
         };
         (last_bytes, last_frames, last_figures) = (bytes, frames, figures);

@@ -100,7 +100,7 @@ async fn session(
             _ => {}
         }
     }
-    let counter = stats.add_bot();
+    let counter = stats.add_bot(index);
     let _connected = Connected::count(&stats.connected);
 
     let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
