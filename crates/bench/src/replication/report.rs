@@ -228,7 +228,7 @@ pub(super) fn plot(dir: &Path, report: &ReplicationReport) -> anyhow::Result<()>
         ("replication-tick-rate.png", "channel tick rate (Hz)", series(|s| s.figures.channel_tick_hz)),
         (
             "replication-updates.png",
-            "updates received per client per second, p5",
+            "updates per client per second over the hold, p5",
             series(|s| s.figures.fanout_hz.p5),
         ),
         ("replication-tick.png", "channel pass p99 (ms)", series(|s| s.figures.tick_ms.p99)),
