@@ -51,7 +51,8 @@ pub fn deferrable(task: &Waker) -> Waker {
 }
 
 /// Runs `f`; the wakes of deferrable wakers of other I/O threads during it happen when it
-/// returns (or unwinds), one task per thread. Nested batches join the outer one.
+/// returns (or unwinds), through one task per thread that has more than one. Nested batches
+/// join the outer one.
 pub fn batch<R>(f: impl FnOnce() -> R) -> R {
     let outermost = HELD.with(|held| {
         let mut held = held.borrow_mut();
@@ -169,23 +170,25 @@ mod tests {
         (counter, task)
     }
 
-    /// `task`'s deferrable waker, made on the I/O thread `thread` as a session's task would.
-    fn made_on(thread: &Handle, task: &Waker) -> Waker {
+    /// Runs `f` in a task on the I/O thread `thread` and returns what it returned, once the
+    /// thread has run everything queued to it before.
+    fn run_on<T: Send + 'static>(thread: &Handle, f: impl FnOnce() -> T + Send + 'static) -> T {
         let (tx, rx) = std::sync::mpsc::channel();
-        let task = task.clone();
         thread.spawn(async move {
-            let _ = tx.send(deferrable(&task));
+            let _ = tx.send(f());
         });
         rx.recv_timeout(Duration::from_secs(10)).unwrap()
     }
 
+    /// `task`'s deferrable waker, made on the I/O thread `thread` as a session's task would.
+    fn made_on(thread: &Handle, task: &Waker) -> Waker {
+        let task = task.clone();
+        run_on(thread, move || deferrable(&task))
+    }
+
     /// Returns once `thread` has run everything queued to it before this call.
     fn settle(thread: &Handle) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        thread.spawn(async move {
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        run_on(thread, || ());
     }
 
     #[test]
@@ -222,15 +225,13 @@ mod tests {
         let threads = crate::io_threads(1, "wake-batch-local").unwrap();
         let (counter, task) = counter();
         let deferred = made_on(&threads[0], &task);
-        let (tx, rx) = std::sync::mpsc::channel();
-        threads[0].spawn(async move {
-            let during = batch(|| {
+        let during = run_on(&threads[0], move || {
+            batch(|| {
                 deferred.wake_by_ref();
                 counter.0.load(Ordering::SeqCst)
-            });
-            let _ = tx.send(during);
+            })
         });
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
+        assert_eq!(during, 1);
     }
 
     #[test]
@@ -261,14 +262,13 @@ mod tests {
         let threads = crate::io_threads(1, "wake-batch-cache").unwrap();
         let (_, task) = counter();
         let (_, other) = counter();
-        let (tx, rx) = std::sync::mpsc::channel();
-        threads[0].spawn(async move {
+        let seen = run_on(&threads[0], move || {
             let mut cache = DeferrableWaker::default();
             let first = cache.get(&task).clone();
             let again = cache.get(&task).will_wake(&first);
             let changed = cache.get(&other).will_wake(&first);
-            let _ = tx.send((again, changed));
+            (again, changed)
         });
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), (true, false));
+        assert_eq!(seen, (true, false));
     }
 }
