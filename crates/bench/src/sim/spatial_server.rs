@@ -141,8 +141,9 @@ impl SpatialServer {
         let client = &self.client;
         // Publishes and releases whose answers are waited for beside the frame loop.
         let mut unanswered = Unanswered::new();
-        // Entities of frames the world refused: the world does not have their last values, so
-        // the next frame publishes them whether they moved or not.
+        // Entities of frames not published (the world refused them as busy, or too many were
+        // unanswered): the world does not have their last values, so the next frame publishes
+        // them whether they moved or not.
         let not_taken: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
         let mut owned: HashMap<u64, Owned> = HashMap::new();
         let dt = 1.0 / FPS as f32;
@@ -268,11 +269,7 @@ impl SpatialServer {
                         }
                     };
                     if !unanswered.publish(client, "spatial.publish", publish, &stats, refused).await? {
-                        for id in ids {
-                            if let Some(o) = owned.get_mut(&id) {
-                                o.published = false;
-                            }
-                        }
+                        not_taken.lock().expect("not poisoned").extend(ids);
                     }
                     for (entity_id, to_connection) in hits.drain(..) {
                         let send = ChannelSend { channel_id: entity_id, to_connection, broadcast: 0, body: Bytes::from_static(BLOCKED) };
