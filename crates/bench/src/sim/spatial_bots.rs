@@ -4,7 +4,6 @@
 //! messages it receives: versions checked per cell (no gap, no repeat), and the age of the
 //! first entity in each cell update, read without decoding the rest (`peek_cell`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -108,12 +107,18 @@ async fn session(
     request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
-    // The version of each cell in view this bot holds.
-    let mut held: HashMap<u64, Version> = HashMap::new();
+    // Made once: a `cancelled()` future made per event registers and drops a waiter each time.
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
+    // The version of each cell in view this bot holds: a handful of cells (a 30 m sphere over
+    // 20 m cells touches at most 16), so a scan of a short list, not a hash map's probes.
+    let mut held = Held::default();
+    // Ages read from one message, recorded under one lock.
+    let mut ages: Vec<u64> = Vec::new();
     let result = loop {
         conn.flush().await;
         let push = tokio::select! {
-            () = stop.cancelled() => break Ok(()),
+            () = &mut cancelled => break Ok(()),
             _ = second.tick() => {
                 if let Some(input) = bot.every_second() {
                     request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
@@ -138,26 +143,32 @@ async fn session(
                     continue;
                 };
                 let now = now_us();
+                let mut bytes = 0;
                 for update in batch.updates {
-                    stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
+                    bytes += update.update.len() as u64;
                     let Some(peeked) = peek_cell(&update.update) else {
                         stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                         continue;
                     };
-                    stats.check_chain(peeked.snapshot, peeked.from, held.get(&update.channel_id).copied());
-                    held.insert(update.channel_id, peeked.to);
-                    if let Some(ts) = peeked.ts
-                        && let Ok(mut h) = stats.latency_us.lock()
-                    {
-                        let _ = h.record((now - ts).max(1) as u64);
+                    stats.check_chain(peeked.snapshot, peeked.from, held.get(update.channel_id));
+                    held.set(update.channel_id, peeked.to);
+                    if let Some(ts) = peeked.ts {
+                        ages.push((now - ts).max(1) as u64);
                     }
                 }
+                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+                if let Ok(mut h) = stats.latency_us.lock() {
+                    for &age in &ages {
+                        let _ = h.record(age);
+                    }
+                }
+                ages.clear();
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             "channel.event" => {
                 // Left the area: the cell's next update, if it comes back, is a snapshot.
                 if let Ok(e) = ChannelEvent::decode(push.body) {
-                    held.remove(&e.channel_id);
+                    held.remove(e.channel_id);
                 }
             }
             "channel.message" => {
@@ -183,6 +194,27 @@ async fn event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Eve
             anyhow::bail!("{player}: the gateway closed the session ({reason:?}: {message})")
         }
         event => Ok(event),
+    }
+}
+
+/// The version a bot holds of each cell in its view, in a short list.
+#[derive(Debug, Default)]
+struct Held(Vec<(u64, Version)>);
+
+impl Held {
+    fn get(&self, cell: u64) -> Option<Version> {
+        self.0.iter().find(|(c, _)| *c == cell).map(|&(_, v)| v)
+    }
+
+    fn set(&mut self, cell: u64, version: Version) {
+        match self.0.iter_mut().find(|(c, _)| *c == cell) {
+            Some(entry) => entry.1 = version,
+            None => self.0.push((cell, version)),
+        }
+    }
+
+    fn remove(&mut self, cell: u64) {
+        self.0.retain(|(c, _)| *c != cell);
     }
 }
 
@@ -258,6 +290,18 @@ mod tests {
 
     fn update(state: &State, from: Version) -> Vec<u8> {
         state.prepare(from, Codec::Binary).unwrap().update_for(state, &Key::Int(0), false).unwrap().to_vec()
+    }
+
+    #[test]
+    fn held_versions_are_set_replaced_and_removed_per_cell() {
+        let mut held = Held::default();
+        assert_eq!(held.get(7), None);
+        held.set(7, 3);
+        held.set(9, 1);
+        held.set(7, 5);
+        assert_eq!((held.get(7), held.get(9), held.0.len()), (Some(5), Some(1), 2));
+        held.remove(7);
+        assert_eq!((held.get(7), held.get(9)), (None, Some(1)));
     }
 
     #[test]
