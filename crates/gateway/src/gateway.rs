@@ -22,7 +22,7 @@ use crate::config::{ConfigError, GatewayConfig};
 use crate::handshake::handshake;
 use crate::handshake::handshake_with;
 use crate::registry::Registry;
-use crate::router::Router;
+use crate::router::{Router, Startup};
 use crate::shared::Shared;
 use crate::spatial::SpatialRouter;
 use crate::stats::Stats;
@@ -126,7 +126,7 @@ impl Gateway {
         });
         shared
             .router
-            .on_start(runtimes, &shared.cancel)
+            .on_start(&Startup { runtimes, stop: &shared.cancel, tracker: &shared.tracker })
             .map_err(|source| GatewayError::Threads { source })?;
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
             listen_for_handoffs(shared.clone(), workers, runtime.clone())

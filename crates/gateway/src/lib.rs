@@ -34,7 +34,7 @@ pub use channel::{
 };
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig, TlsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
-pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, error_response};
+pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, Startup, error_response};
 pub use spatial::SpatialRouter;
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;

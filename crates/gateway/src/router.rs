@@ -17,6 +17,17 @@ use tokio::sync::mpsc;
 use crate::auth::Role;
 use crate::flow::UpdateFlow;
 
+/// What a router is given when the gateway starts ([`Router::on_start`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Startup<'a> {
+    /// One single-threaded runtime per I/O thread.
+    pub runtimes: &'a [tokio::runtime::Handle],
+    /// Cancelled when the gateway shuts down.
+    pub stop: &'a tokio_util::sync::CancellationToken,
+    /// Tasks tracked here (on any thread) are waited for by the gateway's shutdown.
+    pub tracker: &'a tokio_util::task::TaskTracker,
+}
+
 /// What waits in a session's outbox.
 #[derive(Debug)]
 pub(crate) enum Outgoing {
@@ -182,15 +193,12 @@ pub trait Router: Send + Sync + 'static {
     /// The session has ended for good (closed, expired or shut down).
     fn on_session_closed(&self, _session: &SessionHandle) {}
 
-    /// The gateway started on these runtimes (one per I/O thread); a router that runs tasks of
-    /// its own can spread them over them, or start threads of its own, and ends them when
-    /// `stop` is cancelled (the gateway shuts down). An error (no thread could be started)
-    /// stops the gateway from starting.
-    fn on_start(
-        &self,
-        _runtimes: &[tokio::runtime::Handle],
-        _stop: &tokio_util::sync::CancellationToken,
-    ) -> std::io::Result<()> {
+    /// The gateway started: a router that runs tasks of its own can spread them over the I/O
+    /// threads' runtimes, or start threads of its own, and ends them when `startup.stop` is
+    /// cancelled (the gateway shuts down). What it runs under `startup.tracker` is waited for
+    /// by [`RunningGateway::shutdown`](crate::RunningGateway::shutdown). An error (no thread
+    /// could be started) stops the gateway from starting.
+    fn on_start(&self, _startup: &Startup<'_>) -> std::io::Result<()> {
         Ok(())
     }
 

@@ -27,7 +27,7 @@ pub(crate) use actor::Figures;
 pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindowConfig};
 
 use crate::auth::Role;
-use crate::router::{EchoRouter, Gauge, Router, SessionHandle, error_response};
+use crate::router::{EchoRouter, Gauge, Router, SessionHandle, Startup, error_response};
 use actor::{Channel, Msg};
 use registry::Registry;
 use registry::{Entry, SharedRegistry, lock};
@@ -562,13 +562,9 @@ impl Router for ChannelRouter {
         }
     }
 
-    fn on_start(
-        &self,
-        runtimes: &[Handle],
-        stop: &tokio_util::sync::CancellationToken,
-    ) -> std::io::Result<()> {
-        let _ = self.runtimes.set(runtimes.to_vec());
-        self.fallback.on_start(runtimes, stop)
+    fn on_start(&self, startup: &Startup<'_>) -> std::io::Result<()> {
+        let _ = self.runtimes.set(startup.runtimes.to_vec());
+        self.fallback.on_start(startup)
     }
 
     fn on_push(&self, session: &SessionHandle, push: tickwire_wire::proto::Push) {

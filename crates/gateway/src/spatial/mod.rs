@@ -23,13 +23,12 @@ use tickwire_wire::proto::{
     ChannelRef, ChannelSend, Despawn, Publish, RegisterServer, Release, Request, Response, SetInterest,
     SpawnEntity, Status, Subscribe, UpdateChannel,
 };
-use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter, Figures};
-use crate::router::{Gauge, Router, SessionHandle, error_response};
+use crate::router::{Gauge, Router, SessionHandle, Startup, error_response};
 use world::World;
 
 /// Spatial channel (cell) ids start here.
@@ -263,12 +262,8 @@ impl Router for SpatialRouter {
         self.fallback.on_push(session, push);
     }
 
-    fn on_start(
-        &self,
-        runtimes: &[Handle],
-        stop: &tokio_util::sync::CancellationToken,
-    ) -> std::io::Result<()> {
-        self.fallback.on_start(runtimes, stop)?;
+    fn on_start(&self, startup: &Startup<'_>) -> std::io::Result<()> {
+        self.fallback.on_start(startup)?;
         let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(());
         };
@@ -276,11 +271,9 @@ impl Router for SpatialRouter {
         // thread every session there would wait for it, while from its own thread the pass
         // wakes each I/O thread's sessions in one batch. (Requests to the world now cross
         // threads, one wake each: a few thousand a second against 50 passes' worth of
-        // sessions.)
-        tickwire_transport::dedicated_thread(
-            "tickwire-world",
-            run(world, rx, self.channel_figures.clone(), stop.clone()),
-        )
+        // sessions.) Tracked, so the gateway's shutdown waits for the world to stop.
+        let task = run(world, rx, self.channel_figures.clone(), startup.stop.clone());
+        tickwire_transport::dedicated_thread("tickwire-world", startup.tracker.track_future(task))
     }
 
     fn on_session_closed(&self, session: &SessionHandle) {
@@ -386,5 +379,38 @@ fn on_msg(world: &mut World, msg: Msg, now: Instant) {
     };
     if let Some(response) = response {
         let _ = who.respond(response);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_world_runs_as_a_tracked_task_until_the_gateway_stops() {
+        let overrides = ["spatial.cell_size=10.0", "spatial.cells=[2, 2]", "spatial.servers=[1, 1]"];
+        let config =
+            crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a spatial config");
+        let layout = config.spatial.clone().expect("a layout");
+        let channels = ChannelRouter::for_gateway(&config).expect("channels");
+        let router = SpatialRouter::new(layout, &config, channels).expect("the router");
+        let (stop, tracker) = (CancellationToken::new(), TaskTracker::new());
+        let runtimes = [tokio::runtime::Handle::current()];
+        router.on_start(&Startup { runtimes: &runtimes, stop: &stop, tracker: &tracker }).expect("started");
+        assert_eq!(tracker.len(), 1, "the world's task is tracked");
+        tracker.close();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), tracker.wait()).await.is_err(),
+            "the world runs until the gateway stops"
+        );
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), tracker.wait())
+            .await
+            .expect("the world stops, and its thread lets the tracker know, when the gateway stops");
     }
 }
