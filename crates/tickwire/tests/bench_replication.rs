@@ -21,6 +21,8 @@ fn run(args: &[&str]) -> serde_json::Value {
 
 /// The one step of `report`, checked to have held with every client.
 fn held_step(report: &serde_json::Value, clients: u64) -> &serde_json::Value {
+    // Format 2: a step's `fanout_hz.p5` is over the whole hold (docs/benchmarks.md).
+    assert_eq!(report["format"], 2);
     let step = &report["steps"][0];
     assert_eq!(step["clients"], clients);
     assert_eq!(step["connected"], clients, "every bot in the workers connected: {step}");

@@ -256,6 +256,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
 
     let max_held_clients = steps.iter().filter(|s| s.held).map(|s| s.clients).max().unwrap_or(0);
     let report = ReplicationReport {
+        format: report::REPORT_FORMAT,
         machine,
         scenario: args.scenario.name().into(),
         incomplete,

@@ -134,8 +134,16 @@ pub struct GroupFigures {
     pub version_gaps: u64,
 }
 
+/// The JSON's `format`. It changes when a key keeps its name but changes its meaning:
+/// - 1 (no `format` key): a step's `fanout_hz.p5` is the 5th percentile over client-seconds;
+/// - 2: a step's `fanout_hz.p5` is the 5th percentile of each client's rate over the whole
+///   hold, and the old figure is `fanout_hz_p5_of_seconds`.
+pub const REPORT_FORMAT: u32 = 2;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplicationReport {
+    /// [`REPORT_FORMAT`].
+    pub format: u32,
     pub machine: Machine,
     pub scenario: String,
     /// Stopped (Ctrl-C) before every step ran.
