@@ -52,7 +52,9 @@ pub struct Second {
     pub latency_p99_ms: f64,
     /// Bytes the gateway wrote, to every session.
     pub bytes_per_s: f64,
-    /// The slowest game server's frame rate.
+    /// The slowest game server's published frames per second: frames the gateway took. A
+    /// frame it refused as busy, or one the server held back behind unanswered ones, is
+    /// simulated but not counted.
     pub server_fps: f64,
     /// Characters simulated, over every server.
     pub characters: u64,
@@ -219,7 +221,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         (last_bytes, last_frames, last_figures) = (bytes, frames, figures);
         if opts.print {
             println!(
-                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s  server {:>4.1} fps{}",
+                "{:>4}s  clients {:>4}  tick {:>4.1} Hz  updates sent {:>4.1}/s, received {:>4.1}/s per client (p5 {:>4.1})  age p50 {:>5.2} ms  p99 {:>6.2} ms  {:>7.1} KB/s  server published {:>4.1} fps{}",
                 started.elapsed().as_secs(),
                 second.clients,
                 second.channel_tick_hz,
