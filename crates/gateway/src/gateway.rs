@@ -124,6 +124,9 @@ impl Gateway {
             ),
             config: self.config,
         });
+        // A start that fails from here on stops what was started before it: the router's
+        // threads and tasks, the listeners already accepting.
+        let stop_if_failed = shared.cancel.clone().drop_guard();
         shared
             .router
             .on_start(&Startup { runtimes, stop: &shared.cancel, tracker: &shared.tracker })
@@ -184,6 +187,7 @@ impl Gateway {
             }
             _ => None,
         };
+        stop_if_failed.disarm();
         Ok(RunningGateway { shared, tcp_addrs, ws_addrs, metrics_addr, tls_certificate_pem })
     }
 }
@@ -260,8 +264,9 @@ impl RunningGateway {
         self.shared.registry.len()
     }
 
-    /// Stops accepting, closes every session with reason SHUTDOWN, and waits for them (at most
-    /// `grace`). Returns false if some tasks were still running at the deadline.
+    /// Stops accepting, closes every session with reason SHUTDOWN, and waits (at most `grace`)
+    /// for the sessions and the tasks the router runs under [`Startup::tracker`] (the spatial
+    /// world) to end. Returns false if some were still running at the deadline.
     pub async fn shutdown(self, grace: Duration) -> bool {
         self.shared.cancel.cancel();
         self.shared.tracker.close();

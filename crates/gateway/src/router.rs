@@ -17,8 +17,10 @@ use tokio::sync::mpsc;
 use crate::auth::Role;
 use crate::flow::UpdateFlow;
 
-/// What a router is given when the gateway starts ([`Router::on_start`]).
+/// What a router is given when the gateway starts ([`Router::on_start`]). Made by the
+/// gateway only, so that a field can be added without breaking routers.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Startup<'a> {
     /// One single-threaded runtime per I/O thread.
     pub runtimes: &'a [tokio::runtime::Handle],

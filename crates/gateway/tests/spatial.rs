@@ -689,3 +689,23 @@ async fn entity_values_that_do_not_fit_the_schema_are_refused() {
     })
     .await;
 }
+
+/// Once the gateway's shutdown returns, the world has stopped (its inbox is closed), with a
+/// spatial server connected when it began. (That shutdown waits for what a router tracks is
+/// tests/shutdown.rs; that the world is tracked, the unit test in src/spatial/mod.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_once_the_world_has_stopped() {
+    use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig, Router, SpatialRouter};
+    let mut overrides = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[]".to_owned()];
+    overrides.extend(LAYOUT.iter().map(|s| s.to_string()));
+    let config = GatewayConfig::load(None, &overrides).unwrap();
+    let channels = ChannelRouter::for_gateway(&config).unwrap();
+    let layout = config.spatial.clone().unwrap();
+    let router = Arc::new(SpatialRouter::new(layout, &config, channels).unwrap());
+    let gw = Gateway::new(config).unwrap().with_router(router.clone()).start().await.unwrap();
+    let _server = server(&gw, "a", Some(0)).await;
+    let running = || router.gauges().into_iter().find(|g| g.name == "spatial_world_running").map(|g| g.value);
+    assert_eq!(running(), Some(1.0));
+    assert!(gw.shutdown(Duration::from_secs(10)).await, "everything stopped within the grace");
+    assert_eq!(running(), Some(0.0), "shutdown returned before the world had stopped");
+}

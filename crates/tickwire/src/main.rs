@@ -335,7 +335,10 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     }
     tracing::info!(sessions = gateway.session_count(), "shutting down");
     if !gateway.shutdown(SHUTDOWN_GRACE).await {
-        tracing::warn!("some sessions did not close within {}", humantime::format_duration(SHUTDOWN_GRACE));
+        tracing::warn!(
+            "some sessions or router tasks did not stop within {}",
+            humantime::format_duration(SHUTDOWN_GRACE)
+        );
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-/// Runs `tickwire bench replication --bot-processes 2` with `args` and returns its JSON.
+/// Runs `tickwire bench replication --bot-processes 2` with `args` and returns its JSON,
+/// checked to be format 2 (a step's `fanout_hz.p5` over the whole hold; docs/benchmarks.md).
 fn run(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
@@ -16,13 +17,14 @@ fn run(args: &[&str]) -> serde_json::Value {
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the bench failed:\n{text}");
-    serde_json::from_slice(&std::fs::read(&json).expect("the JSON is written")).unwrap()
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON is written")).unwrap();
+    assert_eq!(report["format"], 2);
+    report
 }
 
 /// The one step of `report`, checked to have held with every client.
 fn held_step(report: &serde_json::Value, clients: u64) -> &serde_json::Value {
-    // Format 2: a step's `fanout_hz.p5` is over the whole hold (docs/benchmarks.md).
-    assert_eq!(report["format"], 2);
     let step = &report["steps"][0];
     assert_eq!(step["clients"], clients);
     assert_eq!(step["connected"], clients, "every bot in the workers connected: {step}");

@@ -135,9 +135,12 @@ pub struct GroupFigures {
 }
 
 /// The JSON's `format`. It changes when a key keeps its name but changes its meaning:
-/// - 1 (no `format` key): a step's `fanout_hz.p5` is the 5th percentile over client-seconds;
+/// - 1: a step's `fanout_hz.p5` is the 5th percentile over client-seconds. Files of format 1
+///   have neither a `format` key nor `fanout_hz_p5_of_seconds` in their steps.
 /// - 2: a step's `fanout_hz.p5` is the 5th percentile of each client's rate over the whole
-///   hold, and the old figure is `fanout_hz_p5_of_seconds`.
+///   hold, and the old figure is `fanout_hz_p5_of_seconds`. Files written between that change
+///   (ced0d0e) and the `format` key (7a2234c) have the meaning without the key: a step with
+///   `fanout_hz_p5_of_seconds` reads as format 2.
 pub const REPORT_FORMAT: u32 = 2;
 
 #[derive(Debug, Clone, Serialize)]

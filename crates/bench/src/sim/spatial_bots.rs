@@ -157,7 +157,9 @@ async fn session(
                     }
                 }
                 stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-                if let Ok(mut h) = stats.latency_us.lock() {
+                if !ages.is_empty()
+                    && let Ok(mut h) = stats.latency_us.lock()
+                {
                     for &age in &ages {
                         let _ = h.record(age);
                     }

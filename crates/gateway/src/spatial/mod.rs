@@ -302,6 +302,9 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_entity_messages", get(&f.messages)),
             Gauge::counter("spatial_fanouts", get(&f.fanouts)),
             Gauge::counter("spatial_updates_coalesced", get(&f.coalesced)),
+            // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if
+            // it died.
+            Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),
         ]);
         for (slot, n) in f.publishes.iter().enumerate() {
             out.push(Gauge::counter("spatial_server_publishes", get(n)).label("slot", slot.to_string()));
@@ -392,7 +395,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_world_runs_as_a_tracked_task_until_the_gateway_stops() {
+    async fn the_world_runs_as_a_tracked_task_until_stopped() {
         let overrides = ["spatial.cell_size=10.0", "spatial.cells=[2, 2]", "spatial.servers=[1, 1]"];
         let config =
             crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a spatial config");
@@ -411,6 +414,8 @@ mod tests {
         stop.cancel();
         tokio::time::timeout(Duration::from_secs(10), tracker.wait())
             .await
-            .expect("the world stops, and its thread lets the tracker know, when the gateway stops");
+            .expect("the world's task ends when stopped");
+        let running = router.gauges().into_iter().find(|g| g.name == "spatial_world_running");
+        assert_eq!(running.map(|g| g.value), Some(0.0), "the world's inbox is closed");
     }
 }
