@@ -365,6 +365,15 @@ where
     runtime_thread(name.to_owned(), move |rt| rt.block_on(task)).map(drop)
 }
 
+/// The CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`): a pass's work
+/// without the time it waited for a core. `None` if the clock cannot be read.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// Starts a thread named `name` with a single-threaded runtime, returns the runtime's handle
 /// once it is built, and then runs `body` with it on that thread.
 fn runtime_thread(

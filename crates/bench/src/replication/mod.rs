@@ -544,6 +544,8 @@ async fn hold(
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
+        pass_cpu_ms: (args.scenario == Scenario::Spatial)
+            .then(|| TickWindow::of(scrape::PASS_CPU_BUCKET, &first_totals, &last).tick()),
         frames_not_published,
         fanout_hz_p5_of_seconds: p5_of_seconds,
         release_retries: release_retries() - release_retries0,

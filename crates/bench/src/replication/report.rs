@@ -99,6 +99,11 @@ pub struct Step {
     /// upper bound of its histogram bucket; `tick_ms.max`, repeated under the name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tick_ms: Option<f64>,
+    /// Scenario `spatial`: the world thread's CPU time per tick pass over the hold, in ms
+    /// (bucket bounds): the pass's own work, without the time it waited for a core, which
+    /// `tick_ms` includes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pass_cpu_ms: Option<Tick>,
     /// Game-server frames of the hold that were simulated but not published, because the
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
@@ -195,6 +200,14 @@ pub(super) fn print_row(step: &Step) {
             "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s",
             ms(s.tick_ms.max),
             s.msgs_out_per_s / step.clients.max(1) as f64,
+        );
+    }
+    if let Some(cpu) = step.pass_cpu_ms {
+        println!(
+            "  world pass CPU time p50 / p99 / max: {} / {} / {} ms (bucket bounds; the pass's work without waiting for a core)",
+            ms(cpu.p50),
+            ms(cpu.p99),
+            ms(cpu.max),
         );
     }
     println!(

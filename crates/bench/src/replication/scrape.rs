@@ -1,5 +1,5 @@
 //! The gateway's `/metrics` as the replication bench reads it: counters whose differences over a
-//! window give rates, and the cumulative pass-time histogram whose bucket differences give a
+//! window give rates, and the cumulative pass-time histograms whose bucket differences give a
 //! window's quantiles (so scraping resets nothing and other readers are undisturbed).
 
 use std::net::SocketAddr;
@@ -13,9 +13,12 @@ use super::report;
 #[derive(Clone)]
 pub(super) struct Scrape(Vec<(String, f64)>);
 
-/// The pass-time histogram's series prefix; its buckets are cumulative, so a window is the
-/// difference of two scrapes and no scrape disturbs another reader.
+/// The wall-clock pass-time histogram's series prefix; its buckets are cumulative, so a window
+/// is the difference of two scrapes and no scrape disturbs another reader.
 pub(super) const TICK_BUCKET: &str = "channel_tick_duration_seconds_bucket{le=\"";
+
+/// The spatial world's CPU time per pass, in the same layout.
+pub(super) const PASS_CPU_BUCKET: &str = "spatial_pass_cpu_seconds_bucket{le=\"";
 
 impl Scrape {
     pub(super) fn fetch(addr: SocketAddr) -> anyhow::Result<Scrape> {
@@ -41,13 +44,14 @@ impl Scrape {
         self.0.iter().find(|(k, _)| k == series).map_or(0.0, |(_, v)| *v)
     }
 
-    /// (upper bound in seconds, cumulative count) of the pass-time buckets, `+Inf` last.
-    fn tick_buckets(&self) -> Vec<(f64, f64)> {
+    /// (upper bound in seconds, cumulative count) of the buckets of the histogram whose
+    /// series start with `prefix`, `+Inf` last.
+    fn buckets(&self, prefix: &str) -> Vec<(f64, f64)> {
         let mut out: Vec<(f64, f64)> = self
             .0
             .iter()
             .filter_map(|(k, v)| {
-                let le = k.strip_prefix(TICK_BUCKET)?.strip_suffix("\"}")?;
+                let le = k.strip_prefix(prefix)?.strip_suffix("\"}")?;
                 let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
                 Some((bound, *v))
             })
@@ -62,10 +66,16 @@ impl Scrape {
 pub(super) struct TickWindow(Vec<(f64, f64)>);
 
 impl TickWindow {
+    /// The wall-clock pass times between two scrapes.
     pub(super) fn between(before: &Scrape, after: &Scrape) -> TickWindow {
-        let b0 = before.tick_buckets();
+        TickWindow::of(TICK_BUCKET, before, after)
+    }
+
+    /// The histogram whose bucket series start with `prefix`, between two scrapes.
+    pub(super) fn of(prefix: &str, before: &Scrape, after: &Scrape) -> TickWindow {
+        let b0 = before.buckets(prefix);
         let counts = after
-            .tick_buckets()
+            .buckets(prefix)
             .into_iter()
             .map(|(bound, n)| (bound, n - b0.iter().find(|(b, _)| *b == bound).map_or(0.0, |(_, m)| *m)))
             .collect();
@@ -114,5 +124,17 @@ mod tests {
         assert_eq!(TickWindow::between(&after, &after).quantile(0.99), 0.0, "no passes");
         let slow = scrape(&[("0.001", 100.0), ("0.002", 184.0), ("0.02", 200.0), ("+Inf", 201.0)]);
         assert!(TickWindow::between(&before, &slow).quantile(1.0).is_infinite(), "past the last bucket");
+    }
+
+    #[test]
+    fn each_histogram_is_read_by_its_own_prefix() {
+        let text = format!(
+            "{TICK_BUCKET}0.02\"}} 4\n{TICK_BUCKET}+Inf\"}} 4\n\
+             {PASS_CPU_BUCKET}0.001\"}} 3\n{PASS_CPU_BUCKET}0.002\"}} 4\n{PASS_CPU_BUCKET}+Inf\"}} 4\n"
+        );
+        let (empty, after) = (Scrape::parse(""), Scrape::parse(&text));
+        assert_eq!(TickWindow::between(&empty, &after).quantile(0.5), 20.0);
+        let cpu = TickWindow::of(PASS_CPU_BUCKET, &empty, &after);
+        assert_eq!((cpu.quantile(0.5), cpu.quantile(1.0)), (1.0, 2.0));
     }
 }

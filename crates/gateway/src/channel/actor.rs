@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use prost::Message;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler};
 use tickwire_state::{Codec, FieldMask, Key, Patch, PatchError, PreparedCache, State, StateError, Version};
@@ -32,14 +31,14 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use super::Registry;
+use crate::pass_times::PassTimes;
 use crate::router::{PushError, SessionHandle, error_response, push_envelope};
 
 /// Figures every channel adds to, read by the metrics endpoint. All are cumulative: a scrape
 /// never resets them, so any number of readers can take their own windows from differences.
 pub(crate) struct Figures {
-    /// Microseconds per fan-out pass (tick and after-patch passes), since the start.
-    pub pass_times: Mutex<Histogram<u64>>,
-    pub pass_sum_us: AtomicU64,
+    /// Wall-clock time per fan-out pass (tick and after-patch passes), since the start.
+    pub pass_times: PassTimes,
     /// Channel ticks run (timer passes, one per channel per tick).
     pub ticks: AtomicU64,
     /// State updates queued to subscribers, one per subscriber per update: with `subscribers`,
@@ -61,11 +60,7 @@ impl Figures {
 
     /// A fan-out pass (tick or after-patch) took `elapsed`.
     fn record_pass_time(&self, elapsed: Duration) {
-        let micros = elapsed.as_micros() as u64;
-        if let Ok(mut h) = self.pass_times.lock() {
-            let _ = h.record(micros.max(1));
-        }
-        self.pass_sum_us.fetch_add(micros, Ordering::Relaxed);
+        self.pass_times.record(elapsed);
     }
 }
 

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use prost::Message;
 use tickwire_state::{Limits, Schema, SchemaDef, State};
 use tickwire_wire::proto::{
@@ -27,31 +26,11 @@ pub(crate) use actor::Figures;
 pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindowConfig};
 
 use crate::auth::Role;
+use crate::pass_times::{Names, PassTimes};
 use crate::router::{EchoRouter, Gauge, Router, SessionHandle, Startup, error_response};
 use actor::{Channel, Msg};
 use registry::Registry;
 use registry::{Entry, SharedRegistry, lock};
-
-/// Bucket bounds of `channel_tick_duration_seconds`: (label, microseconds). Fine enough that
-/// a reader taking windows from bucket differences (as `tickwire bench replication` does) can
-/// tell a 20 ms pass budget apart from 15 and 30 ms.
-const TICK_BUCKETS: &[(&str, u64)] = &[
-    ("0.0001", 100),
-    ("0.00025", 250),
-    ("0.0005", 500),
-    ("0.001", 1_000),
-    ("0.002", 2_000),
-    ("0.003", 3_000),
-    ("0.005", 5_000),
-    ("0.0075", 7_500),
-    ("0.01", 10_000),
-    ("0.015", 15_000),
-    ("0.02", 20_000),
-    ("0.03", 30_000),
-    ("0.05", 50_000),
-    ("0.1", 100_000),
-    ("0.25", 250_000),
-];
 
 /// The most channels one `channel.list` answer holds.
 const MAX_LISTED: usize = 1000;
@@ -130,8 +109,7 @@ impl ChannelRouter {
             registry: Arc::new(Mutex::new(Registry::default())),
             next_id: AtomicU64::new(1),
             figures: Arc::new(Figures {
-                pass_times: Mutex::new(Histogram::new(3).expect("valid sigfig")),
-                pass_sum_us: AtomicU64::new(0),
+                pass_times: PassTimes::default(),
                 ticks: AtomicU64::new(0),
                 fanouts: AtomicU64::new(0),
                 subscribers: AtomicU64::new(0),
@@ -614,16 +592,11 @@ impl Router for ChannelRouter {
         ];
         // channel_tick_duration_seconds: every fan-out pass (tick and after-patch) since the
         // start, a cumulative histogram in Prometheus' layout. Nothing here resets on a scrape.
-        if let Ok(h) = f.pass_times.lock() {
-            for (le, bound_us) in TICK_BUCKETS {
-                let n = h.count_between(0, *bound_us);
-                out.push(Gauge::counter("channel_tick_duration_seconds_bucket", n).label("le", *le));
-            }
-            out.push(Gauge::counter("channel_tick_duration_seconds_bucket", h.len()).label("le", "+Inf"));
-            out.push(Gauge::counter("channel_tick_duration_seconds_count", h.len()));
-        }
-        let sum = f.pass_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        out.push(Gauge::new("channel_tick_duration_seconds_sum", sum));
+        out.extend(f.pass_times.gauges(Names {
+            bucket: "channel_tick_duration_seconds_bucket",
+            count: "channel_tick_duration_seconds_count",
+            sum: "channel_tick_duration_seconds_sum",
+        }));
         out
     }
 }

@@ -28,6 +28,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter, Figures};
+use crate::pass_times::{Names, PassTimes};
 use crate::router::{Gauge, Router, SessionHandle, Startup, error_response};
 use world::World;
 
@@ -86,6 +87,9 @@ pub(crate) struct SpatialFigures {
     /// Passes in which a due viewer's window was full: its changes merge into a later one.
     pub coalesced: AtomicU64,
     pub viewers: AtomicU64,
+    /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
+    /// for a core (which the wall-clock `channel_tick_duration_seconds` includes).
+    pub pass_cpu: PassTimes,
 }
 
 /// What the router asks of the world.
@@ -306,6 +310,11 @@ impl Router for SpatialRouter {
             // it died.
             Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),
         ]);
+        out.extend(f.pass_cpu.gauges(Names {
+            bucket: "spatial_pass_cpu_seconds_bucket",
+            count: "spatial_pass_cpu_seconds_count",
+            sum: "spatial_pass_cpu_seconds_sum",
+        }));
         for (slot, n) in f.publishes.iter().enumerate() {
             out.push(Gauge::counter("spatial_server_publishes", get(n)).label("slot", slot.to_string()));
         }
@@ -337,9 +346,14 @@ async fn run(
             },
             _ = ticker.tick() => {
                 let started = Instant::now();
+                let cpu = tickwire_transport::thread_cpu_time();
                 batch(|| world.tick(started));
+                let elapsed = started.elapsed();
+                if let (Some(before), Some(after)) = (cpu, tickwire_transport::thread_cpu_time()) {
+                    world.figures.pass_cpu.record(after.saturating_sub(before));
+                }
                 world.figures.viewers.store(world.viewers.len() as u64, Ordering::Relaxed);
-                figures.record_pass(started.elapsed());
+                figures.record_pass(elapsed);
             }
         }
     }
