@@ -124,8 +124,9 @@ impl Gateway {
             ),
             config: self.config,
         });
-        // A start that fails from here on stops what was started before it: the router's
-        // threads and tasks, the listeners already accepting.
+        // A start that fails from here on tells what was started before it to stop: the
+        // router's threads and tasks, and the listeners already accepting (the worker handoff
+        // listener of --processes does not watch the token). It does not wait for them.
         let stop_if_failed = shared.cancel.clone().drop_guard();
         shared
             .router

@@ -30,6 +30,11 @@ async fn metrics_follow_the_traffic() {
     assert_eq!(value(&during, "connection_num"), 1.0);
     assert!(value(&during, "messages_in") >= 5.0);
     assert!(value(&during, "bytes_out") > value(&before, "bytes_out"));
+    // The pass-time histogram, under channeld's name, in Prometheus' layout.
+    let count = value(&during, "channel_tick_duration_seconds_count");
+    assert_eq!(value(&during, "channel_tick_duration_seconds_bucket{le=\"+Inf\"}"), count);
+    assert!(value(&during, "channel_tick_duration_seconds_bucket{le=\"0.02\"}") <= count);
+    assert!(value(&during, "channel_tick_duration_seconds_sum") >= 0.0);
 
     // A handshake that is not a Hello is refused and counted by reason.
     common::raw_close(gw.tcp_addrs()[0], &[0, 0, 0, 1, 0x09]).await.expect("a Close");

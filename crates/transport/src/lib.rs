@@ -365,13 +365,19 @@ where
     runtime_thread(name.to_owned(), move |rt| rt.block_on(task)).map(drop)
 }
 
-/// The CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`): a pass's work
-/// without the time it waited for a core. `None` if the clock cannot be read.
+/// The CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`): user and
+/// kernel time, without the time it waited for a core or was blocked. `None` if the clock
+/// cannot be read.
 pub fn thread_cpu_time() -> Option<std::time::Duration> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    let mut ts = std::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: `ts` points to writable memory for one timespec, which the call fills on success.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, ts.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: clock_gettime returned 0, so it wrote the whole timespec.
+    let ts = unsafe { ts.assume_init() };
+    Some(std::time::Duration::new(u64::try_from(ts.tv_sec).ok()?, u32::try_from(ts.tv_nsec).ok()?))
 }
 
 /// Starts a thread named `name` with a single-threaded runtime, returns the runtime's handle

@@ -493,6 +493,15 @@ async fn hold(
     let fewest_rate = hold_rates.first().copied().unwrap_or(0.0);
     let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
     let tick_ms = TickWindow::between(&first_totals, &last).tick();
+    // The world's CPU time per pass over the hold, and its exact mean (`None`: no passes).
+    let pass_cpu = (args.scenario == Scenario::Spatial)
+        .then(|| TickWindow::of(scrape::PASS_CPU_BUCKET, &first_totals, &last))
+        .filter(|window| window.passes() > 0.0)
+        .map(|window| {
+            let sum = |s: &Scrape| s.get("spatial_pass_cpu_seconds_sum");
+            let mean_ms = (sum(&last) - sum(&first_totals)) / window.passes() * 1e3;
+            (window, mean_ms)
+        });
     let channel_tick_hz = per_s("channel_ticks") / last.get("channel_num").max(1.0);
     // Every server frame changes every character, so a client can get at most one update per
     // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
@@ -544,8 +553,8 @@ async fn hold(
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
-        pass_cpu_ms: (args.scenario == Scenario::Spatial)
-            .then(|| TickWindow::of(scrape::PASS_CPU_BUCKET, &first_totals, &last).tick()),
+        pass_cpu_ms: pass_cpu.as_ref().map(|(window, _)| window.tick()),
+        pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean)| *mean),
         frames_not_published,
         fanout_hz_p5_of_seconds: p5_of_seconds,
         release_retries: release_retries() - release_retries0,

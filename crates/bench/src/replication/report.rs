@@ -101,9 +101,12 @@ pub struct Step {
     pub max_tick_ms: Option<f64>,
     /// Scenario `spatial`: the world thread's CPU time per tick pass over the hold, in ms
     /// (bucket bounds): the pass's own work, without the time it waited for a core, which
-    /// `tick_ms` includes.
+    /// `tick_ms` includes. `None` when the gateway recorded no pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pass_cpu_ms: Option<Tick>,
+    /// The same passes' mean CPU time in ms (from the histogram's sum and count, exact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pass_cpu_mean_ms: Option<f64>,
     /// Game-server frames of the hold that were simulated but not published, because the
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
@@ -202,13 +205,15 @@ pub(super) fn print_row(step: &Step) {
             s.msgs_out_per_s / step.clients.max(1) as f64,
         );
     }
-    if let Some(cpu) = step.pass_cpu_ms {
-        println!(
-            "  world pass CPU time p50 / p99 / max: {} / {} / {} ms (bucket bounds; the pass's work without waiting for a core)",
+    match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
+        (Some(cpu), Some(mean)) => println!(
+            "  world pass CPU time: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the pass's work without waiting for a core",
             ms(cpu.p50),
             ms(cpu.p99),
             ms(cpu.max),
-        );
+        ),
+        _ if step.handovers_per_s.is_some() => println!("  world pass CPU time: no passes recorded"),
+        _ => {}
     }
     println!(
         "  servers: {} frames not published, {} releases retried",

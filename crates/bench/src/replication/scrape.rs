@@ -82,6 +82,11 @@ impl TickWindow {
         TickWindow(counts)
     }
 
+    /// How many passes the window holds.
+    pub(super) fn passes(&self) -> f64 {
+        self.0.last().map_or(0.0, |(_, n)| *n)
+    }
+
     /// The `q` quantile, in milliseconds: the upper bound of the bucket it falls in (so "p99
     /// 2 ms" reads "99% of passes took at most 2 ms"). `q = 1.0` gives the bound of the
     /// slowest pass's bucket. 0 when there were no passes; infinite when a pass exceeded the
@@ -135,6 +140,7 @@ mod tests {
         let (empty, after) = (Scrape::parse(""), Scrape::parse(&text));
         assert_eq!(TickWindow::between(&empty, &after).quantile(0.5), 20.0);
         let cpu = TickWindow::of(PASS_CPU_BUCKET, &empty, &after);
-        assert_eq!((cpu.quantile(0.5), cpu.quantile(1.0)), (1.0, 2.0));
+        assert_eq!((cpu.quantile(0.5), cpu.quantile(1.0), cpu.passes()), (1.0, 2.0, 4.0));
+        assert_eq!(TickWindow::of(PASS_CPU_BUCKET, &empty, &empty).passes(), 0.0, "no series");
     }
 }

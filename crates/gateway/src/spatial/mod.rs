@@ -323,8 +323,9 @@ impl Router for SpatialRouter {
 }
 
 /// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
-/// or every sender is gone. Pass times go into the channels' `channel_tick_duration_seconds`
-/// (the world is one channel actor there).
+/// or every sender is gone. Each tick pass's wall-clock time goes into the channels'
+/// `channel_tick_duration_seconds` (the world is one channel actor there), and this thread's
+/// CPU time over the pass into `spatial_pass_cpu_seconds`.
 async fn run(
     mut world: World,
     mut inbox: mpsc::Receiver<Msg>,
@@ -425,6 +426,9 @@ mod tests {
             tokio::time::timeout(Duration::from_millis(200), tracker.wait()).await.is_err(),
             "the world runs until the gateway stops"
         );
+        // About ten 20 ms passes ran, each with its CPU time recorded.
+        let count = router.gauges().into_iter().find(|g| g.name == "spatial_pass_cpu_seconds_count");
+        assert!(count.as_ref().is_some_and(|g| g.value >= 1.0), "{count:?}");
         stop.cancel();
         tokio::time::timeout(Duration::from_secs(10), tracker.wait())
             .await
