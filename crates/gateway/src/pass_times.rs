@@ -40,6 +40,8 @@ pub(crate) struct Names {
     pub sum: &'static str,
 }
 
+/// Pass times since the start: a histogram of microseconds (three significant digits) and
+/// their exact sum.
 #[derive(Debug)]
 pub(crate) struct PassTimes {
     micros: Mutex<Histogram<u64>>,
@@ -53,6 +55,7 @@ impl Default for PassTimes {
 }
 
 impl PassTimes {
+    /// One pass took `elapsed` (a pass under a microsecond counts as one).
     pub(crate) fn record(&self, elapsed: Duration) {
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         if let Ok(mut h) = self.micros.lock() {
