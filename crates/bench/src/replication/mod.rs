@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::hold::Hold;
 use crate::machine::{Machine, ProcSample};
 use crate::server::ChildGateway;
-use crate::sim::bots::{BotMode, BotStats, rates_between, run_bot};
+use crate::sim::bots::{BotMode, BotStats, rates_between, run_resuming_bot};
 use crate::sim::game::Game;
 pub use crate::sim::game::Scenario;
 use crate::sim::server::ServerStats;
@@ -114,7 +114,8 @@ impl Group {
         let stats = Arc::new(BotStats::default());
         for i in 0..clients {
             let target = Target::Tcp(link.addr);
-            let bot = run_bot(target, first + i, channel_id, BotMode::Count, stats.clone(), stop.clone());
+            let bot =
+                run_resuming_bot(target, first + i, channel_id, BotMode::Count, stats.clone(), stop.clone());
             bots.push(runtimes[i % runtimes.len()].spawn(bot));
         }
         Ok(Some(Group { clients, stats, link }))

@@ -7,13 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use bytes::Bytes;
 use hdrhistogram::Histogram;
 use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use tickwire_client::{Client, ConnectOptions, Target};
+use tickwire_client::{Client, ConnectOptions, Connection, Event, Target, response_body};
 use tickwire_state::{Replica, Schema, SchemaDef, Step, Value, Version};
-use tickwire_wire::proto::{ChannelMessage, ChannelSend, ChannelUpdate, Subscribe, SubscriptionOptions};
+use tickwire_wire::proto::{
+    ChannelMessage, ChannelSend, ChannelUpdate, Push, Subscribe, SubscriptionOptions,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
@@ -105,8 +108,11 @@ pub enum BotMode {
     Count,
 }
 
-/// Runs bot `index` until `stop`. An error before `stop` is counted in [`BotStats::errors`]
-/// and returned.
+/// Runs bot `index` until `stop`. The bot drives its session's `Connection` itself, with no
+/// `Client` task and queues between it and the socket (the load shares the gateway's cores),
+/// and sends its inputs without waiting for their answers, which it checks as they come. A lost
+/// link is an error: on loopback it should not happen, and a resume would hide it. An error
+/// before `stop` is counted in [`BotStats::errors`] and returned.
 pub async fn run_bot(
     target: Target,
     index: usize,
@@ -115,11 +121,43 @@ pub async fn run_bot(
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let result = bot_session(target, index, channel_id, mode, &stats, &stop).await;
+    // Setting up waits on the gateway: `stop` ends it too, so an overloaded run still ends.
+    let result = tokio::select! {
+        () = stop.cancelled() => Ok(()),
+        r = bot_session(target, index, channel_id, mode, &stats, &stop) => r,
+    };
     if result.is_err() && !stop.is_cancelled() {
         stats.errors.fetch_add(1, Ordering::Relaxed);
     }
     result
+}
+
+/// [`run_bot`] through a [`Client`], which reconnects and resumes when the link drops: for the
+/// slow and frozen clients, whose links the gateway may drop by design.
+pub async fn run_resuming_bot(
+    target: Target,
+    index: usize,
+    channel_id: u64,
+    mode: BotMode,
+    stats: Arc<BotStats>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    // A call or the close can wait a long time on a slow or frozen link: `stop` ends them too.
+    let result = tokio::select! {
+        () = stop.cancelled() => Ok(()),
+        r = resuming_bot_session(target, index, channel_id, mode, &stats, &stop) => r,
+    };
+    if result.is_err() && !stop.is_cancelled() {
+        stats.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    result
+}
+
+fn connect_options(target: Target, player: &str) -> ConnectOptions {
+    let mut opts = ConnectOptions::new(target);
+    opts.token = player.to_owned();
+    opts.client_name = "tickwire-sim-bot".into();
+    opts
 }
 
 async fn bot_session(
@@ -130,16 +168,82 @@ async fn bot_session(
     stats: &BotStats,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut opts = ConnectOptions::new(target);
     let player = format!("bot-{index}");
-    opts.token = player.clone();
-    opts.client_name = "tickwire-sim-bot".into();
-    let client = Client::connect(opts).await.with_context(|| format!("connecting {player}"))?;
+    let opts = connect_options(target, &player);
+    let mut conn = Connection::connect(opts).await.with_context(|| format!("connecting {player}"))?;
+    let mut requests = Requests::default();
+    let sub = Subscribe { channel_id, options: Some(SubscriptionOptions::default()) };
+    let sub_id = requests.send(&mut conn, "channel.subscribe", sub.encode_to_vec())?;
+    // Pushes that come before the answer (none are expected: the channel answers before its
+    // first update) are kept and read after it, in order.
+    let mut early = Vec::new();
+    loop {
+        conn.flush().await;
+        match next_event(&mut conn, &player).await? {
+            Some(Event::Response(r)) if r.id == sub_id => {
+                response_body(r).context("subscribing")?;
+                break;
+            }
+            Some(Event::Response(r)) => drop(response_body(r)?),
+            Some(Event::Push(push)) => early.push(push),
+            _ => {}
+        }
+    }
+    let mut tally = Tally::new(stats, index, mode)?;
+    let _connected = Connected::count(&stats.connected);
+    let mut bot =
+        Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU);
+    let first = Input { forward: true, yaw: bot.yaw(), jump: false };
+    requests.send(&mut conn, "channel.send", input_body(channel_id, &player, first)?)?;
+    for push in early {
+        if let Some(input) = tally.push(push, &mut bot) {
+            requests.send(&mut conn, "channel.send", input_body(channel_id, &player, input)?)?;
+        }
+    }
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    second.tick().await;
+    // Made once: a `cancelled()` future made per event registers and drops a waiter each time.
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
+    let result = loop {
+        conn.flush().await;
+        let input = tokio::select! {
+            () = &mut cancelled => break Ok(()),
+            _ = second.tick() => bot.every_second(),
+            event = next_event(&mut conn, &player) => match event? {
+                Some(Event::Push(push)) => tally.push(push, &mut bot),
+                // An input refused ends the bot, as a failed call did: it is counted as an
+                // error.
+                Some(Event::Response(r)) => {
+                    response_body(r).context("sending input")?;
+                    None
+                }
+                _ => None,
+            },
+        };
+        if let Some(input) = input {
+            requests.send(&mut conn, "channel.send", input_body(channel_id, &player, input)?)?;
+        }
+    };
+    conn.close().await;
+    result
+}
+
+async fn resuming_bot_session(
+    target: Target,
+    index: usize,
+    channel_id: u64,
+    mode: BotMode,
+    stats: &BotStats,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    let player = format!("bot-{index}");
+    let client = Client::connect(connect_options(target, &player))
+        .await
+        .with_context(|| format!("connecting {player}"))?;
     let sub = Subscribe { channel_id, options: Some(SubscriptionOptions::default()) };
     client.call("channel.subscribe", sub.encode_to_vec().into()).await.context("subscribing")?;
-    let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
-    let mut replica = Replica::new(schema);
-    let counter = stats.add_bot(index);
+    let mut tally = Tally::new(stats, index, mode)?;
     let _connected = Connected::count(&stats.connected);
 
     let mut bot =
@@ -147,73 +251,125 @@ async fn bot_session(
     send_input(&client, channel_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
-    // The version this bot's copy of the world is at (None before the first snapshot).
-    let mut held: Option<Version> = None;
     let result = loop {
-        tokio::select! {
+        let input = tokio::select! {
             () = stop.cancelled() => break Ok(()),
-            _ = second.tick() => {
-                if let Some(input) = bot.every_second() {
-                    send_input(&client, channel_id, &player, input).await?;
-                }
-            }
+            _ = second.tick() => bot.every_second(),
             push = client.next_push() => {
                 let Some(push) = push else { break Err(anyhow::anyhow!("{player}: the session ended")) };
-                if push.topic == "channel.message" {
-                    // The server says our character hit something: turn around.
-                    if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
-                        && let Some(input) = bot.observe(true, bot.yaw())
-                    {
-                        send_input(&client, channel_id, &player, input).await?;
-                    }
-                    continue;
-                }
-                if push.topic != "channel.update" {
-                    continue;
-                }
-                let Ok(update) = ChannelUpdate::decode(push.body) else {
-                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
-                let Some(peeked) = peek(&update.update) else {
-                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                // Each delta must start where the previous update ended.
-                stats.check_chain(peeked.snapshot, peeked.from, held);
-                held = Some(peeked.to);
-                let ts = match mode {
-                    BotMode::Replica => {
-                        if replica.apply(&update.update).is_err() {
-                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        match replica.get(&[Step::Field(TS_FIELD as u16)]) {
-                            Some(Value::Int(ts)) => Some(ts),
-                            _ => None,
-                        }
-                    }
-                    BotMode::Count => match peeked.ts {
-                        // Every frame of the simulated server sets the timestamp, snapshots too.
-                        Some(ts) => Some(ts),
-                        None => {
-                            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                    },
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                if let Some(ts) = ts
-                    && let Ok(mut h) = stats.latency_us.lock()
-                {
-                    let _ = h.record((now_us() - ts).max(1) as u64);
-                }
+                tally.push(push, &mut bot)
             }
+        };
+        if let Some(input) = input {
+            send_input(&client, channel_id, &player, input).await?;
         }
     };
     client.close().await;
     result
+}
+
+/// A bot's requests, numbered; sent without waiting for their answers.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    last: u64,
+}
+
+impl Requests {
+    /// Queues request `method` and returns its id.
+    pub(crate) fn send(&mut self, conn: &mut Connection, method: &str, body: Vec<u8>) -> anyhow::Result<u64> {
+        self.last += 1;
+        conn.send_request(self.last, method, body.into())?;
+        Ok(self.last)
+    }
+}
+
+/// The session's next event; the link dropping or the gateway closing the session is an error
+/// (on loopback neither should happen, and a resume would hide it). `None`: housekeeping only.
+pub(crate) async fn next_event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Event>> {
+    match conn.next_event().await.with_context(|| format!("{player}: the session"))? {
+        Some(Event::LinkLost) => anyhow::bail!("{player}: the connection dropped"),
+        Some(Event::Closed { reason, message }) => {
+            anyhow::bail!("{player}: the gateway closed the session ({reason:?}: {message})")
+        }
+        event => Ok(event),
+    }
+}
+
+/// What a `single` bot reads of the world channel: each update checked against the version it
+/// holds, counted, and aged; in [`BotMode::Replica`], applied to a replica too.
+struct Tally<'a> {
+    stats: &'a BotStats,
+    counter: Arc<AtomicU64>,
+    mode: BotMode,
+    replica: Replica,
+    /// The version this bot's copy of the world is at (None before the first snapshot).
+    held: Option<Version>,
+}
+
+impl<'a> Tally<'a> {
+    fn new(stats: &'a BotStats, index: usize, mode: BotMode) -> anyhow::Result<Tally<'a>> {
+        let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
+        let counter = stats.add_bot(index);
+        Ok(Tally { stats, counter, mode, replica: Replica::new(schema), held: None })
+    }
+
+    /// Reads one push; returns the input the bot sends in answer, if any (the server says its
+    /// character hit something: turn around).
+    fn push(&mut self, push: Push, bot: &mut Bot) -> Option<Input> {
+        match push.topic.as_str() {
+            "channel.message" => ChannelMessage::decode(push.body)
+                .is_ok_and(|m| m.body == BLOCKED)
+                .then(|| bot.observe(true, bot.yaw()))
+                .flatten(),
+            "channel.update" => {
+                self.update(push.body);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn update(&mut self, body: Bytes) {
+        let stats = self.stats;
+        let Ok(update) = ChannelUpdate::decode(body) else {
+            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
+        let Some(peeked) = peek(&update.update) else {
+            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        // Each delta must start where the previous update ended.
+        stats.check_chain(peeked.snapshot, peeked.from, self.held);
+        self.held = Some(peeked.to);
+        let ts = match self.mode {
+            BotMode::Replica => {
+                if self.replica.apply(&update.update).is_err() {
+                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                match self.replica.get(&[Step::Field(TS_FIELD as u16)]) {
+                    Some(Value::Int(ts)) => Some(ts),
+                    _ => None,
+                }
+            }
+            BotMode::Count => match peeked.ts {
+                // Every frame of the simulated server sets the timestamp, snapshots too.
+                Some(ts) => Some(ts),
+                None => {
+                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            },
+        };
+        self.counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(ts) = ts
+            && let Ok(mut h) = stats.latency_us.lock()
+        {
+            let _ = h.record((now_us() - ts).max(1) as u64);
+        }
+    }
 }
 
 /// Holds one place in [`BotStats::connected`] for as long as it lives, however the bot ends.

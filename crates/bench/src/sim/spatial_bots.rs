@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::bots::{BotStats, Connected, input_body};
+use super::bots::{BotStats, Connected, Requests, input_body, next_event};
 use super::server::{BLOCKED, now_us};
 use super::spatial_server::{SpawnRequest, slot_of};
 use super::world::{Arena, Input};
@@ -80,17 +80,13 @@ async fn session(
         radius: INTEREST_RADIUS,
     });
     let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
-    let mut requests = 0u64;
-    let mut request = |conn: &mut Connection, method: &str, body: Vec<u8>| {
-        requests += 1;
-        conn.send_request(requests, method, body.into()).map(|()| requests)
-    };
-    let interest_id = request(&mut conn, "spatial.interest", interest.encode_to_vec())?;
+    let mut requests = Requests::default();
+    let interest_id = requests.send(&mut conn, "spatial.interest", interest.encode_to_vec())?;
     // Until the interest is answered nothing else is due to this bot (its cells' updates come
     // after the answer), so other events wait with it.
     loop {
         conn.flush().await;
-        match event(&mut conn, &player).await? {
+        match next_event(&mut conn, &player).await? {
             Some(Event::Response(r)) if r.id == interest_id => {
                 response_body(r).context("setting the area of interest")?;
                 break;
@@ -104,7 +100,7 @@ async fn session(
 
     let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
     let input = Input { forward: true, yaw: bot.yaw(), jump: false };
-    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
+    requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
     // Made once: a `cancelled()` future made per event registers and drops a waiter each time.
@@ -121,11 +117,11 @@ async fn session(
             () = &mut cancelled => break Ok(()),
             _ = second.tick() => {
                 if let Some(input) = bot.every_second() {
-                    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
+                    requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
                 }
                 continue;
             }
-            event = event(&mut conn, &player) => match event? {
+            event = next_event(&mut conn, &player) => match event? {
                 Some(Event::Push(push)) => push,
                 // An input refused (its entity gone, a busy world) ends the bot, as a failed call
                 // did: it is counted as an error.
@@ -177,7 +173,7 @@ async fn session(
                 if ChannelMessage::decode(push.body).is_ok_and(|m| m.body == BLOCKED)
                     && let Some(input) = bot.observe(true, bot.yaw())
                 {
-                    request(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
+                    requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
                 }
             }
             _ => {}
@@ -185,18 +181,6 @@ async fn session(
     };
     conn.close().await;
     result
-}
-
-/// The session's next event; the link dropping or the gateway closing the session is an error
-/// (on loopback neither should happen, and a resume would hide it). `None`: housekeeping only.
-async fn event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Event>> {
-    match conn.next_event().await.with_context(|| format!("{player}: the session"))? {
-        Some(Event::LinkLost) => anyhow::bail!("{player}: the connection dropped"),
-        Some(Event::Closed { reason, message }) => {
-            anyhow::bail!("{player}: the gateway closed the session ({reason:?}: {message})")
-        }
-        event => Ok(event),
-    }
 }
 
 /// The version a bot holds of each cell in its view, in a short list.
