@@ -121,15 +121,7 @@ pub async fn run_bot(
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    // Setting up waits on the gateway: `stop` ends it too, so an overloaded run still ends.
-    let result = tokio::select! {
-        () = stop.cancelled() => Ok(()),
-        r = bot_session(target, index, channel_id, mode, &stats, &stop) => r,
-    };
-    if result.is_err() && !stop.is_cancelled() {
-        stats.errors.fetch_add(1, Ordering::Relaxed);
-    }
-    result
+    until_stopped(&stats, &stop, bot_session(target, index, channel_id, mode, &stats, &stop)).await
 }
 
 /// [`run_bot`] through a [`Client`], which reconnects and resumes when the link drops: for the
@@ -142,10 +134,21 @@ pub async fn run_resuming_bot(
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    // A call or the close can wait a long time on a slow or frozen link: `stop` ends them too.
+    let session = resuming_bot_session(target, index, channel_id, mode, &stats, &stop);
+    until_stopped(&stats, &stop, session).await
+}
+
+/// Runs a bot's `session` until it ends or `stop` (whatever it waits on: the gateway while
+/// setting up, a call or a close on a slow link). An error before `stop` is counted in
+/// [`BotStats::errors`] and returned.
+pub(crate) async fn until_stopped(
+    stats: &BotStats,
+    stop: &CancellationToken,
+    session: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     let result = tokio::select! {
         () = stop.cancelled() => Ok(()),
-        r = resuming_bot_session(target, index, channel_id, mode, &stats, &stop) => r,
+        r = session => r,
     };
     if result.is_err() && !stop.is_cancelled() {
         stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::bots::{BotStats, Connected, Requests, input_body, next_event};
+use super::bots::{BotStats, Connected, Requests, input_body, next_event, until_stopped};
 use super::server::{BLOCKED, now_us};
 use super::spatial_server::{SpawnRequest, slot_of};
 use super::world::{Arena, Input};
@@ -41,14 +41,7 @@ pub async fn run_spatial_bot(
 ) -> anyhow::Result<()> {
     // Setting up (connect, spawn, interest) waits on the gateway and a server: `stop` ends it
     // too, so an overloaded run still ends.
-    let result = tokio::select! {
-        () = stop.cancelled() => Ok(()),
-        r = session(target, index, &arena, &spawners, &stats, &stop) => r,
-    };
-    if result.is_err() && !stop.is_cancelled() {
-        stats.errors.fetch_add(1, Ordering::Relaxed);
-    }
-    result
+    until_stopped(&stats, &stop, session(target, index, &arena, &spawners, &stats, &stop)).await
 }
 
 async fn session(
