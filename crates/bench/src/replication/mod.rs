@@ -237,8 +237,11 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         println!("\ninterrupted: {} step(s) finished", steps.len());
     }
     stop.cancel();
-    // Bots and servers stop at their next await; one stuck behind a call an overloaded gateway
-    // has not answered is abandoned after a grace period, so the run always ends.
+    // Bots and servers stop at their next await. A bot's session still waiting half a second
+    // later (on an overloaded gateway, or a call or close over a frozen link) is dropped (a
+    // slow or frozen client's `Client` driver task may run on until the process ends); a
+    // server task stuck behind an unanswered call is abandoned after a grace period. So the
+    // run always ends.
     let bots = fleet.stop().await;
     let tasks: Vec<_> = bots.into_iter().chain(others).chain(server_tasks).collect();
     let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();

@@ -138,17 +138,23 @@ pub async fn run_resuming_bot(
     until_stopped(&stats, &stop, session).await
 }
 
-/// Runs a bot's `session` until it ends or `stop` (whatever it waits on: the gateway while
-/// setting up, a call or a close on a slow link). An error before `stop` is counted in
-/// [`BotStats::errors`] and returned.
+/// How long a bot's session has after `stop` to close its connection itself.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// Runs a bot's `session` until it ends. At `stop` the session, which watches `stop` too, gets
+/// [`CLOSE_GRACE`] to close its connection, and is dropped if it is still waiting then (on the
+/// gateway while setting up, or on a call or a close over a slow link). An error before `stop`
+/// is counted in [`BotStats::errors`] and returned.
 pub(crate) async fn until_stopped(
     stats: &BotStats,
     stop: &CancellationToken,
     session: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
+    let mut session = std::pin::pin!(session);
     let result = tokio::select! {
-        () = stop.cancelled() => Ok(()),
-        r = session => r,
+        biased;
+        r = &mut session => r,
+        () = stop.cancelled() => tokio::time::timeout(CLOSE_GRACE, &mut session).await.unwrap_or(Ok(())),
     };
     if result.is_err() && !stop.is_cancelled() {
         stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -187,7 +193,9 @@ async fn bot_session(
                 response_body(r).context("subscribing")?;
                 break;
             }
-            Some(Event::Response(r)) => drop(response_body(r)?),
+            Some(Event::Response(r)) => {
+                anyhow::bail!("{player}: an answer to request {} it never sent", r.id)
+            }
             Some(Event::Push(push)) => early.push(push),
             _ => {}
         }
@@ -218,7 +226,8 @@ async fn bot_session(
                 // An input refused ends the bot, as a failed call did: it is counted as an
                 // error.
                 Some(Event::Response(r)) => {
-                    response_body(r).context("sending input")?;
+                    let id = r.id;
+                    response_body(r).with_context(|| format!("{player}: input (request {id}) refused"))?;
                     None
                 }
                 _ => None,
@@ -287,10 +296,13 @@ impl Requests {
 }
 
 /// The session's next event; the link dropping or the gateway closing the session is an error
-/// (on loopback neither should happen, and a resume would hide it). `None`: housekeeping only.
+/// (on loopback neither should happen, and a resume would hide it), and so is a request from
+/// the gateway (servers may not send clients requests; the `Client` refuses them too).
+/// `None`: housekeeping only.
 pub(crate) async fn next_event(conn: &mut Connection, player: &str) -> anyhow::Result<Option<Event>> {
     match conn.next_event().await.with_context(|| format!("{player}: the session"))? {
         Some(Event::LinkLost) => anyhow::bail!("{player}: the connection dropped"),
+        Some(Event::Request(r)) => anyhow::bail!("{player}: the gateway sent a request ({})", r.method),
         Some(Event::Closed { reason, message }) => {
             anyhow::bail!("{player}: the gateway closed the session ({reason:?}: {message})")
         }

@@ -119,7 +119,8 @@ async fn session(
                 // An input refused (its entity gone, a busy world) ends the bot, as a failed call
                 // did: it is counted as an error.
                 Some(Event::Response(r)) => {
-                    response_body(r).context("sending input")?;
+                    let id = r.id;
+                    response_body(r).with_context(|| format!("{player}: input (request {id}) refused"))?;
                     continue;
                 }
                 _ => continue,
