@@ -92,7 +92,7 @@ impl TickWindow {
     /// slowest pass's bucket. 0 when there were no passes; infinite when a pass exceeded the
     /// largest finite bucket.
     fn quantile(&self, q: f64) -> f64 {
-        let total = self.0.last().map_or(0.0, |(_, n)| *n);
+        let total = self.passes();
         if total <= 0.0 {
             return 0.0;
         }

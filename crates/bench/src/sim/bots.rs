@@ -182,28 +182,15 @@ async fn bot_session(
     let mut conn = Connection::connect(opts).await.with_context(|| format!("connecting {player}"))?;
     let mut requests = Requests::default();
     let sub = Subscribe { channel_id, options: Some(SubscriptionOptions::default()) };
-    let sub_id = requests.send(&mut conn, "channel.subscribe", sub.encode_to_vec())?;
     // Pushes that come before the answer (none are expected: the channel answers before its
-    // first update) are kept and read after it, in order.
-    let mut early = Vec::new();
-    loop {
-        conn.flush().await;
-        match next_event(&mut conn, &player).await? {
-            Some(Event::Response(r)) if r.id == sub_id => {
-                response_body(r).context("subscribing")?;
-                break;
-            }
-            Some(Event::Response(r)) => {
-                anyhow::bail!("{player}: an answer to request {} it never sent", r.id)
-            }
-            Some(Event::Push(push)) => early.push(push),
-            _ => {}
-        }
-    }
+    // first update) are read after it, in order.
+    let (_, early) = requests
+        .call(&mut conn, &player, "channel.subscribe", sub.encode_to_vec())
+        .await
+        .context("subscribing")?;
     let mut tally = Tally::new(stats, index, mode)?;
     let _connected = Connected::count(&stats.connected);
-    let mut bot =
-        Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU);
+    let mut bot = single_bot(index);
     let first = Input { forward: true, yaw: bot.yaw(), jump: false };
     requests.send(&mut conn, "channel.send", input_body(channel_id, &player, first)?)?;
     for push in early {
@@ -258,8 +245,7 @@ async fn resuming_bot_session(
     let mut tally = Tally::new(stats, index, mode)?;
     let _connected = Connected::count(&stats.connected);
 
-    let mut bot =
-        Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU);
+    let mut bot = single_bot(index);
     send_input(&client, channel_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
@@ -280,6 +266,11 @@ async fn resuming_bot_session(
     result
 }
 
+/// `single` bot `index`'s walker, the same whichever way the bot is connected.
+fn single_bot(index: usize) -> Bot {
+    Bot::new(SmallRng::seed_from_u64(index as u64), (index as f32 * 0.7) % std::f32::consts::TAU)
+}
+
 /// A bot's requests, numbered; sent without waiting for their answers.
 #[derive(Debug, Default)]
 pub(crate) struct Requests {
@@ -292,6 +283,31 @@ impl Requests {
         self.last += 1;
         conn.send_request(self.last, method, body.into())?;
         Ok(self.last)
+    }
+
+    /// Sends request `method` and waits for its answer, for a bot setting up, before anything
+    /// else is outstanding: an answer to any other id is an error, and so is a refusal. Returns
+    /// the answer's body and the pushes that came before it, in order.
+    pub(crate) async fn call(
+        &mut self,
+        conn: &mut Connection,
+        player: &str,
+        method: &str,
+        body: Vec<u8>,
+    ) -> anyhow::Result<(Bytes, Vec<Push>)> {
+        let id = self.send(conn, method, body)?;
+        let mut early = Vec::new();
+        loop {
+            conn.flush().await;
+            match next_event(conn, player).await? {
+                Some(Event::Response(r)) if r.id == id => return Ok((response_body(r)?, early)),
+                Some(Event::Response(r)) => {
+                    anyhow::bail!("{player}: an answer to request {} it never sent", r.id)
+                }
+                Some(Event::Push(push)) => early.push(push),
+                _ => {}
+            }
+        }
     }
 }
 

@@ -74,20 +74,12 @@ async fn session(
     });
     let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
     let mut requests = Requests::default();
-    let interest_id = requests.send(&mut conn, "spatial.interest", interest.encode_to_vec())?;
-    // Until the interest is answered nothing else is due to this bot (its cells' updates come
-    // after the answer), so other events wait with it.
-    loop {
-        conn.flush().await;
-        match next_event(&mut conn, &player).await? {
-            Some(Event::Response(r)) if r.id == interest_id => {
-                response_body(r).context("setting the area of interest")?;
-                break;
-            }
-            Some(Event::Response(r)) => drop(response_body(r)?),
-            _ => {}
-        }
-    }
+    // Nothing is due to this bot before the answer: its cells' updates come after it. A push
+    // before it (none is expected) is dropped.
+    requests
+        .call(&mut conn, &player, "spatial.interest", interest.encode_to_vec())
+        .await
+        .context("setting the area of interest")?;
     let counter = stats.add_bot(index);
     let _connected = Connected::count(&stats.connected);
 
