@@ -10,6 +10,7 @@ mod interrupt;
 pub mod machine;
 pub mod pingpong;
 mod plot;
+pub mod priority;
 pub mod replication;
 pub mod server;
 pub mod sim;

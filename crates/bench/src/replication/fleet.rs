@@ -42,6 +42,8 @@ pub struct WorkerSpec {
     pub channel_id: u64,
     /// Single-threaded runtimes in this worker.
     pub threads: usize,
+    /// Their threads' nice value (`--load-nice`).
+    pub nice: i32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -342,6 +344,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     // handler stays installed as long as this stream lives, and it is never read.
     let _sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let runtimes = tickwire_transport::io_threads(spec.threads.max(1), "bench-bots")?;
+    crate::priority::lower(&runtimes, spec.nice).await.context("lowering the bots' priority")?;
     let target = Target::Tcp(spec.gateway);
     let stop = CancellationToken::new();
     let stats = Arc::new(BotStats::default());

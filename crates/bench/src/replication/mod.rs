@@ -85,6 +85,11 @@ pub struct ReplicationArgs {
     /// the bench process; the game servers, and slow and frozen clients, stay in the bench.
     #[arg(long, default_value_t = 1)]
     pub bot_processes: usize,
+    /// The nice value of the threads that run bots (in the bench and in its workers): above
+    /// the gateway's 0, the load takes the cores the gateway leaves, as clients on machines of
+    /// their own would. 0 shares the cores evenly. The game servers stay at 0.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub load_nice: i32,
 }
 
 /// Clients outside the ramp: slow or frozen ones, with their own figures.
@@ -145,6 +150,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let gateway = ChildGateway::start(&overrides, 1)?;
     let target = Target::Tcp(gateway.tcp);
     let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
+    crate::priority::lower(&runtimes, args.load_nice).await.context("lowering the bots' priority")?;
     // The game servers get a thread of their own, as they would have a machine of their own:
     // a frame does not wait in a run queue behind a thousand bots' tasks.
     let server_runtime = tickwire_transport::io_threads(1, "bench-servers")?;
@@ -160,6 +166,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         scenario: args.scenario,
         channel_id,
         threads: (machine.cores / args.bot_processes.max(1)).max(1),
+        nice: args.load_nice,
     };
     let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
@@ -184,6 +191,11 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let groups = Groups { slow: slow.as_ref(), frozen: frozen.as_ref(), freeze: args.freeze };
 
     println!("machine: {}", machine.line());
+    println!(
+        "load: bots in {} process(es) at nice {} (--load-nice; the gateway and the game servers at 0)",
+        args.bot_processes.max(1),
+        args.load_nice
+    );
     report::print_header();
     let mut steps = Vec::new();
     // Ctrl-C stops the load: the steps finished so far are kept, written marked incomplete,
@@ -549,6 +561,7 @@ async fn hold(
         },
         bench_cpu_pct: load1.pct_since(&load0),
         bot_processes: args.bot_processes.max(1),
+        load_nice: args.load_nice,
         bot_errors: counts1.errors - counts0.errors,
         decode_errors: counts1.decode_errors - counts0.decode_errors,
         version_gaps: counts1.gaps - counts0.gaps,

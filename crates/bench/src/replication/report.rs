@@ -80,6 +80,8 @@ pub struct Step {
     pub bench_cpu_pct: f64,
     /// Processes the ramp's bots ran in (`--bot-processes`; 1: the bench process).
     pub bot_processes: usize,
+    /// The nice value the bots ran at (`--load-nice`; the gateway and game servers at 0).
+    pub load_nice: i32,
     /// Bot errors (a failed join, or a bot that stopped with an error) in this step's ramp
     /// and hold: from the end of the previous step's hold.
     pub bot_errors: u64,

@@ -151,10 +151,12 @@ pub(crate) async fn until_stopped(
     session: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let mut session = std::pin::pin!(session);
+    // Polled only when the token wakes it, not on each of the session's wake-ups: a poll of
+    // `cancelled()` locks the token's node and waiter list, which every bot shares.
     let result = tokio::select! {
         biased;
         r = &mut session => r,
-        () = stop.cancelled() => tokio::time::timeout(CLOSE_GRACE, &mut session).await.unwrap_or(Ok(())),
+        () = tickwire_transport::when_woken(stop.cancelled()) => tokio::time::timeout(CLOSE_GRACE, &mut session).await.unwrap_or(Ok(())),
     };
     if result.is_err() && !stop.is_cancelled() {
         stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -200,8 +202,9 @@ async fn bot_session(
     }
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
-    // Made once: a `cancelled()` future made per event registers and drops a waiter each time.
-    let cancelled = stop.cancelled();
+    // Made once: a `cancelled()` future made per event registers and drops a waiter each time;
+    // and polled only when the token wakes it (see `until_stopped`).
+    let cancelled = tickwire_transport::when_woken(stop.cancelled());
     tokio::pin!(cancelled);
     let result = loop {
         conn.flush().await;

@@ -88,8 +88,9 @@ async fn session(
     requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
-    // Made once: a `cancelled()` future made per event registers and drops a waiter each time.
-    let cancelled = stop.cancelled();
+    // Made once: a `cancelled()` future made per event registers and drops a waiter each time;
+    // and polled only when the token wakes it (see `until_stopped`).
+    let cancelled = tickwire_transport::when_woken(stop.cancelled());
     tokio::pin!(cancelled);
     // The version of each cell in view this bot holds: a handful of cells (a 30 m sphere over
     // 20 m cells touches at most 16), so a scan of a short list, not a hash map's probes.
