@@ -125,15 +125,15 @@ impl Gateway {
             config: self.config,
         });
         // A start that fails from here on tells what was started before it to stop: the
-        // router's threads and tasks, and the listeners already accepting (the worker handoff
-        // listener of --processes does not watch the token). It does not wait for them.
+        // router's threads and tasks, the worker handoff listener of --processes, and the
+        // listeners already accepting. It does not wait for them.
         let stop_if_failed = shared.cancel.clone().drop_guard();
         shared
             .router
             .on_start(&Startup { runtimes, stop: &shared.cancel, tracker: &shared.tracker })
             .map_err(|source| GatewayError::Threads { source })?;
         if let (Some(workers), Some(runtime)) = (&shared.workers, runtimes.first()) {
-            listen_for_handoffs(shared.clone(), workers, runtime.clone())
+            listen_for_handoffs(&shared, workers, runtime)
                 .map_err(|source| GatewayError::Handoff { path: workers.dir.clone(), source })?;
         }
         let mut tcp_addrs = Vec::new();
@@ -356,39 +356,72 @@ fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream, ws: bool, refused
     }
 }
 
-/// Starts the thread that receives connections other workers hand over (resumes of this
-/// worker's sessions) and runs their handshake on `runtime`.
-fn listen_for_handoffs(shared: Arc<Shared>, workers: &WorkerSet, runtime: Handle) -> io::Result<()> {
+/// Starts the task that receives connections other workers hand over (resumes of this
+/// worker's sessions) and runs their handshake on `runtime`, until the gateway stops.
+fn listen_for_handoffs(shared: &Arc<Shared>, workers: &WorkerSet, runtime: &Handle) -> io::Result<()> {
     let listener = bind_handoffs(workers)?;
-    std::thread::Builder::new().name(format!("tickwire-handoff-{}", workers.index)).spawn(move || {
-        for stream in listener.incoming() {
-            match stream.and_then(|s| {
-                let _guard = runtime.enter();
-                receive_handoff(s)
-            }) {
-                Ok((stream, buf)) => {
-                    Stats::add(&shared.stats.handoffs_received, 1);
-                    let deadline = tokio::time::Instant::now() + shared.config.limits.auth_timeout;
-                    let ip = stream.peer_addr().map(|a| a.ip());
-                    match ip
-                        .map_err(|e| e.to_string())
-                        .and_then(|ip| shared.admission.open(ip).map_err(|r| r.to_string()))
-                    {
-                        Ok(open) => {
-                            runtime.spawn(handshake_with(
-                                shared.clone(),
-                                Conn::Tcp(stream),
-                                open,
-                                buf,
-                                deadline,
-                            ));
-                        }
-                        Err(why) => tracing::debug!(%why, "handed-over connection refused"),
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "handoff failed"),
-            }
-        }
-    })?;
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _guard = runtime.enter();
+        tokio::net::UnixListener::from_std(listener)?
+    };
+    shared.tracker.spawn_on(handoff_loop(shared.clone(), listener), runtime);
     Ok(())
+}
+
+/// Accepts handoff streams until the gateway stops. Each is read on the blocking pool, with
+/// the auth timeout on each read, so a stuck peer holds up no other handoff.
+async fn handoff_loop(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
+    loop {
+        let accepted = tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "handoff accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let task_shared = shared.clone();
+        shared.tracker.spawn(async move {
+            let limit = task_shared.config.limits.auth_timeout;
+            let deadline = tokio::time::Instant::now() + limit;
+            // At shutdown the read is left to its timeout on the blocking pool; the socket it
+            // may bring closes when it ends.
+            let reading = tokio::task::spawn_blocking(move || receive_handoff(stream, limit));
+            let received = tokio::select! {
+                () = task_shared.cancel.cancelled() => return,
+                received = reading => received.map_err(io::Error::other).and_then(|received| received),
+            };
+            let (stream, buf) = match received.and_then(|(stream, buf)| {
+                stream.set_nonblocking(true)?;
+                Ok((tokio::net::TcpStream::from_std(stream)?, buf))
+            }) {
+                Ok(received) => received,
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff failed");
+                    return;
+                }
+            };
+            Stats::add(&task_shared.stats.handoffs_received, 1);
+            let ip = stream.peer_addr().map(|a| a.ip());
+            let open = match ip
+                .map_err(|e| e.to_string())
+                .and_then(|ip| task_shared.admission.open(ip).map_err(|r| r.to_string()))
+            {
+                Ok(open) => open,
+                Err(why) => {
+                    tracing::debug!(%why, "handed-over connection refused");
+                    return;
+                }
+            };
+            tokio::select! {
+                () = task_shared.cancel.cancelled() => {}
+                () = handshake_with(task_shared.clone(), Conn::Tcp(stream), open, buf, deadline) => {}
+            }
+        });
+    }
 }

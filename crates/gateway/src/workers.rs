@@ -53,14 +53,17 @@ pub(crate) fn bind_handoffs(workers: &WorkerSet) -> io::Result<UnixListener> {
     UnixListener::bind(&path)
 }
 
-/// Receives one handed-over connection from an accepted handoff stream: the TCP socket, ready
-/// for tokio, and the bytes the other worker had read from it.
-pub(crate) fn receive_handoff(stream: UnixStream) -> io::Result<(tokio::net::TcpStream, BytesMut)> {
+/// Receives one handed-over connection from an accepted handoff stream (blocking, each read
+/// bounded by `timeout`): the TCP socket, and the bytes the other worker had read from it.
+pub(crate) fn receive_handoff(
+    stream: UnixStream,
+    timeout: std::time::Duration,
+) -> io::Result<(std::net::TcpStream, BytesMut)> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(timeout))?;
     let (fd, buf) = receive(stream)?;
     // SAFETY: `fd` came to us through SCM_RIGHTS; nobody else owns it here.
-    let std_stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-    std_stream.set_nonblocking(true)?;
-    Ok((tokio::net::TcpStream::from_std(std_stream)?, buf))
+    Ok((unsafe { std::net::TcpStream::from_raw_fd(fd) }, buf))
 }
 
 fn receive(mut stream: UnixStream) -> io::Result<(RawFd, BytesMut)> {

@@ -42,3 +42,17 @@ async fn resumes_find_their_worker_process() {
     assert!(a.handoffs_received + b.handoffs_received > 0, "no resume needed a handoff: {a:?} {b:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_stops_taking_handoffs() {
+    let dir = std::env::temp_dir().join(format!("tickwire-workers-stop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gateway = worker(0, 0, &dir).await;
+    let socket = dir.join("worker-0.sock");
+    std::os::unix::net::UnixStream::connect(&socket).expect("the handoff listener is up");
+    assert!(gateway.shutdown(Duration::from_secs(5)).await, "shutdown waited for every task");
+    // The listener was the handoff task's, and that task has ended: nobody accepts any more.
+    let refused = std::os::unix::net::UnixStream::connect(&socket).expect_err("no handoff listener");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
