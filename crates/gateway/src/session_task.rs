@@ -217,17 +217,12 @@ impl SessionTask {
         let half_timeout = self.session.config().read_timeout / 2;
         let deadline = sleep_until(self.session.poll_timeout().into());
         tokio::pin!(deadline, cancelled);
-        // A takeover comes once in a session's life, if ever; its channel is polled only when
-        // it woke the task, not on every message.
-        let takeover_gate = tickwire_transport::WakeGate::new();
         loop {
             let attached = self.conn.is_some();
             let step = tokio::select! {
                 biased;
                 () = &mut cancelled => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
-                Some(takeover) = std::future::poll_fn(|cx| takeover_gate.poll(cx, |cx| self.takeovers.poll_recv(cx))) => {
-                    Box::pin(self.on_takeover(*takeover)).await
-                }
+                Some(takeover) = self.takeovers.recv() => Box::pin(self.on_takeover(*takeover)).await,
                 read = read_conn(&mut self.conn, &mut self.rbuf), if attached => match read {
                     Ok(0) | Err(_) => {
                         self.drop_link();

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 pub use tls::{TlsClient, TlsError, TlsServer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsStream;
-pub use when_woken::{WakeGate, WhenWoken, when_woken};
+pub use when_woken::{WhenWoken, when_woken};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};

@@ -1,13 +1,14 @@
 //! A future that is polled only after it asked to be.
 //!
 //! `tokio::select!` polls every branch each time its task wakes, whichever branch woke it. For
-//! most branches a poll that finds nothing is cheap, but not for a cancellation token's
-//! `cancelled()`: each poll locks the token's tree node and then the `Notify` waiter list, both
-//! shared by every task that waits on the token. A gateway session waits on the gateway's token
-//! in the same `select!` as its socket and outbox, so each message it sends or receives took
-//! those two locks, on both cores at once. [`WhenWoken`] wraps such a future: the inner future
-//! gets a waker of its own, and is polled again only after that waker fired (or on the first
-//! poll); every other poll costs an atomic swap on memory only this future uses.
+//! most branches a poll that finds nothing touches only the task's own memory, but not for a
+//! cancellation token's `cancelled()`: in tokio-util 0.7 each poll locks the token's tree node
+//! and then the waiter list of its `Notify`, both shared by every task that waits on the token.
+//! A gateway session waits on the gateway's token in the same `select!` as its socket and its
+//! outbox, so each message it sent or received took those two process-wide locks, from both
+//! cores. [`WhenWoken`] gives the inner future a waker of its own and polls it again only after
+//! that waker fired (or on the first poll); any other poll registers the task's waker and swaps
+//! one flag, on memory only this future uses.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,71 +20,25 @@ use futures_util::task::AtomicWaker;
 
 /// Polls `inner` only when its own waker fired since its last poll (and on the first poll).
 pub fn when_woken<F: Future>(inner: F) -> WhenWoken<F> {
-    WhenWoken { inner: Box::pin(inner), gate: WakeGate::new() }
+    let gate = Arc::new(Gate { woken: AtomicBool::new(true), outer: AtomicWaker::new() });
+    WhenWoken { inner: Box::pin(inner), waker: Waker::from(gate.clone()), gate }
 }
 
 /// See [`when_woken`].
-#[derive(Debug)]
 pub struct WhenWoken<F> {
     inner: Pin<Box<F>>,
-    gate: WakeGate,
-}
-
-impl<F: Future> Future for WhenWoken<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        this.gate.poll(cx, |cx| this.inner.as_mut().poll(cx))
-    }
-}
-
-/// The gate of [`when_woken`], for something polled through a function rather than a future
-/// of its own (a channel's `poll_recv` in a `select!` loop).
-pub struct WakeGate {
-    shared: Arc<Gate>,
-    /// `shared` as a waker, made once.
+    gate: Arc<Gate>,
+    /// `gate` as a waker, made once.
     waker: Waker,
 }
 
-impl std::fmt::Debug for WakeGate {
+impl<F> std::fmt::Debug for WhenWoken<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WakeGate").field("woken", &self.shared.woken.load(Ordering::Relaxed)).finish()
+        f.debug_struct("WhenWoken").field("woken", &self.gate.woken.load(Ordering::Relaxed)).finish()
     }
 }
 
-impl Default for WakeGate {
-    fn default() -> Self {
-        WakeGate::new()
-    }
-}
-
-impl WakeGate {
-    pub fn new() -> WakeGate {
-        let shared = Arc::new(Gate { woken: AtomicBool::new(true), outer: AtomicWaker::new() });
-        WakeGate { waker: Waker::from(shared.clone()), shared }
-    }
-
-    /// Calls `poll` with the gate's own waker if that waker fired since the last call, or the
-    /// last call was the first or returned `Ready` (there may be more: a `Ready` registers no
-    /// waker); `Pending` without calling it otherwise. `cx`'s waker is woken when the gate's
-    /// is.
-    pub fn poll<T>(&self, cx: &mut Context<'_>, poll: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
-        // Registered before the flag is read: a wake after the read finds this waker and
-        // wakes the task, so none is lost.
-        self.shared.outer.register(cx.waker());
-        if !self.shared.woken.swap(false, Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        let result = poll(&mut Context::from_waker(&self.waker));
-        if result.is_ready() {
-            self.shared.woken.store(true, Ordering::Release);
-        }
-        result
-    }
-}
-
-/// The inner future's waker: records the wake, and wakes whoever polled the gate last.
+/// The inner future's waker: records the wake, and wakes whoever polled the wrapper last.
 struct Gate {
     woken: AtomicBool,
     outer: AtomicWaker,
@@ -100,9 +55,25 @@ impl Wake for Gate {
     }
 }
 
+impl<F: Future> Future for WhenWoken<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        // Registered before the flag is read: a wake after the read finds this waker and
+        // wakes the task, so none is lost. (`&mut self`: one poller at a time.)
+        this.gate.outer.register(cx.waker());
+        if !this.gate.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        this.inner.as_mut().poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
 
     use super::*;
 
@@ -178,54 +149,39 @@ mod tests {
         assert_eq!((first.0.load(Ordering::SeqCst), second.0.load(Ordering::SeqCst)), (0, 1));
     }
 
-    #[test]
-    fn a_gated_channel_is_read_to_the_end_after_one_wake() {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<u32>(4);
-        let gate = WakeGate::new();
-        let task = Arc::new(Count::default());
-        let task_waker = Waker::from(task.clone());
-        let mut cx = Context::from_waker(&task_waker);
-        assert!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)).is_pending(), "empty");
-        assert!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)).is_pending(), "not woken");
-        tx.try_send(1).unwrap();
-        tx.try_send(2).unwrap();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1, "the send woke the task through the gate");
-        // After a `Ready`, the next poll reaches the channel again: the second item is read
-        // without another wake.
-        assert_eq!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)), Poll::Ready(Some(1)));
-        assert_eq!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)), Poll::Ready(Some(2)));
-        assert!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)).is_pending());
-        drop(tx);
-        assert_eq!(gate.poll(&mut cx, |cx| rx.poll_recv(cx)), Poll::Ready(None), "closing wakes it");
-    }
-
-    #[tokio::test]
-    async fn a_cancelled_token_ends_a_select_loop_that_polls_it_through_the_gate() {
-        let token = tokio_util::sync::CancellationToken::new();
-        let cancelled = when_woken(token.clone().cancelled_owned());
-        tokio::pin!(cancelled);
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<u32>(8);
-        let canceller = tokio::spawn({
-            let token = token.clone();
-            async move {
-                for i in 0..3 {
-                    tx.send(i).await.unwrap();
+    /// A token cancelled from another thread while a busy `select!` loop keeps polling the
+    /// gated future, many times over: every loop ends, none waits for a wake that was lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_token_cancelled_from_another_thread_always_ends_the_loop() {
+        for round in 0..200 {
+            let token = tokio_util::sync::CancellationToken::new();
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<u32>(8);
+            let looping = tokio::spawn({
+                let token = token.clone();
+                async move {
+                    let cancelled = when_woken(token.cancelled_owned());
+                    tokio::pin!(cancelled);
+                    let mut got = 0u32;
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = &mut cancelled => return got,
+                            Some(_) = rx.recv() => got += 1,
+                        }
+                    }
                 }
-                token.cancel();
-                // Kept open: the loop must end on the token, not on a closed channel.
-                std::future::pending::<()>().await;
+            });
+            for i in 0..(round % 5) {
+                tx.send(i).await.unwrap();
             }
-        });
-        let mut got = Vec::new();
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut cancelled => break,
-                Some(i) = rx.recv() => got.push(i),
-            }
+            token.cancel();
+            let got = tokio::time::timeout(Duration::from_secs(5), looping)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the loop missed the cancel"))
+                .unwrap();
+            assert!(got <= round % 5);
+            // `tx` lives to here: the loop ended on the token, not on a closed channel.
+            drop(tx);
         }
-        assert!(token.is_cancelled());
-        assert!(got.len() <= 3);
-        canceller.abort();
     }
 }

@@ -42,7 +42,7 @@ pub struct WorkerSpec {
     pub channel_id: u64,
     /// Single-threaded runtimes in this worker.
     pub threads: usize,
-    /// Their threads' nice value (`--load-nice`).
+    /// Nice levels their threads are raised above the worker's own (`--load-nice`).
     pub nice: i32,
 }
 
@@ -90,14 +90,8 @@ pub(crate) struct BotSample {
 impl BotSample {
     /// Reads `stats`, and takes (resets) the ages recorded since the last read.
     fn read(stats: &BotStats) -> BotSample {
-        let ages_us = match stats.latency_us.lock() {
-            Ok(mut h) => {
-                let pairs = h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect();
-                h.reset();
-                pairs
-            }
-            Err(_) => Vec::new(),
-        };
+        let ages = stats.latency_us.take();
+        let ages_us = ages.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect();
         BotSample {
             connected: stats.connected.load(Ordering::Relaxed),
             errors: stats.errors.load(Ordering::Relaxed),

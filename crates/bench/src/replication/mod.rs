@@ -85,9 +85,9 @@ pub struct ReplicationArgs {
     /// the bench process; the game servers, and slow and frozen clients, stay in the bench.
     #[arg(long, default_value_t = 1)]
     pub bot_processes: usize,
-    /// The nice value of the threads that run bots (in the bench and in its workers): above
-    /// the gateway's 0, the load takes the cores the gateway leaves, as clients on machines of
-    /// their own would. 0 shares the cores evenly. The game servers stay at 0.
+    /// Nice levels the threads that run bots (in the bench and in its workers) are raised
+    /// above the bench's own, which the gateway and the game servers keep (at most to 19):
+    /// the load takes the cores the gateway leaves. 0 shares the cores evenly.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub load_nice: i32,
 }
@@ -128,7 +128,7 @@ impl Group {
 }
 
 /// Runs `tickwire bench replication`.
-pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
+pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let machine = Machine::detect();
     let metrics_addr = {
         // A free port for the child's metrics endpoint.
@@ -150,7 +150,10 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let gateway = ChildGateway::start(&overrides, 1)?;
     let target = Target::Tcp(gateway.tcp);
     let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
-    crate::priority::lower(&runtimes, args.load_nice).await.context("lowering the bots' priority")?;
+    let requested_nice = args.load_nice;
+    // From here on, the levels applied (fewer near 19), which the steps report.
+    args.load_nice =
+        crate::priority::lower(&runtimes, requested_nice).await.context("lowering the bots' priority")?;
     // The game servers get a thread of their own, as they would have a machine of their own:
     // a frame does not wait in a run queue behind a thousand bots' tasks.
     let server_runtime = tickwire_transport::io_threads(1, "bench-servers")?;
@@ -166,7 +169,7 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
         scenario: args.scenario,
         channel_id,
         threads: (machine.cores / args.bot_processes.max(1)).max(1),
-        nice: args.load_nice,
+        nice: requested_nice,
     };
     let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
@@ -192,9 +195,9 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
 
     println!("machine: {}", machine.line());
     println!(
-        "load: bots in {} process(es) at nice {} (--load-nice; the gateway and the game servers at 0)",
+        "load: bots in {} process(es), {} nice level(s) below the gateway and the game servers (--load-nice)",
         args.bot_processes.max(1),
-        args.load_nice
+        args.load_nice,
     );
     report::print_header();
     let mut steps = Vec::new();
@@ -348,9 +351,7 @@ struct GroupStart {
 
 impl GroupStart {
     fn read(group: &Group) -> GroupStart {
-        if let Ok(mut h) = group.stats.latency_us.lock() {
-            h.reset();
-        }
+        group.stats.latency_us.take();
         GroupStart {
             counts: group.stats.updates_per_bot(),
             errors: group.stats.errors.load(Ordering::Relaxed),
@@ -363,10 +364,8 @@ impl GroupStart {
         let mut rates = rates_between(&self.counts, &stats.updates_per_bot(), seconds);
         let rates_p5 = p5(&mut rates);
         let age = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
-        let (p50, p99, max) = match stats.latency_us.lock() {
-            Ok(h) => (age(&h, 0.5), age(&h, 0.99), h.max() as f64 / 1e3),
-            Err(_) => (0.0, 0.0, 0.0),
-        };
+        let h = stats.latency_us.merged();
+        let (p50, p99, max) = (age(&h, 0.5), age(&h, 0.99), h.max() as f64 / 1e3);
         GroupFigures {
             clients: group.clients,
             connected: stats.connected.load(Ordering::Relaxed) as usize,

@@ -80,7 +80,8 @@ pub struct Step {
     pub bench_cpu_pct: f64,
     /// Processes the ramp's bots ran in (`--bot-processes`; 1: the bench process).
     pub bot_processes: usize,
-    /// The nice value the bots ran at (`--load-nice`; the gateway and game servers at 0).
+    /// Nice levels the bench's bots ran below the gateway and the game servers (as applied:
+    /// `--load-nice`, less near 19).
     pub load_nice: i32,
     /// Bot errors (a failed join, or a bot that stopped with an error) in this step's ramp
     /// and hold: from the end of the previous step's hold.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -19,6 +18,7 @@ use tickwire_wire::proto::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::ages::Ages;
 use super::bot::Bot;
 use super::server::{BLOCKED, InputMessage, SCHEMA, TS_FIELD, now_us};
 use super::world::Input;
@@ -28,7 +28,6 @@ use super::world::Input;
 pub struct BotStats {
     /// Bots connected and subscribed now.
     pub connected: AtomicU64,
-    pub bytes: AtomicU64,
     /// Updates a bot could not read: its replica refused it, or (counting mode) its header or
     /// timestamp did not parse.
     pub decode_errors: AtomicU64,
@@ -40,7 +39,7 @@ pub struct BotStats {
     /// Deltas whose `from` was older than the version the bot held: versions it saw twice.
     pub version_repeats: AtomicU64,
     /// Update age (server publish to bot receipt), in microseconds.
-    pub latency_us: Mutex<Histogram<u64>>,
+    pub latency_us: Ages,
     /// Each bot's update counter, with the bot's index.
     per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
 }
@@ -49,12 +48,11 @@ impl Default for BotStats {
     fn default() -> BotStats {
         BotStats {
             connected: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
             decode_errors: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             version_gaps: AtomicU64::new(0),
             version_repeats: AtomicU64::new(0),
-            latency_us: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")),
+            latency_us: Ages::default(),
             per_bot: Mutex::new(Vec::new()),
         }
     }
@@ -369,7 +367,6 @@ impl<'a> Tally<'a> {
             stats.decode_errors.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        stats.bytes.fetch_add(update.update.len() as u64, Ordering::Relaxed);
         let Some(peeked) = peek(&update.update) else {
             stats.decode_errors.fetch_add(1, Ordering::Relaxed);
             return;
@@ -398,10 +395,8 @@ impl<'a> Tally<'a> {
             },
         };
         self.counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(ts) = ts
-            && let Ok(mut h) = stats.latency_us.lock()
-        {
-            let _ = h.record((now_us() - ts).max(1) as u64);
+        if let Some(ts) = ts {
+            stats.latency_us.record(&[(now_us() - ts).max(1) as u64]);
         }
     }
 }

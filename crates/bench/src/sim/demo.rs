@@ -183,14 +183,9 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         let served = gateway.stats().snapshot();
         let bytes = served.bytes_out;
         let frames = frames();
-        let (p50, p99) = match stats.latency_us.lock() {
-            Ok(mut h) => {
-                let q = (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3);
-                h.reset();
-                q
-            }
-            Err(_) => (0.0, 0.0),
-        };
+        let ages = stats.latency_us.take();
+        let (p50, p99) =
+            (ages.value_at_quantile(0.5) as f64 / 1e3, ages.value_at_quantile(0.99) as f64 / 1e3);
         let figures = counters(&*router);
         let per_s = |i: usize, per: f64| (figures[i] - last_figures[i]) / elapsed / per.max(1.0);
         // The spatial world is one task: its ticks are the world's.

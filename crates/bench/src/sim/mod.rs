@@ -5,6 +5,7 @@
 //! `world` and `bot` are pure logic with injected randomness, tested without a network;
 //! `server` and `bots` put them on the wire as a game server and its clients.
 
+pub mod ages;
 mod bot;
 pub mod bots;
 pub mod demo;

@@ -95,7 +95,7 @@ async fn session(
     // The version of each cell in view this bot holds: a handful of cells (a 30 m sphere over
     // 20 m cells touches at most 16), so a scan of a short list, not a hash map's probes.
     let mut held = Held::default();
-    // Ages read from one message, recorded under one lock.
+    // Ages read from one message, recorded together.
     let mut ages: Vec<u64> = Vec::new();
     let result = loop {
         conn.flush().await;
@@ -126,9 +126,7 @@ async fn session(
                     continue;
                 };
                 let now = now_us();
-                let mut bytes = 0;
                 for update in batch.updates {
-                    bytes += update.update.len() as u64;
                     let Some(peeked) = peek_cell(&update.update) else {
                         stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -139,14 +137,7 @@ async fn session(
                         ages.push((now - ts).max(1) as u64);
                     }
                 }
-                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-                if !ages.is_empty()
-                    && let Ok(mut h) = stats.latency_us.lock()
-                {
-                    for &age in &ages {
-                        let _ = h.record(age);
-                    }
-                }
+                stats.latency_us.record(&ages);
                 ages.clear();
                 counter.fetch_add(1, Ordering::Relaxed);
             }

@@ -333,8 +333,9 @@ async fn run(
     stop: tokio_util::sync::CancellationToken,
 ) {
     // Made once: a `cancelled()` future per turn would register a waiter on the gateway-wide
-    // token each time.
-    let stopped = stop.cancelled_owned();
+    // token each time. And polled only when the token wakes it: each poll locks the token's
+    // node and its waiter list, shared with every session.
+    let stopped = tickwire_transport::when_woken(stop.cancelled_owned());
     tokio::pin!(stopped);
     let mut ticker = tokio::time::interval(world.settings.tick);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
