@@ -85,13 +85,20 @@ pub(crate) struct BotSample {
     pub updates_per_bot: Vec<(usize, u64)>,
     /// Update ages in µs since the last sample, as (value, count) pairs of a histogram.
     pub ages_us: Vec<(u64, u64)>,
+    /// The bot threads' lateness in µs since the last sample, the same way (`load_lag`).
+    pub load_lag_us: Vec<(u64, u64)>,
+}
+
+/// A histogram as (value, count) pairs, for the pipe.
+fn pairs(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()
 }
 
 impl BotSample {
     /// Reads `stats`, and takes (resets) the ages recorded since the last read.
     fn read(stats: &BotStats) -> BotSample {
-        let ages = stats.latency_us.take();
-        let ages_us = ages.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect();
+        let ages_us = pairs(&stats.latency_us.take());
+        let load_lag_us = pairs(&stats.load_lag_us.take());
         BotSample {
             connected: stats.connected.load(Ordering::Relaxed),
             errors: stats.errors.load(Ordering::Relaxed),
@@ -100,6 +107,7 @@ impl BotSample {
             repeats: stats.version_repeats.load(Ordering::Relaxed),
             updates_per_bot: stats.updates_per_bot(),
             ages_us,
+            load_lag_us,
         }
     }
 
@@ -111,15 +119,25 @@ impl BotSample {
         self.repeats += other.repeats;
         self.updates_per_bot.extend(other.updates_per_bot);
         self.ages_us.extend(other.ages_us);
+        self.load_lag_us.extend(other.load_lag_us);
     }
 
     /// Adds the sample's update ages to `histogram`.
     pub fn record_ages(&self, histogram: &mut Histogram<u64>) -> anyhow::Result<()> {
-        for &(value, count) in &self.ages_us {
-            histogram.record_n(value, count)?;
-        }
-        Ok(())
+        record_pairs(&self.ages_us, histogram)
     }
+
+    /// Adds the sample's bot-thread lateness to `histogram`.
+    pub fn record_load_lag(&self, histogram: &mut Histogram<u64>) -> anyhow::Result<()> {
+        record_pairs(&self.load_lag_us, histogram)
+    }
+}
+
+fn record_pairs(pairs: &[(u64, u64)], histogram: &mut Histogram<u64>) -> anyhow::Result<()> {
+    for &(value, count) in pairs {
+        histogram.record_n(value, count)?;
+    }
+    Ok(())
 }
 
 /// One worker process: its orders go through a queue to a task that writes its stdin; its
@@ -225,13 +243,12 @@ impl Fleet {
         spec: WorkerSpec,
         game: &Game,
         runtimes: &[tokio::runtime::Handle],
+        stop: &CancellationToken,
     ) -> anyhow::Result<Fleet> {
         if processes <= 1 {
-            return Ok(Fleet::Local {
-                stats: Arc::default(),
-                tasks: Vec::new(),
-                runtimes: runtimes.to_vec(),
-            });
+            let stats = Arc::default();
+            crate::sim::load_lag::start(runtimes, &stats, stop);
+            return Ok(Fleet::Local { stats, tasks: Vec::new(), runtimes: runtimes.to_vec() });
         }
         let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
         let workers =
@@ -342,6 +359,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     let target = Target::Tcp(spec.gateway);
     let stop = CancellationToken::new();
     let stats = Arc::new(BotStats::default());
+    crate::sim::load_lag::start(&runtimes, &stats, &stop);
     let (out, mut outgoing) = mpsc::channel::<FromWorker>(PIPE_QUEUE);
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();

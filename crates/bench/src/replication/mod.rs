@@ -171,7 +171,7 @@ pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport>
         threads: (machine.cores / args.bot_processes.max(1)).max(1),
         nice: requested_nice,
     };
-    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes)?;
+    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes, &stop)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
     // ramp's, so their characters are their own.
     let first = 1_000_000;
@@ -420,6 +420,7 @@ async fn hold(
     let hold_counts0 = sample0.updates_per_bot.clone();
     let mut last_counts = sample0.updates_per_bot;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut load_lag = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut rates = Vec::new();
     let mut fewest_connected = sample0.connected;
     let started = Instant::now();
@@ -445,6 +446,7 @@ async fn hold(
         let mut ages = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         sample.record_ages(&mut ages)?;
         latency.add(&ages)?;
+        sample.record_load_lag(&mut load_lag)?;
         let (lat_p50, lat_p99) =
             (ages.value_at_quantile(0.5) as f64 / 1e3, ages.value_at_quantile(0.99) as f64 / 1e3);
         last_counts = sample.updates_per_bot;
@@ -490,6 +492,7 @@ async fn hold(
     let sample1 = fleet.sample().await?;
     let counted_for = counting_from.elapsed().as_secs_f64();
     sample1.record_ages(&mut latency)?;
+    sample1.record_load_lag(&mut load_lag)?;
     let counts1 = BotCounts::of(&sample1);
     let seconds = started.elapsed().as_secs_f64();
     let server_fps = slowest(&frames(), &frames0, seconds);
@@ -561,6 +564,11 @@ async fn hold(
         bench_cpu_pct: load1.pct_since(&load0),
         bot_processes: args.bot_processes.max(1),
         load_nice: args.load_nice,
+        load_lag_ms: report::Tick {
+            p50: load_lag.value_at_quantile(0.5) as f64 / 1e3,
+            p99: load_lag.value_at_quantile(0.99) as f64 / 1e3,
+            max: load_lag.max() as f64 / 1e3,
+        },
         bot_errors: counts1.errors - counts0.errors,
         decode_errors: counts1.decode_errors - counts0.decode_errors,
         version_gaps: counts1.gaps - counts0.gaps,

@@ -83,6 +83,10 @@ pub struct Step {
     /// Nice levels the bench's bots ran below the gateway and the game servers (as applied:
     /// `--load-nice`, less near 19).
     pub load_nice: i32,
+    /// How late the bots' threads ran over the hold, in ms: a probe due every 10 ms on each,
+    /// every due tick counted. Tens of ms at p99 mean the load was short of CPU, and a failed
+    /// rate rule may be the load's rather than the gateway's.
+    pub load_lag_ms: Tick,
     /// Bot errors (a failed join, or a bot that stopped with an error) in this step's ramp
     /// and hold: from the end of the previous step's hold.
     pub bot_errors: u64,
@@ -219,11 +223,21 @@ pub(super) fn print_row(step: &Step) {
         _ => {}
     }
     println!(
-        "  servers: {} frames not published, {} releases retried",
-        step.frames_not_published, step.release_retries
+        "  servers: {} frames not published, {} releases retried; bot threads late by p50 / p99 / max {:.1} / {:.1} / {:.1} ms (a probe due every 10 ms)",
+        step.frames_not_published,
+        step.release_retries,
+        step.load_lag_ms.p50,
+        step.load_lag_ms.p99,
+        step.load_lag_ms.max,
     );
     if !step.held {
         println!("  not held: {}", step.hold.failures());
+        if step.load_lag_ms.p99 > LOAD_LAG_NOTE_MS {
+            println!(
+                "  the bots' threads ran {:.0} ms late at p99: the load was short of CPU, and a failed rate rule may be the load's",
+                step.load_lag_ms.p99
+            );
+        }
     }
     for (name, group) in [("slow", &step.slow), ("frozen", &step.frozen)] {
         if let Some(g) = group {
@@ -243,6 +257,10 @@ pub(super) fn print_row(step: &Step) {
         }
     }
 }
+
+/// Bot-thread lateness at p99 past which a failed step says the load may be the limit: one
+/// world tick (the `hifi` preset's 20 ms), after which a bot reads a pass's update late.
+const LOAD_LAG_NOTE_MS: f64 = 20.0;
 
 /// A bucket bound in milliseconds; `>250` past the last finite bucket.
 fn ms(v: f64) -> String {

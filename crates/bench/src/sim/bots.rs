@@ -40,6 +40,9 @@ pub struct BotStats {
     pub version_repeats: AtomicU64,
     /// Update age (server publish to bot receipt), in microseconds.
     pub latency_us: Ages,
+    /// How late the bots' threads ran a probe due every 10 ms, in microseconds
+    /// (`load_lag`).
+    pub load_lag_us: Ages,
     /// Each bot's update counter, with the bot's index.
     per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
 }
@@ -53,6 +56,7 @@ impl Default for BotStats {
             version_gaps: AtomicU64::new(0),
             version_repeats: AtomicU64::new(0),
             latency_us: Ages::default(),
+            load_lag_us: Ages::default(),
             per_bot: Mutex::new(Vec::new()),
         }
     }

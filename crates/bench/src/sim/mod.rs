@@ -10,6 +10,7 @@ mod bot;
 pub mod bots;
 pub mod demo;
 pub mod game;
+pub mod load_lag;
 pub mod server;
 pub mod slow_link;
 pub mod spatial_bots;
