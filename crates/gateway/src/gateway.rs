@@ -266,8 +266,9 @@ impl RunningGateway {
     }
 
     /// Stops accepting, closes every session with reason SHUTDOWN, and waits (at most `grace`)
-    /// for the sessions and the tasks the router runs under [`Startup::tracker`] (the spatial
-    /// world) to end. Returns false if some were still running at the deadline.
+    /// for the sessions, the worker handoff listener and its handshakes (`--processes`), and
+    /// the tasks the router runs under [`Startup::tracker`] (the spatial world) to end.
+    /// Returns false if some were still running at the deadline.
     pub async fn shutdown(self, grace: Duration) -> bool {
         self.shared.cancel.cancel();
         self.shared.tracker.close();
@@ -356,23 +357,45 @@ fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream, ws: bool, refused
     }
 }
 
+/// Handoffs read at once; more wait in the listener's backlog. Each holds a thread of the
+/// blocking pool until its handoff is read or its deadline passes.
+const MAX_HANDOFFS_READING: usize = 32;
+
 /// Starts the task that receives connections other workers hand over (resumes of this
 /// worker's sessions) and runs their handshake on `runtime`, until the gateway stops.
 fn listen_for_handoffs(shared: &Arc<Shared>, workers: &WorkerSet, runtime: &Handle) -> io::Result<()> {
-    let listener = bind_handoffs(workers)?;
+    let (listener, path) = bind_handoffs(workers)?;
     listener.set_nonblocking(true)?;
     let listener = {
         let _guard = runtime.enter();
         tokio::net::UnixListener::from_std(listener)?
     };
-    shared.tracker.spawn_on(handoff_loop(shared.clone(), listener), runtime);
+    let stopping = shared.clone();
+    shared.tracker.spawn_on(
+        async move {
+            handoff_loop(stopping, listener).await;
+            // No worker can hand this one anything any more.
+            let _ = std::fs::remove_file(path);
+        },
+        runtime,
+    );
     Ok(())
 }
 
-/// Accepts handoff streams until the gateway stops. Each is read on the blocking pool, with
-/// the auth timeout on each read, so a stuck peer holds up no other handoff.
+/// Accepts handoff streams until the gateway stops. Each is read on the blocking pool, all of
+/// it within the auth timeout, at most [`MAX_HANDOFFS_READING`] at once, so a stuck peer
+/// holds up no other handoff. The auth timeout runs from the handoff's accept to the Hello's
+/// answer, the handoff's read included.
 async fn handoff_loop(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
+    let reading = Arc::new(tokio::sync::Semaphore::new(MAX_HANDOFFS_READING));
     loop {
+        let permit = tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            permit = reading.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
         let accepted = tokio::select! {
             () = shared.cancel.cancelled() => return,
             accepted = listener.accept() => accepted,
@@ -387,11 +410,14 @@ async fn handoff_loop(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
         };
         let task_shared = shared.clone();
         shared.tracker.spawn(async move {
-            let limit = task_shared.config.limits.auth_timeout;
-            let deadline = tokio::time::Instant::now() + limit;
-            // At shutdown the read is left to its timeout on the blocking pool; the socket it
-            // may bring closes when it ends.
-            let reading = tokio::task::spawn_blocking(move || receive_handoff(stream, limit));
+            let deadline = tokio::time::Instant::now() + task_shared.config.limits.auth_timeout;
+            let until = deadline.into_std();
+            let reading = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                receive_handoff(stream, until)
+            });
+            // At shutdown the read is left to its deadline on the blocking pool; the socket it
+            // may bring is owned there and closes when it ends.
             let received = tokio::select! {
                 () = task_shared.cancel.cancelled() => return,
                 received = reading => received.map_err(io::Error::other).and_then(|received| received),

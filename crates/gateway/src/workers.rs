@@ -9,7 +9,7 @@
 //! and that limit cannot always be raised (containers without `CAP_SYS_RESOURCE`).
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
@@ -47,37 +47,53 @@ impl WorkerSet {
 }
 
 /// Binds this worker's handoff socket; other workers connect to it to hand over connections.
-pub(crate) fn bind_handoffs(workers: &WorkerSet) -> io::Result<UnixListener> {
+/// Returns its path too, for removal when the worker stops.
+pub(crate) fn bind_handoffs(workers: &WorkerSet) -> io::Result<(UnixListener, PathBuf)> {
     let path = workers.socket(workers.index);
     let _ = std::fs::remove_file(&path);
-    UnixListener::bind(&path)
+    Ok((UnixListener::bind(&path)?, path))
 }
 
-/// Receives one handed-over connection from an accepted handoff stream (blocking, each read
-/// bounded by `timeout`): the TCP socket, and the bytes the other worker had read from it.
+/// Receives one handed-over connection from an accepted handoff stream, blocking, all of it by
+/// `deadline`: the TCP socket, and the bytes the other worker had read from it. The socket is
+/// owned as soon as it arrives, so it closes on any error after that.
 pub(crate) fn receive_handoff(
-    stream: UnixStream,
-    timeout: std::time::Duration,
+    mut stream: UnixStream,
+    deadline: std::time::Instant,
 ) -> io::Result<(std::net::TcpStream, BytesMut)> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(timeout))?;
-    let (fd, buf) = receive(stream)?;
-    // SAFETY: `fd` came to us through SCM_RIGHTS; nobody else owns it here.
-    Ok((unsafe { std::net::TcpStream::from_raw_fd(fd) }, buf))
-}
-
-fn receive(mut stream: UnixStream) -> io::Result<(RawFd, BytesMut)> {
-    let mut first = vec![0u8; 64 * 1024];
+    read_until(&stream, deadline)?;
+    let mut chunk = vec![0u8; 64 * 1024];
     let mut fds = [0 as RawFd; 1];
-    let (n, nfds) = stream.recv_with_fd(&mut first, &mut fds)?;
+    let (n, nfds) = stream.recv_with_fd(&mut chunk, &mut fds)?;
     if nfds != 1 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "handoff without a socket"));
     }
-    let mut buf = BytesMut::from(&first[..n]);
-    let mut rest = Vec::new();
-    (&mut stream).take(MAX_HANDOFF_BYTES as u64).read_to_end(&mut rest)?;
-    buf.extend_from_slice(&rest);
-    Ok((fds[0], buf))
+    // SAFETY: the descriptor came to us through SCM_RIGHTS; nobody else owns it here.
+    let socket = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    let mut buf = BytesMut::from(&chunk[..n]);
+    loop {
+        read_until(&stream, deadline)?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        if buf.len() > MAX_HANDOFF_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "handoff longer than any worker sends"));
+        }
+    }
+    Ok((std::net::TcpStream::from(socket), buf))
+}
+
+/// Makes the next read on `stream` give up at `deadline`.
+fn read_until(stream: &UnixStream, deadline: std::time::Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "handoff not received in time"));
+    }
+    stream.set_read_timeout(Some(left))
 }
 
 /// Hands a TCP connection and the bytes read from it so far to worker `target`.
@@ -101,4 +117,55 @@ pub(crate) async fn hand_off(
     })
     .await
     .map_err(io::Error::other)?
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A connected TCP pair on loopback.
+    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (client, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_handoff_arrives_with_its_socket_and_bytes() {
+        let (client, server) = tcp_pair();
+        let (mut from, to) = UnixStream::pair().unwrap();
+        let sent = from.send_with_fd(b"hello", &[server.as_raw_fd()]).unwrap();
+        from.write_all(&b"hello, world"[sent..]).unwrap();
+        drop((from, server));
+        let (socket, buf) = receive_handoff(to, Instant::now() + Duration::from_secs(5)).unwrap();
+        assert_eq!(&buf[..], b"hello, world");
+        assert_eq!(socket.peer_addr().unwrap(), client.local_addr().unwrap());
+    }
+
+    #[test]
+    fn a_stalled_handoff_times_out_and_closes_the_socket_it_brought() {
+        let (mut client, server) = tcp_pair();
+        let (from, to) = UnixStream::pair().unwrap();
+        from.send_with_fd(b"hel", &[server.as_raw_fd()]).unwrap();
+        // The only copy of the socket is now the one in flight; the sender stalls, open.
+        drop(server);
+        let err = receive_handoff(to, Instant::now() + Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut), "{err}");
+        // The received socket was closed with the error: its peer reads the end of the stream.
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(client.read(&mut [0u8; 8]).unwrap(), 0, "the handed-over socket is closed");
+        drop(from);
+    }
+
+    #[test]
+    fn a_handoff_without_a_socket_is_refused() {
+        let (mut from, to) = UnixStream::pair().unwrap();
+        from.write_all(b"no descriptor").unwrap();
+        drop(from);
+        let err = receive_handoff(to, Instant::now() + Duration::from_secs(5)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
 }
