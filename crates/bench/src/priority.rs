@@ -4,7 +4,8 @@
 //! the cores the gateway leaves. That is not the same as clients on machines of their own: a
 //! starved bot reads late, the gateway's window merges what it could not send, and the clients'
 //! rate rules (p5, p1) fail the step, a failure that may be the load's rather than the
-//! gateway's. Each step reports the load's CPU and the update ages to tell them apart.
+//! gateway's. Each step reports how late the bots' threads ran (`sim/load_lag.rs`) to tell
+//! them apart.
 
 use std::io;
 
@@ -14,7 +15,7 @@ use std::io;
 /// changes nothing).
 pub async fn lower(runtimes: &[tokio::runtime::Handle], by: i32) -> anyhow::Result<i32> {
     let base = thread_nice()?;
-    let target = (base + by.max(0)).min(19);
+    let target = base.saturating_add(by.max(0)).min(19);
     if target == base {
         return Ok(0);
     }

@@ -10,7 +10,17 @@ fn run(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
-        .args(["bench", "replication", "--step-hold", "2s", "--bot-processes", "2", "--json"])
+        .args([
+            "bench",
+            "replication",
+            "--step-hold",
+            "2s",
+            "--bot-processes",
+            "2",
+            "--load-nice",
+            "3",
+            "--json",
+        ])
         .arg(&json)
         .args(args)
         .output()
@@ -29,10 +39,11 @@ fn held_step(report: &serde_json::Value, clients: u64) -> &serde_json::Value {
     assert_eq!(step["clients"], clients);
     assert_eq!(step["connected"], clients, "every bot in the workers connected: {step}");
     assert_eq!(step["bot_processes"], 2);
-    // The bots run `--load-nice` (10) levels below the bench, which runs at this test's level.
-    // SAFETY: getpriority reads its two integer arguments.
-    let base = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    assert_eq!(step["load_nice"], i64::from((base + 10).min(19) - base), "{step}");
+    // The workers' bots run `--load-nice` (3) levels below the workers, which run at this
+    // test's level; each worker reports what it applied. (3, not the default 10: these steps
+    // must hold while both tests share the two cores.)
+    let base = tickwire_bench::priority::thread_nice().unwrap();
+    assert_eq!(step["load_nice"], i64::from((base + 3).min(19) - base), "{step}");
     assert_eq!(step["held"], true, "{}", step["hold"]);
     assert_eq!(step["version_gaps"], 0);
     assert_eq!(step["version_repeats"], 0);

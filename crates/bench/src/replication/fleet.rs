@@ -87,6 +87,9 @@ pub(crate) struct BotSample {
     pub ages_us: Vec<(u64, u64)>,
     /// The bot threads' lateness in µs since the last sample, the same way (`load_lag`).
     pub load_lag_us: Vec<(u64, u64)>,
+    /// Nice levels the bots' threads run below their process's, as applied; merged over
+    /// processes, the fewest.
+    pub load_nice: Option<i32>,
 }
 
 /// A histogram as (value, count) pairs, for the pipe.
@@ -108,6 +111,7 @@ impl BotSample {
             updates_per_bot: stats.updates_per_bot(),
             ages_us,
             load_lag_us,
+            load_nice: Some(stats.load_nice.load(Ordering::Relaxed)),
         }
     }
 
@@ -120,6 +124,10 @@ impl BotSample {
         self.updates_per_bot.extend(other.updates_per_bot);
         self.ages_us.extend(other.ages_us);
         self.load_lag_us.extend(other.load_lag_us);
+        self.load_nice = match (self.load_nice, other.load_nice) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 
     /// Adds the sample's update ages to `histogram`.
@@ -243,10 +251,12 @@ impl Fleet {
         spec: WorkerSpec,
         game: &Game,
         runtimes: &[tokio::runtime::Handle],
+        load_nice: i32,
         stop: &CancellationToken,
     ) -> anyhow::Result<Fleet> {
         if processes <= 1 {
-            let stats = Arc::default();
+            let stats = Arc::new(BotStats::default());
+            stats.load_nice.store(load_nice, Ordering::Relaxed);
             crate::sim::load_lag::start(runtimes, &stats, stop);
             return Ok(Fleet::Local { stats, tasks: Vec::new(), runtimes: runtimes.to_vec() });
         }
@@ -355,10 +365,12 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     // handler stays installed as long as this stream lives, and it is never read.
     let _sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let runtimes = tickwire_transport::io_threads(spec.threads.max(1), "bench-bots")?;
-    crate::priority::lower(&runtimes, spec.nice).await.context("lowering the bots' priority")?;
+    let load_nice =
+        crate::priority::lower(&runtimes, spec.nice).await.context("lowering the bots' priority")?;
     let target = Target::Tcp(spec.gateway);
     let stop = CancellationToken::new();
     let stats = Arc::new(BotStats::default());
+    stats.load_nice.store(load_nice, Ordering::Relaxed);
     crate::sim::load_lag::start(&runtimes, &stats, &stop);
     let (out, mut outgoing) = mpsc::channel::<FromWorker>(PIPE_QUEUE);
     let writer = tokio::spawn(async move {

@@ -171,7 +171,7 @@ pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport>
         threads: (machine.cores / args.bot_processes.max(1)).max(1),
         nice: requested_nice,
     };
-    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes, &stop)?;
+    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes, args.load_nice, &stop)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
     // ramp's, so their characters are their own.
     let first = 1_000_000;
@@ -419,8 +419,8 @@ async fn hold(
     let (unpublished0, release_retries0) = (unpublished(), release_retries());
     let hold_counts0 = sample0.updates_per_bot.clone();
     let mut last_counts = sample0.updates_per_bot;
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut load_lag = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut latency = crate::sim::ages::histogram();
+    let mut load_lag = crate::sim::ages::histogram();
     let mut rates = Vec::new();
     let mut fewest_connected = sample0.connected;
     let started = Instant::now();
@@ -443,7 +443,7 @@ async fn hold(
         fewest_connected = fewest_connected.min(sample.connected);
         let mut second = rates_between(&last_counts, &sample.updates_per_bot, dt);
         let second_p5 = p5(&mut second);
-        let mut ages = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        let mut ages = crate::sim::ages::histogram();
         sample.record_ages(&mut ages)?;
         latency.add(&ages)?;
         sample.record_load_lag(&mut load_lag)?;
@@ -563,7 +563,7 @@ async fn hold(
         },
         bench_cpu_pct: load1.pct_since(&load0),
         bot_processes: args.bot_processes.max(1),
-        load_nice: args.load_nice,
+        load_nice: sample1.load_nice.unwrap_or(0),
         load_lag_ms: report::Tick {
             p50: load_lag.value_at_quantile(0.5) as f64 / 1e3,
             p99: load_lag.value_at_quantile(0.99) as f64 / 1e3,

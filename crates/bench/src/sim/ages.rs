@@ -24,7 +24,8 @@ pub struct Ages {
 #[repr(align(128))]
 struct Shard(Mutex<Histogram<u64>>);
 
-fn histogram() -> Histogram<u64> {
+/// An empty histogram of ages.
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_AGE_US, 3).expect("valid bounds")
 }
 
@@ -46,6 +47,9 @@ impl Default for Ages {
 impl Ages {
     /// Records `ages` (µs; 0 counts as 1) in the calling thread's histogram.
     pub fn record(&self, ages: &[u64]) {
+        if ages.is_empty() {
+            return;
+        }
         if let Ok(mut h) = self.shards[shard_index()].0.lock() {
             for &age in ages {
                 h.saturating_record(age.clamp(1, MAX_AGE_US));
@@ -64,14 +68,17 @@ impl Ages {
         all
     }
 
-    /// Everything recorded so far, merged; the shards start again empty.
+    /// Everything recorded so far, merged; the shards start again empty. Each shard is
+    /// swapped for an empty one under its lock and read after, so a recording thread waits
+    /// for a swap only.
     pub fn take(&self) -> Histogram<u64> {
         let mut all = histogram();
         for shard in &self.shards {
+            let mut taken = histogram();
             if let Ok(mut h) = shard.0.lock() {
-                let _ = all.add(&*h);
-                h.reset();
+                std::mem::swap(&mut *h, &mut taken);
             }
+            let _ = all.add(&taken);
         }
         all
     }

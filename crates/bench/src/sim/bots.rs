@@ -2,7 +2,7 @@
 //! with a replica, measures how often updates arrive and how old they are, and drives its
 //! character with the B3 input pattern (`bot.rs`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ pub struct BotStats {
     /// How late the bots' threads ran a probe due every 10 ms, in microseconds
     /// (`load_lag`).
     pub load_lag_us: Ages,
+    /// Nice levels the bots' threads were lowered below their process's (`--load-nice`, as
+    /// applied).
+    pub load_nice: AtomicI32,
     /// Each bot's update counter, with the bot's index.
     per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
 }
@@ -57,6 +60,7 @@ impl Default for BotStats {
             version_repeats: AtomicU64::new(0),
             latency_us: Ages::default(),
             load_lag_us: Ages::default(),
+            load_nice: AtomicI32::new(0),
             per_bot: Mutex::new(Vec::new()),
         }
     }
