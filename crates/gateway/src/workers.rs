@@ -70,7 +70,9 @@ pub(crate) fn receive_handoff(
         return Err(io::Error::new(io::ErrorKind::InvalidData, "handoff without a socket"));
     }
     // SAFETY: the descriptor came to us through SCM_RIGHTS; nobody else owns it here.
-    let socket = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    let socket = socket2::Socket::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+    // Received without MSG_CMSG_CLOEXEC: a process this one starts must not inherit it.
+    socket.set_cloexec(true)?;
     let mut buf = BytesMut::from(&chunk[..n]);
     loop {
         read_until(&stream, deadline)?;
@@ -84,7 +86,7 @@ pub(crate) fn receive_handoff(
             return Err(io::Error::new(io::ErrorKind::InvalidData, "handoff longer than any worker sends"));
         }
     }
-    Ok((std::net::TcpStream::from(socket), buf))
+    Ok((socket.into(), buf))
 }
 
 /// Makes the next read on `stream` give up at `deadline`.
@@ -143,6 +145,9 @@ mod tests {
         let (socket, buf) = receive_handoff(to, Instant::now() + Duration::from_secs(5)).unwrap();
         assert_eq!(&buf[..], b"hello, world");
         assert_eq!(socket.peer_addr().unwrap(), client.local_addr().unwrap());
+        // SAFETY: fcntl with F_GETFD reads the flags of a descriptor `socket` owns.
+        let flags = unsafe { libc::fcntl(socket.as_raw_fd(), libc::F_GETFD) };
+        assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "close-on-exec is set: {flags}");
     }
 
     #[test]
