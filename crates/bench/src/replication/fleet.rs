@@ -148,6 +148,19 @@ fn record_pairs(pairs: &[(u64, u64)], histogram: &mut Histogram<u64>) -> anyhow:
     Ok(())
 }
 
+/// The counters of one process's ramp bots, on `runtimes` lowered `load_nice` levels: they
+/// carry that level, and a lateness probe runs on each runtime until `stop`.
+fn process_stats(
+    runtimes: &[tokio::runtime::Handle],
+    load_nice: i32,
+    stop: &CancellationToken,
+) -> Arc<BotStats> {
+    let stats = Arc::new(BotStats::default());
+    stats.load_nice.store(load_nice, Ordering::Relaxed);
+    crate::sim::load_lag::start(runtimes, &stats, stop);
+    stats
+}
+
 /// One worker process: its orders go through a queue to a task that writes its stdin; its
 /// samples come back from the task that reads its stdout.
 pub(super) struct Worker {
@@ -255,9 +268,7 @@ impl Fleet {
         stop: &CancellationToken,
     ) -> anyhow::Result<Fleet> {
         if processes <= 1 {
-            let stats = Arc::new(BotStats::default());
-            stats.load_nice.store(load_nice, Ordering::Relaxed);
-            crate::sim::load_lag::start(runtimes, &stats, stop);
+            let stats = process_stats(runtimes, load_nice, stop);
             return Ok(Fleet::Local { stats, tasks: Vec::new(), runtimes: runtimes.to_vec() });
         }
         let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
@@ -369,9 +380,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
         crate::priority::lower(&runtimes, spec.nice).await.context("lowering the bots' priority")?;
     let target = Target::Tcp(spec.gateway);
     let stop = CancellationToken::new();
-    let stats = Arc::new(BotStats::default());
-    stats.load_nice.store(load_nice, Ordering::Relaxed);
-    crate::sim::load_lag::start(&runtimes, &stats, &stop);
+    let stats = process_stats(&runtimes, load_nice, &stop);
     let (out, mut outgoing) = mpsc::channel::<FromWorker>(PIPE_QUEUE);
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();

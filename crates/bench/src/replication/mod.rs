@@ -15,7 +15,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use tickwire_client::Target;
 use tokio_util::sync::CancellationToken;
@@ -128,7 +127,7 @@ impl Group {
 }
 
 /// Runs `tickwire bench replication`.
-pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
+pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     let machine = Machine::detect();
     let metrics_addr = {
         // A free port for the child's metrics endpoint.
@@ -150,10 +149,9 @@ pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport>
     let gateway = ChildGateway::start(&overrides, 1)?;
     let target = Target::Tcp(gateway.tcp);
     let runtimes = tickwire_transport::io_threads(machine.cores, "bench-bots")?;
-    let requested_nice = args.load_nice;
-    // From here on, the levels applied (fewer near 19), which the steps report.
-    args.load_nice =
-        crate::priority::lower(&runtimes, requested_nice).await.context("lowering the bots' priority")?;
+    // The levels applied here (fewer near 19); workers apply `--load-nice` to their own.
+    let load_nice =
+        crate::priority::lower(&runtimes, args.load_nice).await.context("lowering the bots' priority")?;
     // The game servers get a thread of their own, as they would have a machine of their own:
     // a frame does not wait in a run queue behind a thousand bots' tasks.
     let server_runtime = tickwire_transport::io_threads(1, "bench-servers")?;
@@ -169,9 +167,9 @@ pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport>
         scenario: args.scenario,
         channel_id,
         threads: (machine.cores / args.bot_processes.max(1)).max(1),
-        nice: requested_nice,
+        nice: args.load_nice,
     };
-    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes, args.load_nice, &stop)?;
+    let mut fleet = Fleet::start(args.bot_processes, spec, &game, &runtimes, load_nice, &stop)?;
     // Slow and frozen clients join first and stay for every step. Their indices come after any
     // ramp's, so their characters are their own.
     let first = 1_000_000;
@@ -197,7 +195,7 @@ pub async fn run(mut args: ReplicationArgs) -> anyhow::Result<ReplicationReport>
     println!(
         "load: bots in {} process(es), {} nice level(s) below the gateway and the game servers (--load-nice)",
         args.bot_processes.max(1),
-        args.load_nice,
+        load_nice,
     );
     report::print_header();
     let mut steps = Vec::new();
@@ -363,14 +361,11 @@ impl GroupStart {
         let stats = &group.stats;
         let mut rates = rates_between(&self.counts, &stats.updates_per_bot(), seconds);
         let rates_p5 = p5(&mut rates);
-        let age = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
-        let h = stats.latency_us.merged();
-        let (p50, p99, max) = (age(&h, 0.5), age(&h, 0.99), h.max() as f64 / 1e3);
         GroupFigures {
             clients: group.clients,
             connected: stats.connected.load(Ordering::Relaxed) as usize,
             updates_per_s: report::Rate { mean: mean(&rates), p5: rates_p5 },
-            age_ms: report::Tick { p50, p99, max },
+            age_ms: report::Tick::of_us(&stats.latency_us.merged()),
             errors: stats.errors.load(Ordering::Relaxed) - self.errors,
             decode_errors: stats.decode_errors.load(Ordering::Relaxed),
             version_gaps: stats.version_gaps.load(Ordering::Relaxed),
@@ -564,11 +559,7 @@ async fn hold(
         bench_cpu_pct: load1.pct_since(&load0),
         bot_processes: args.bot_processes.max(1),
         load_nice: sample1.load_nice.unwrap_or(0),
-        load_lag_ms: report::Tick {
-            p50: load_lag.value_at_quantile(0.5) as f64 / 1e3,
-            p99: load_lag.value_at_quantile(0.99) as f64 / 1e3,
-            max: load_lag.max() as f64 / 1e3,
-        },
+        load_lag_ms: report::Tick::of_us(&load_lag),
         bot_errors: counts1.errors - counts0.errors,
         decode_errors: counts1.decode_errors - counts0.decode_errors,
         version_gaps: counts1.gaps - counts0.gaps,

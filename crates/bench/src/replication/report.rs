@@ -26,6 +26,14 @@ pub struct Tick {
     pub max: f64,
 }
 
+impl Tick {
+    /// The p50, p99 and max of a histogram of microseconds, in milliseconds.
+    pub fn of_us(h: &hdrhistogram::Histogram<u64>) -> Tick {
+        let ms = |us: u64| us as f64 / 1e3;
+        Tick { p50: ms(h.value_at_quantile(0.5)), p99: ms(h.value_at_quantile(0.99)), max: ms(h.max()) }
+    }
+}
+
 /// The figures of a second, or of a whole step (its JSON fields sit inline in both).
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {
