@@ -166,6 +166,21 @@ mod tests {
     }
 
     #[test]
+    fn a_handoff_longer_than_any_worker_sends_is_refused() {
+        let (_client, server) = tcp_pair();
+        let (mut from, to) = UnixStream::pair().unwrap();
+        from.send_with_fd(b"x", &[server.as_raw_fd()]).unwrap();
+        drop(server);
+        let writer = std::thread::spawn(move || {
+            // Past MAX_HANDOFF_BYTES; the reader stops (and drops its end) before the rest.
+            let _ = from.write_all(&vec![0u8; MAX_HANDOFF_BYTES + 128 * 1024]);
+        });
+        let err = receive_handoff(to, Instant::now() + Duration::from_secs(5)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        writer.join().unwrap();
+    }
+
+    #[test]
     fn a_handoff_without_a_socket_is_refused() {
         let (mut from, to) = UnixStream::pair().unwrap();
         from.write_all(b"no descriptor").unwrap();
