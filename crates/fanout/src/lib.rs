@@ -24,9 +24,12 @@
 //! - After a resume dropped updates the client never received, the subscriber is *rewound* to
 //!   the version its replica holds ([`Scheduler::rewind`]), so it gets one merged delta.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
+
+// hashbrown's default hasher (foldhash) rather than std's SipHash: a pass looks up every due
+// subscriber, and the keys are ids the gateway hands out, not chosen by a peer.
+use hashbrown::HashMap;
 
 mod window;
 

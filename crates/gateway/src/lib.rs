@@ -37,6 +37,9 @@ pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm,
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, Startup, error_response};
 pub use spatial::SpatialRouter;
+/// For the criterion bench of the world's pass; not part of the API.
+#[doc(hidden)]
+pub use spatial::harness::{HarnessError, WorldHarness};
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;
 

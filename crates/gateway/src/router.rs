@@ -38,6 +38,8 @@ pub(crate) enum Outgoing {
     /// A channel update: counted in the session's [`UpdateFlow`], and dropped on a resume if
     /// the client never got it (its channel then sends one merged delta instead).
     Update(Bytes),
+    /// The same, still in parts: the session's task joins it.
+    UpdateParts(PushParts),
 }
 
 /// A way to send to one session from anywhere: a bounded outbox in front of its task.
@@ -67,6 +69,30 @@ pub enum PushError {
 }
 
 impl SessionHandle {
+    /// A handle with no session task behind it, and the receiving end of its outbox, sized and
+    /// limited as `config` sizes a real one's: for driving routers without sockets.
+    pub(crate) fn unattached(
+        conn_id: u64,
+        role: Role,
+        config: &crate::GatewayConfig,
+    ) -> (SessionHandle, mpsc::Receiver<Outgoing>) {
+        let (outbox, rx) = mpsc::channel(config.limits.outbox_capacity);
+        let limits = tickwire_fanout::WindowLimits {
+            ack_delay: config.session.ack_delay,
+            ..config.channels.update_window.limits()
+        };
+        let handle = SessionHandle {
+            id: SessionId([0; 16]),
+            conn_id,
+            player_id: format!("conn-{conn_id}").into(),
+            role,
+            outbox,
+            slow: Arc::new(AtomicBool::new(false)),
+            flow: Arc::new(crate::flow::UpdateFlow::new(limits)),
+        };
+        (handle, rx)
+    }
+
     pub fn id(&self) -> SessionId {
         self.id
     }
@@ -111,13 +137,36 @@ impl SessionHandle {
         from: Option<Version>,
         envelope: Bytes,
     ) -> Result<(), PushError> {
-        let mut window = self.flow.lock();
         let len = envelope.len();
+        self.queue_update(now, channel, from, len, Outgoing::Update(envelope))
+    }
+
+    /// [`SessionHandle::offer_update`] for an update in parts, joined by the session's task.
+    pub(crate) fn offer_update_parts(
+        &self,
+        now: Instant,
+        channel: u64,
+        from: Option<Version>,
+        update: PushParts,
+    ) -> Result<(), PushError> {
+        let len = update.encoded_len();
+        self.queue_update(now, channel, from, len, Outgoing::UpdateParts(update))
+    }
+
+    fn queue_update(
+        &self,
+        now: Instant,
+        channel: u64,
+        from: Option<Version>,
+        len: usize,
+        update: Outgoing,
+    ) -> Result<(), PushError> {
+        let mut window = self.flow.lock();
         if window.has_rewind(channel) || !window.admits(len) {
             return Err(PushError::Full);
         }
         // Queued under the lock, so the window lists updates in the order the outbox holds them.
-        self.try_send(Outgoing::Update(envelope), false)?;
+        self.try_send(update, false)?;
         window.queued(now, channel, from, len);
         Ok(())
     }
@@ -153,33 +202,63 @@ pub(crate) fn push_envelope(topic: &str, body: Bytes) -> Bytes {
     encode_message(&Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) })
 }
 
-/// The same bytes as [`push_envelope`] with the concatenation of `parts` as the body, written in
-/// one pass: for bodies assembled from pieces encoded once and shared (the spatial world's
-/// `channel.updates`), without building the body first.
-pub(crate) fn push_envelope_concat(topic: &str, parts: &[Bytes]) -> Bytes {
-    use prost::encoding::{encode_varint, encoded_len_varint};
-    let body_len: usize = parts.iter().map(Bytes::len).sum();
-    let field = |len: usize| 1 + encoded_len_varint(len as u64) + len;
-    // Push { topic = 1; body = 2 } (an empty field is left out, as prost does).
-    let push_len = if topic.is_empty() { 0 } else { field(topic.len()) }
-        + if body_len == 0 { 0 } else { field(body_len) };
-    let mut buf = bytes::BytesMut::with_capacity(field(push_len));
-    // Envelope { push = 3 }: tag (3 << 3 | 2).
-    buf.extend_from_slice(&[0x1a]);
-    encode_varint(push_len as u64, &mut buf);
-    if !topic.is_empty() {
-        buf.extend_from_slice(&[0x0a]);
-        encode_varint(topic.len() as u64, &mut buf);
-        buf.extend_from_slice(topic.as_bytes());
+/// A push envelope whose body is the concatenation of `parts`, not yet joined: for bodies
+/// assembled from pieces encoded once and shared (the spatial world's `channel.updates`, one per
+/// viewer from the cells' entries). The world's pass hands each session its parts, and the
+/// session's task joins them ([`PushParts::join`]) on its own I/O thread: the pass copies no
+/// bytes and allocates one small list per viewer instead of the whole message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PushParts {
+    pub topic: &'static str,
+    pub parts: Vec<Bytes>,
+}
+
+/// A length-delimited field's size: tag, length, body.
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+impl PushParts {
+    fn body_len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
     }
-    if body_len > 0 {
-        buf.extend_from_slice(&[0x12]);
-        encode_varint(body_len as u64, &mut buf);
-        for part in parts {
-            buf.extend_from_slice(part);
+
+    /// The size of `Push { topic = 1; body = 2 }` (an empty field is left out, as prost does).
+    fn push_len(&self) -> usize {
+        let body_len = self.body_len();
+        (if self.topic.is_empty() { 0 } else { field_len(self.topic.len()) })
+            + if body_len == 0 { 0 } else { field_len(body_len) }
+    }
+
+    /// The length of [`PushParts::join`], without joining.
+    pub fn encoded_len(&self) -> usize {
+        field_len(self.push_len())
+    }
+
+    /// The same bytes as [`push_envelope`] with the concatenation of the parts as the body,
+    /// written in one pass.
+    pub fn join(&self) -> Bytes {
+        use prost::encoding::encode_varint;
+        let push_len = self.push_len();
+        let mut buf = bytes::BytesMut::with_capacity(field_len(push_len));
+        // Envelope { push = 3 }: tag (3 << 3 | 2).
+        buf.extend_from_slice(&[0x1a]);
+        encode_varint(push_len as u64, &mut buf);
+        if !self.topic.is_empty() {
+            buf.extend_from_slice(&[0x0a]);
+            encode_varint(self.topic.len() as u64, &mut buf);
+            buf.extend_from_slice(self.topic.as_bytes());
         }
+        let body_len = self.body_len();
+        if body_len > 0 {
+            buf.extend_from_slice(&[0x12]);
+            encode_varint(body_len as u64, &mut buf);
+            for part in &self.parts {
+                buf.extend_from_slice(part);
+            }
+        }
+        buf.freeze()
     }
-    buf.freeze()
 }
 
 /// Application logic behind the gateway. Called on the session's own task, so a slow router
@@ -283,17 +362,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_concatenated_push_is_the_push_of_the_concatenation() {
+    fn joined_parts_are_the_push_of_the_concatenation() {
         let parts: Vec<Bytes> =
             [&b"ab"[..], &[7u8; 300][..], b"", b"z"].iter().map(|p| Bytes::copy_from_slice(p)).collect();
         let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
         for topic in ["channel.updates", ""] {
-            assert_eq!(
-                push_envelope_concat(topic, &parts),
-                push_envelope(topic, whole.clone().into()),
-                "{topic:?}"
-            );
-            assert_eq!(push_envelope_concat(topic, &[]), push_envelope(topic, Bytes::new()), "{topic:?}");
+            let update = PushParts { topic, parts: parts.clone() };
+            let joined = update.join();
+            assert_eq!(joined, push_envelope(topic, whole.clone().into()), "{topic:?}");
+            assert_eq!(update.encoded_len(), joined.len(), "{topic:?}");
+            let empty = PushParts { topic, parts: Vec::new() };
+            assert_eq!(empty.join(), push_envelope(topic, Bytes::new()), "{topic:?}");
+            assert_eq!(empty.encoded_len(), empty.join().len(), "{topic:?}");
         }
     }
 }

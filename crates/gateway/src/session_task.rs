@@ -424,6 +424,14 @@ impl SessionTask {
         }
     }
 
+    /// Sends a channel update, noting its sequence number for the window.
+    fn send_update(&mut self, now: Instant, update: Bytes, updates: &mut Vec<u64>) -> Result<(), End> {
+        updates.push(self.session.next_seq());
+        let frame = self.session.send_replaceable(now, update)?;
+        self.write_data(frame);
+        Ok(())
+    }
+
     async fn on_outbox(&mut self, first: Outgoing) -> Result<(), End> {
         let now = Instant::now();
         // Sequence numbers of the channel updates in this batch, told to the window at once.
@@ -433,11 +441,8 @@ impl SessionTask {
             let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
             match next {
                 Outgoing::Message(message) => self.send(now, message)?,
-                Outgoing::Update(update) => {
-                    updates.push(self.session.next_seq());
-                    let frame = self.session.send_replaceable(now, update)?;
-                    self.write_data(frame);
-                }
+                Outgoing::Update(update) => self.send_update(now, update, &mut updates)?,
+                Outgoing::UpdateParts(update) => self.send_update(now, update.join(), &mut updates)?,
             }
         }
         if !updates.is_empty() {

@@ -24,7 +24,7 @@ use tickwire_wire::proto::{
 
 use super::world::World;
 use super::{CELL_BASE, WORLD_KEY};
-use crate::router::{PushError, SessionHandle, error_response, push_envelope_concat};
+use crate::router::{PushError, PushParts, SessionHandle, error_response};
 
 /// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
 /// entry and the version it leads to, or `None` if it cannot be built (a snapshot is due).
@@ -338,8 +338,8 @@ impl World {
                 schedule.record(conn, now, outcome);
                 continue;
             }
-            let envelope = push_envelope_concat("channel.updates", &parts);
-            match viewer.handle.offer_update(now, WORLD_KEY, from, envelope) {
+            let update = PushParts { topic: "channel.updates", parts: parts.clone() };
+            match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
                 Ok(()) => {
                     for &(at, to) in &advanced {
                         viewer.held[at].1 = to;

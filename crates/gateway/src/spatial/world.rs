@@ -5,11 +5,14 @@
 //! one, `tickwire_spatial::handover::Route` keeping its messages in order). What clients see of
 //! the cells is `view.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+// foldhash, not SipHash: every publish and pass looks entities and viewers up by ids the
+// gateway hands out (a peer does not choose them).
+use hashbrown::{HashMap, HashSet};
 use prost::Message;
 use tickwire_fanout::Scheduler;
 use tickwire_spatial::handover::{Action, Route};

@@ -1,0 +1,110 @@
+//! Micro-benchmark of the spatial world's hot path in the B3 `spatial` layout (15×15 cells of
+//! 20 m, 3×3 servers, a 30 m sphere of interest per client): one frame of publishes from every
+//! server, and one fan-out pass after it, in which every client has a change in view. The
+//! system bench runs the world on cores it shares with everything else, where its pass's CPU
+//! time varies by 10–20% between runs; this is the quick, steady loop for working on the pass
+//! (`tickwire_gateway::WorldHarness`). It leaves out handovers and the wake-ups of session
+//! tasks.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tickwire_bench::sim::spatial_bots::INTEREST_RADIUS;
+use tickwire_bench::sim::spatial_server::{CELL_SIZE, ENTITY_SCHEMA, HALF_SIZE, gateway_overrides};
+use tickwire_gateway::WorldHarness;
+
+// The allocator `tickwire` runs with: the pass allocates a message per client.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The bench's entity value (as `spatial_server` publishes it) at a position.
+fn value_json(frame: u64, at: [f32; 3]) -> String {
+    format!(
+        r#"{{"ts_us":{},"pos":[{},{},{}],"yaw":1.25,"blocked":false}}"#,
+        1_700_000_000_000_000 + frame,
+        at[0],
+        at[1],
+        at[2]
+    )
+}
+
+/// `players` entities at random places at least 1 m inside their cell, each with a client
+/// seeing around it.
+fn world(players: usize, schema: &std::path::Path, now: Instant) -> (WorldHarness, HashMap<u64, [f32; 3]>) {
+    let mut h = WorldHarness::new(&gateway_overrides(schema), now).expect("the B3 spatial layout");
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut at = HashMap::new();
+    for _ in 0..players {
+        let cells = (2.0 * HALF_SIZE / CELL_SIZE) as u32;
+        let coord = |rng: &mut SmallRng| {
+            let cell = rng.random_range(0..cells) as f32;
+            -HALF_SIZE + cell * CELL_SIZE + rng.random_range(1.0..CELL_SIZE - 1.0)
+        };
+        let p = [coord(&mut rng), 0.0, coord(&mut rng)];
+        let id = h.spawn_player(p, &value_json(0, p), INTEREST_RADIUS, now).expect("spawned");
+        at.insert(id, p);
+    }
+    (h, at)
+}
+
+fn spatial_world(c: &mut Criterion) {
+    let schema = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(schema.path(), ENTITY_SCHEMA).expect("the schema written");
+    let mut group = c.benchmark_group("spatial_world");
+    group.sample_size(20).measurement_time(Duration::from_secs(6));
+    for players in [1000, 3000] {
+        // Each frame every entity moves 0.2 m along x and back the next, never leaving its cell.
+        let step = |frame: u64, at: [f32; 3]| {
+            let p = [at[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, at[1], at[2]];
+            (p, value_json(frame, p))
+        };
+        group.bench_function(BenchmarkId::new("publish_frame", players), |b| {
+            let start = Instant::now();
+            let (mut h, at) = world(players, schema.path(), start);
+            let mut frame = 0;
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    frame += 1;
+                    let t0 = Instant::now();
+                    let ignored = h.publish_frame(|id| step(frame, at[&id]));
+                    total += t0.elapsed();
+                    assert_eq!(ignored, 0, "an entity left its server");
+                    // The pass seals the frame, so the next one writes over a sealed version.
+                    let now = start + Duration::from_millis(20 * frame);
+                    h.tick(now);
+                    h.drain(now);
+                }
+                total
+            });
+        });
+        group.bench_function(BenchmarkId::new("pass", players), |b| {
+            let start = Instant::now();
+            let (mut h, at) = world(players, schema.path(), start);
+            let mut frame = 0;
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    frame += 1;
+                    h.publish_frame(|id| step(frame, at[&id]));
+                    let now = start + Duration::from_millis(20 * frame);
+                    let t0 = Instant::now();
+                    let sent = black_box(h.tick(now));
+                    total += t0.elapsed();
+                    let (messages, _) = h.drain(now);
+                    // After the first pass (snapshots), every client has a delta in each.
+                    assert_eq!(messages, players as u64, "one message per client per pass ({sent} viewers)");
+                }
+                total
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, spatial_world);
+criterion_main!(benches);

@@ -1,0 +1,258 @@
+//! The spatial world without sockets, tasks or a clock, for the criterion bench of its hot path
+//! (`crates/bench/benches/world_pass.rs`). The system bench (`tickwire bench replication
+//! --scenario spatial`) measures the world's pass on two cores shared with the I/O threads and
+//! the load, where its CPU time varies by 10–20% from run to run; this drives the same
+//! [`World`] code, `publish` and `tick`, on one thread with `now` given, so a change to the
+//! pass can be measured to a few percent.
+//!
+//! Sessions are stand-ins: each has the real bounded outbox and window of updates in flight,
+//! and [`WorldHarness::drain`] plays a client that keeps up (it reads every outbox and
+//! acknowledges every update at once). Nothing polls the outboxes, so the wake-ups a pass
+//! causes in the gateway are not in the figure. Not part of the gateway's API.
+
+use std::time::Instant;
+
+use prost::Message;
+use tickwire_spatial::LayoutConfig;
+use tickwire_wire::proto::{
+    EntityState, Follow, Publish, RegisterServer, SetInterest, SpawnEntity, SpawnResult, Sphere, Status,
+    Vec3, set_interest,
+};
+use tokio::sync::mpsc;
+
+use super::SpatialRouter;
+use super::world::World;
+use crate::auth::Role;
+use crate::channel::{ChannelConfigError, ChannelRouter};
+use crate::router::{Outgoing, SessionHandle};
+
+/// A session stand-in: its handle, the receiving end of its outbox, and the sequence number
+/// its next message would take.
+struct Sink {
+    handle: SessionHandle,
+    outbox: mpsc::Receiver<Outgoing>,
+    seq: u64,
+}
+
+impl Sink {
+    fn new(conn_id: u64, role: Role, config: &crate::GatewayConfig) -> Sink {
+        let (handle, outbox) = SessionHandle::unattached(conn_id, role, config);
+        Sink { handle, outbox, seq: 0 }
+    }
+
+    /// Reads the whole outbox; every update is sent and acknowledged at `now`. Returns the
+    /// messages and bytes read.
+    fn drain(&mut self, now: Instant) -> (u64, u64) {
+        let (mut messages, mut bytes) = (0, 0);
+        let mut window = self.handle.flow.lock();
+        while let Ok(item) = self.outbox.try_recv() {
+            self.seq += 1;
+            messages += 1;
+            match item {
+                Outgoing::Message(m) => bytes += m.len() as u64,
+                Outgoing::Update(u) => {
+                    bytes += u.len() as u64;
+                    window.sent(self.seq);
+                }
+                Outgoing::UpdateParts(u) => {
+                    // Joined, as the session's task does.
+                    bytes += u.join().len() as u64;
+                    window.sent(self.seq);
+                }
+            }
+        }
+        window.acked(now, self.seq);
+        (messages, bytes)
+    }
+}
+
+/// A world with its servers and clients, each client controlling one entity and seeing a
+/// sphere around it, as in the B3 `spatial` scenario.
+pub struct WorldHarness {
+    world: World,
+    config: crate::GatewayConfig,
+    /// By slot.
+    servers: Vec<Sink>,
+    clients: Vec<Sink>,
+    /// Entity id, its slot, and the client controlling it (an index in `clients`).
+    entities: Vec<(u64, u32, usize)>,
+    next_request: u64,
+}
+
+/// Why the harness could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("the configuration: {0}")]
+    Config(#[from] crate::ConfigError),
+    #[error("the world: {0}")]
+    World(#[from] ChannelConfigError),
+    #[error("the configuration has no [spatial] layout")]
+    NoLayout,
+    #[error("{what} was refused: {message}")]
+    Refused { what: &'static str, message: String },
+}
+
+fn v3(p: [f32; 3]) -> Option<Vec3> {
+    Some(Vec3 { x: p[0], y: p[1], z: p[2] })
+}
+
+impl WorldHarness {
+    /// The world of a gateway started with `overrides` (`--set` values, which must include a
+    /// `[spatial]` layout), with a server registered in every slot, at `now`.
+    pub fn new(overrides: &[String], now: Instant) -> Result<WorldHarness, HarnessError> {
+        let config = crate::GatewayConfig::load(None, overrides)?;
+        let layout: LayoutConfig = config.spatial.clone().ok_or(HarnessError::NoLayout)?;
+        let slots = layout.servers[0] * layout.servers[1];
+        let router = SpatialRouter::new(layout, &config, ChannelRouter::for_gateway(&config)?)?;
+        let (world, _inbox) = router.world.lock().expect("not poisoned").take().expect("not started");
+        let mut harness = WorldHarness {
+            world,
+            config,
+            servers: Vec::new(),
+            clients: Vec::new(),
+            entities: Vec::new(),
+            next_request: 1,
+        };
+        for slot in 0..slots {
+            let server = Sink::new(u64::from(slot) + 1, Role::Server, &harness.config);
+            let req = RegisterServer { slot: Some(slot), observe_only: false };
+            let id = harness.request_id();
+            if let Some(r) = harness.world.register(&server.handle, req, id, now) {
+                return Err(HarnessError::Refused { what: "a registration", message: r.error });
+            }
+            harness.servers.push(server);
+        }
+        Ok(harness)
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    /// Spawns an entity at `position` with `value_json`, controlled by a new client whose area
+    /// of interest is a sphere of `radius` around it that follows it from cell to cell.
+    pub fn spawn_player(
+        &mut self,
+        position: [f32; 3],
+        value_json: &str,
+        radius: f32,
+        now: Instant,
+    ) -> Result<u64, HarnessError> {
+        let conn = 1_000_000 + self.clients.len() as u64;
+        let client = Sink::new(conn, Role::Player, &self.config);
+        let Some(cell) = self.world.layout.cell_of(position) else {
+            return Err(HarnessError::Refused {
+                what: "a spawn",
+                message: format!("{position:?} is outside"),
+            });
+        };
+        let slot = self.world.slot_of_cell(self.world.cell_index(cell));
+        let req = SpawnEntity {
+            position: v3(position),
+            value_json: value_json.into(),
+            controller_connection: conn,
+        };
+        let id = self.request_id();
+        let r = self.world.spawn(&self.servers[slot as usize].handle, req, id);
+        if r.status != Status::Ok as i32 {
+            return Err(HarnessError::Refused { what: "a spawn", message: r.error });
+        }
+        let entity_id = SpawnResult::decode(r.body)
+            .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
+            .entity_id;
+        let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
+        let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
+        let id = self.request_id();
+        let r = self.world.set_interest(&client.handle, req, id, now);
+        if r.status != Status::Ok as i32 {
+            return Err(HarnessError::Refused { what: "an area of interest", message: r.error });
+        }
+        self.entities.push((entity_id, slot, self.clients.len()));
+        self.clients.push(client);
+        Ok(entity_id)
+    }
+
+    /// The entities spawned, in order.
+    pub fn entity_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entities.iter().map(|&(id, _, _)| id)
+    }
+
+    /// One frame of every server: each publishes all its entities, `state(entity_id)` giving
+    /// each one's position and value; each publish is answered to its server, as the world's
+    /// task does. The entities must stay in their spawn slot (no handovers here). Returns the
+    /// entities the world ignored.
+    pub fn publish_frame(&mut self, mut state: impl FnMut(u64) -> ([f32; 3], String)) -> usize {
+        let mut ignored = 0;
+        for slot in 0..self.servers.len() {
+            let entities: Vec<EntityState> = self
+                .entities
+                .iter()
+                .filter(|&&(_, s, _)| s as usize == slot)
+                .map(|&(entity_id, _, _)| {
+                    let (position, value_json) = state(entity_id);
+                    EntityState { entity_id, position: v3(position), value_json, processed_seq: 0 }
+                })
+                .collect();
+            let id = self.request_id();
+            let server = &self.servers[slot];
+            let r = self.world.publish(&server.handle, Publish { entities }, id);
+            if let Ok(result) = tickwire_wire::proto::PublishResult::decode(r.body.clone()) {
+                ignored += result.ignored.len();
+            }
+            let _ = server.handle.respond(r);
+        }
+        ignored
+    }
+
+    /// One fan-out pass at `now`; how many viewers got a message.
+    pub fn tick(&mut self, now: Instant) -> u64 {
+        self.world.tick(now)
+    }
+
+    /// Reads every session's outbox, as clients that keep up would, acknowledging each update
+    /// at `now`. Returns the messages and bytes the clients (not the servers) received.
+    pub fn drain(&mut self, now: Instant) -> (u64, u64) {
+        for server in &mut self.servers {
+            server.drain(now);
+        }
+        self.clients.iter_mut().map(|c| c.drain(now)).fold((0, 0), |(m, b), (m2, b2)| (m + m2, b + b2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn every_client_gets_one_message_per_pass_after_a_frame() {
+        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+        let start = Instant::now();
+        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut spawned = std::collections::HashMap::new();
+        for i in 0..40 {
+            let at = [5.0 + (i % 10) as f32 * 11.0, 0.0, 5.0 + (i / 10) as f32 * 27.0];
+            spawned.insert(h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned"), at);
+        }
+        let mut now = start;
+        // The first pass gives every viewer its snapshots (the 4 servers see their blocks);
+        // every later one a delta.
+        for frame in 1..=3 {
+            let ignored = h.publish_frame(|id| {
+                let at = spawned[&id];
+                ([at[0] + frame as f32 * 0.1, 0.0, at[2]], format!(r#"{{"yaw": {frame}}}"#))
+            });
+            assert_eq!(ignored, 0, "every entity is its server's");
+            now += Duration::from_millis(20);
+            assert_eq!(h.tick(now), 44, "frame {frame}: every viewer changed");
+            let (messages, bytes) = h.drain(now);
+            assert_eq!(messages, 40, "frame {frame}: one message per client");
+            assert!(bytes > 40 * 10, "frame {frame}: {bytes} bytes");
+        }
+        now += Duration::from_millis(20);
+        assert_eq!(h.tick(now), 0, "nothing changed, nothing sent");
+        assert_eq!(h.drain(now).0, 0);
+    }
+}
