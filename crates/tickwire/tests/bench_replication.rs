@@ -59,6 +59,7 @@ fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
     let report = run(&["--clients", "80"]);
     let step = held_step(&report, 80);
     assert!(step["fanout_hz"]["p5"].as_f64().unwrap() > 25.0, "{step}");
+    assert!(step.get("held_back_per_client_per_s").is_none(), "a spatial figure: {step}");
 }
 
 #[test]
@@ -68,4 +69,7 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     // A bot counts as connected only once its character is spawned and its interest set.
     assert!(step["handovers_per_s"].as_f64().is_some(), "{step}");
     assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
+    // 30 bots that keep up: the world held back (almost) nothing for a full window.
+    let held_back = step["held_back_per_client_per_s"].as_f64().expect("reported for spatial");
+    assert!((0.0..1.0).contains(&held_back), "{step}");
 }

@@ -567,6 +567,8 @@ async fn hold(
         slow: groups.slow.zip(slow0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
+        held_back_per_client_per_s: (args.scenario == Scenario::Spatial)
+            .then(|| per_s("spatial_updates_coalesced") / clients.max(1) as f64),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
         pass_cpu_ms: pass_cpu.as_ref().map(|(window, _)| window.tick()),
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean)| *mean),

@@ -110,6 +110,13 @@ pub struct Step {
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handovers_per_s: Option<f64>,
+    /// Scenario `spatial`: due updates the world held back per client per second, because the
+    /// viewer's window of updates in flight was full (`spatial_updates_coalesced`, over the
+    /// hold, divided by the clients). Each merges into the viewer's next update, so it is one
+    /// update fewer for that client: a client reading late shows here, a frame that came too
+    /// late for a pass does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_back_per_client_per_s: Option<f64>,
     /// Scenario `spatial`: the slowest fan-out pass of the world over the hold, in ms (the
     /// upper bound of its histogram bucket; `tick_ms.max`, repeated under the name).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -215,9 +222,10 @@ pub(super) fn print_row(step: &Step) {
     );
     if let Some(h) = step.handovers_per_s {
         println!(
-            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s",
+            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s, {:.2} held back by a full window per client per s",
             ms(s.tick_ms.max),
             s.msgs_out_per_s / step.clients.max(1) as f64,
+            step.held_back_per_client_per_s.unwrap_or(0.0),
         );
     }
     match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
