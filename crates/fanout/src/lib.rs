@@ -27,8 +27,9 @@
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-// hashbrown's default hasher (foldhash) rather than std's SipHash: a pass looks up every due
-// subscriber, and the keys are ids the gateway hands out, not chosen by a peer.
+// hashbrown's default hasher (foldhash, seeded per process) rather than std's SipHash: a pass
+// looks up every due subscriber. It is not made to resist keys chosen to collide, so a
+// `Scheduler` must be keyed by ids the caller hands out (the gateway uses connection ids).
 use hashbrown::HashMap;
 
 mod window;
@@ -79,6 +80,7 @@ struct Subscriber {
 }
 
 /// The schedule of one channel's subscribers, keyed by `K` (the gateway uses connection ids).
+/// Keys must not be chosen by a peer: the map's hasher is fast, not collision-resistant.
 #[derive(Debug, Clone)]
 pub struct Scheduler<K> {
     subscribers: HashMap<K, Subscriber>,

@@ -22,6 +22,15 @@ impl UpdateFlow {
         UpdateFlow { rewound: AtomicBool::new(false), window: Mutex::new(Window::new(limits)) }
     }
 
+    /// A session's window as `config` sets it: `[channels.update_window]`, with the clients'
+    /// acknowledgement delay.
+    pub(crate) fn for_config(config: &crate::GatewayConfig) -> UpdateFlow {
+        UpdateFlow::new(WindowLimits {
+            ack_delay: config.session.ack_delay,
+            ..config.channels.update_window.limits()
+        })
+    }
+
     /// The window. Nothing that holds it waits on anything else; a panic while holding it
     /// (there are none on these paths) would leave a consistent window, so poison is ignored.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Window<u64>> {

@@ -77,10 +77,6 @@ impl SessionHandle {
         config: &crate::GatewayConfig,
     ) -> (SessionHandle, mpsc::Receiver<Outgoing>) {
         let (outbox, rx) = mpsc::channel(config.limits.outbox_capacity);
-        let limits = tickwire_fanout::WindowLimits {
-            ack_delay: config.session.ack_delay,
-            ..config.channels.update_window.limits()
-        };
         let handle = SessionHandle {
             id: SessionId([0; 16]),
             conn_id,
@@ -88,7 +84,7 @@ impl SessionHandle {
             role,
             outbox,
             slow: Arc::new(AtomicBool::new(false)),
-            flow: Arc::new(crate::flow::UpdateFlow::new(limits)),
+            flow: Arc::new(UpdateFlow::for_config(config)),
         };
         (handle, rx)
     }
@@ -207,7 +203,7 @@ pub(crate) fn push_envelope(topic: &str, body: Bytes) -> Bytes {
 /// viewer from the cells' entries). The world's pass hands each session its parts, and the
 /// session's task joins them ([`PushParts::join`]) on its own I/O thread: the pass copies no
 /// bytes and allocates one small list per viewer instead of the whole message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct PushParts {
     pub topic: &'static str,
     pub parts: Vec<Bytes>,

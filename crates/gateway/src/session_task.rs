@@ -121,10 +121,7 @@ impl SessionTask {
                 role,
                 outbox: outbox_tx,
                 slow: Arc::new(AtomicBool::new(false)),
-                flow: Arc::new(UpdateFlow::new(tickwire_fanout::WindowLimits {
-                    ack_delay: shared.session_config.ack_delay,
-                    ..shared.config.channels.update_window.limits()
-                })),
+                flow: Arc::new(UpdateFlow::for_config(&shared.config)),
             },
             token,
             session: Session::new(tickwire_session::Role::Server, shared.session_config.clone(), now),

@@ -296,6 +296,10 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
     Ok(report)
 }
 
+/// The world's count of due updates it did not queue (window or outbox full, or a rewind
+/// pending): `held_back_per_client_per_s`.
+const HELD_BACK: &str = "spatial_updates_coalesced";
+
 /// The 5th percentile (the value with 5% of them below it), 0 for none. Sorts `values`.
 fn p5(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -567,8 +571,8 @@ async fn hold(
         slow: groups.slow.zip(slow0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
-        held_back_per_client_per_s: (args.scenario == Scenario::Spatial)
-            .then(|| per_s("spatial_updates_coalesced") / clients.max(1) as f64),
+        held_back_per_client_per_s: (args.scenario == Scenario::Spatial && last.has(HELD_BACK))
+            .then(|| per_s(HELD_BACK) / clients.max(1) as f64),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
         pass_cpu_ms: pass_cpu.as_ref().map(|(window, _)| window.tick()),
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean)| *mean),

@@ -110,11 +110,13 @@ pub struct Step {
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handovers_per_s: Option<f64>,
-    /// Scenario `spatial`: due updates the world held back per client per second, because the
-    /// viewer's window of updates in flight was full (`spatial_updates_coalesced`, over the
-    /// hold, divided by the clients). Each merges into the viewer's next update, so it is one
-    /// update fewer for that client: a client reading late shows here, a frame that came too
-    /// late for a pass does not.
+    /// Scenario `spatial`: due updates the world held back, per client per second: a viewer
+    /// had a change in view at its due pass and nothing was queued, because its window of
+    /// updates in flight was full (or a resume's rewind was pending) or its outbox was full
+    /// (`spatial_updates_coalesced` over the hold, divided by the clients; the game servers
+    /// are viewers too, and theirs count). Each merges into that viewer's next update, so it is
+    /// one message fewer: a client reading or acknowledging late shows here, a frame that came
+    /// too late for a pass does not. `None` if the gateway did not report the counter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_back_per_client_per_s: Option<f64>,
     /// Scenario `spatial`: the slowest fan-out pass of the world over the hold, in ms (the
@@ -222,7 +224,7 @@ pub(super) fn print_row(step: &Step) {
     );
     if let Some(h) = step.handovers_per_s {
         println!(
-            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s, {:.2} held back by a full window per client per s",
+            "  spatial: {h:.1} handovers/s, max pass {} ms (bucket bound), {:.1} messages out per client per s, {:.2} held back (full window or outbox) per client per s",
             ms(s.tick_ms.max),
             s.msgs_out_per_s / step.clients.max(1) as f64,
             step.held_back_per_client_per_s.unwrap_or(0.0),

@@ -40,6 +40,11 @@ impl Scrape {
         Scrape(pairs)
     }
 
+    /// Whether the gateway reported `series` at all ([`Scrape::get`] reads a missing one as 0).
+    pub(super) fn has(&self, series: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == series)
+    }
+
     pub(super) fn get(&self, series: &str) -> f64 {
         self.0.iter().find(|(k, _)| k == series).map_or(0.0, |(_, v)| *v)
     }

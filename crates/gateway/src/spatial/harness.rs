@@ -181,8 +181,11 @@ impl WorldHarness {
     /// One frame of every server: each publishes all its entities, `state(entity_id)` giving
     /// each one's position and value; each publish is answered to its server, as the world's
     /// task does. The entities must stay in their spawn slot (no handovers here). Returns the
-    /// entities the world ignored.
-    pub fn publish_frame(&mut self, mut state: impl FnMut(u64) -> ([f32; 3], String)) -> usize {
+    /// entities the world ignored, or the first publish it refused.
+    pub fn publish_frame(
+        &mut self,
+        mut state: impl FnMut(u64) -> ([f32; 3], String),
+    ) -> Result<usize, HarnessError> {
         let mut ignored = 0;
         for slot in 0..self.servers.len() {
             let entities: Vec<EntityState> = self
@@ -197,12 +200,15 @@ impl WorldHarness {
             let id = self.request_id();
             let server = &self.servers[slot];
             let r = self.world.publish(&server.handle, Publish { entities }, id);
-            if let Ok(result) = tickwire_wire::proto::PublishResult::decode(r.body.clone()) {
-                ignored += result.ignored.len();
+            if r.status != Status::Ok as i32 {
+                return Err(HarnessError::Refused { what: "a publish", message: r.error });
             }
+            let result = tickwire_wire::proto::PublishResult::decode(r.body.clone())
+                .map_err(|e| HarnessError::Refused { what: "a publish", message: e.to_string() })?;
+            ignored += result.ignored.len();
             let _ = server.handle.respond(r);
         }
-        ignored
+        Ok(ignored)
     }
 
     /// One fan-out pass at `now`; how many viewers got a message.
@@ -240,10 +246,12 @@ mod tests {
         // The first pass gives every viewer its snapshots (the 4 servers see their blocks);
         // every later one a delta.
         for frame in 1..=3 {
-            let ignored = h.publish_frame(|id| {
-                let at = spawned[&id];
-                ([at[0] + frame as f32 * 0.1, 0.0, at[2]], format!(r#"{{"yaw": {frame}}}"#))
-            });
+            let ignored = h
+                .publish_frame(|id| {
+                    let at = spawned[&id];
+                    ([at[0] + frame as f32 * 0.1, 0.0, at[2]], format!(r#"{{"yaw": {frame}}}"#))
+                })
+                .expect("published");
             assert_eq!(ignored, 0, "every entity is its server's");
             now += Duration::from_millis(20);
             assert_eq!(h.tick(now), 44, "frame {frame}: every viewer changed");
@@ -254,5 +262,8 @@ mod tests {
         now += Duration::from_millis(20);
         assert_eq!(h.tick(now), 0, "nothing changed, nothing sent");
         assert_eq!(h.drain(now).0, 0);
+        // A value that does not fit the schema is refused, not counted as ignored.
+        let refused = h.publish_frame(|id| (spawned[&id], r#"{"yaw": "north"}"#.into()));
+        assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
     }
 }

@@ -312,7 +312,11 @@ impl World {
                                 codec: viewer.codec as i32,
                                 update: update.to_vec().into(),
                             };
-                            let mut field = vec![UPDATES_TAG];
+                            // At its exact size: queued updates hold it, and the window counts
+                            // only its length.
+                            let len = message.encoded_len();
+                            let mut field = Vec::with_capacity(1 + prost::length_delimiter_len(len) + len);
+                            field.push(UPDATES_TAG);
                             message.encode_length_delimited(&mut field).ok()?;
                             Some((Bytes::from(field), prepared.to()))
                         });
@@ -338,7 +342,8 @@ impl World {
                 schedule.record(conn, now, outcome);
                 continue;
             }
-            let update = PushParts { topic: "channel.updates", parts: parts.clone() };
+            let next = Vec::with_capacity(parts.len());
+            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut parts, next) };
             match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
                 Ok(()) => {
                     for &(at, to) in &advanced {

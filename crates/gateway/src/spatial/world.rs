@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-// foldhash, not SipHash: every publish and pass looks entities and viewers up by ids the
-// gateway hands out (a peer does not choose them).
+// foldhash (seeded per process), not SipHash: every publish and pass looks entities and viewers
+// up. Entity, viewer and server keys are ids the gateway hands out; `controlled` is keyed by the
+// controller connection a spatial server names, which only an authenticated server can choose,
+// and there are at most `max_entities` of those.
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
 use tickwire_fanout::Scheduler;
