@@ -51,57 +51,72 @@ fn world(players: usize, schema: &std::path::Path, now: Instant) -> (WorldHarnes
     (h, at)
 }
 
+/// Which half of a frame a bench times.
+#[derive(Clone, Copy, PartialEq)]
+enum Timed {
+    /// Every server's publish of the frame.
+    Publish,
+    /// The fan-out pass after it.
+    Pass,
+}
+
+/// A world, its entities' spawn points, the frames run so far and the instant of frame 0.
+struct Run {
+    h: WorldHarness,
+    at: HashMap<u64, [f32; 3]>,
+    frame: u64,
+    start: Instant,
+}
+
+/// The time of the next `iters` frames' `timed` half, each frame a publish of every entity
+/// moved (0.2 m along x and back the next frame, never leaving its cell), a pass, and the
+/// clients' reads.
+fn frames(run: &mut Run, players: usize, timed: Timed, iters: u64) -> Duration {
+    let Run { h, at, frame: frames_run, start } = run;
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        *frames_run += 1;
+        let frame = *frames_run;
+        let t0 = Instant::now();
+        let ignored = h
+            .publish_frame(|id| {
+                let p = at[&id];
+                let p = [p[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, p[1], p[2]];
+                (p, value_json(frame, p))
+            })
+            .expect("published");
+        if timed == Timed::Publish {
+            total += t0.elapsed();
+        }
+        assert_eq!(ignored, 0, "an entity left its server");
+        // The pass seals the frame, so the next one writes over a sealed version.
+        let now = *start + Duration::from_millis(20 * frame);
+        let t0 = Instant::now();
+        let sent = black_box(h.tick(now));
+        if timed == Timed::Pass {
+            total += t0.elapsed();
+        }
+        let (messages, _) = h.drain(now);
+        // Every client has a change in view each frame (a delta, or its snapshots first).
+        assert_eq!(messages, players as u64, "one message per client per pass ({sent} viewers)");
+    }
+    total
+}
+
 fn spatial_world(c: &mut Criterion) {
     let schema = tempfile::NamedTempFile::new().expect("a temp file");
     std::fs::write(schema.path(), ENTITY_SCHEMA).expect("the schema written");
     let mut group = c.benchmark_group("spatial_world");
     group.sample_size(20).measurement_time(Duration::from_secs(6));
     for players in [1000, 3000] {
-        // Each frame every entity moves 0.2 m along x and back the next, never leaving its cell.
-        let step = |frame: u64, at: [f32; 3]| {
-            let p = [at[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, at[1], at[2]];
-            (p, value_json(frame, p))
-        };
-        group.bench_function(BenchmarkId::new("publish_frame", players), |b| {
-            let start = Instant::now();
-            let (mut h, at) = world(players, schema.path(), start);
-            let mut frame = 0;
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    frame += 1;
-                    let t0 = Instant::now();
-                    let ignored = h.publish_frame(|id| step(frame, at[&id])).expect("published");
-                    total += t0.elapsed();
-                    assert_eq!(ignored, 0, "an entity left its server");
-                    // The pass seals the frame, so the next one writes over a sealed version.
-                    let now = start + Duration::from_millis(20 * frame);
-                    h.tick(now);
-                    h.drain(now);
-                }
-                total
+        for (name, timed) in [("publish_frame", Timed::Publish), ("pass", Timed::Pass)] {
+            group.bench_function(BenchmarkId::new(name, players), |b| {
+                let start = Instant::now();
+                let (h, at) = world(players, schema.path(), start);
+                let mut run = Run { h, at, frame: 0, start };
+                b.iter_custom(|iters| frames(&mut run, players, timed, iters));
             });
-        });
-        group.bench_function(BenchmarkId::new("pass", players), |b| {
-            let start = Instant::now();
-            let (mut h, at) = world(players, schema.path(), start);
-            let mut frame = 0;
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    frame += 1;
-                    h.publish_frame(|id| step(frame, at[&id])).expect("published");
-                    let now = start + Duration::from_millis(20 * frame);
-                    let t0 = Instant::now();
-                    let sent = black_box(h.tick(now));
-                    total += t0.elapsed();
-                    let (messages, _) = h.drain(now);
-                    // After the first pass (snapshots), every client has a delta in each.
-                    assert_eq!(messages, players as u64, "one message per client per pass ({sent} viewers)");
-                }
-                total
-            });
-        });
+        }
     }
     group.finish();
 }
