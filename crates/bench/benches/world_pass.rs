@@ -38,8 +38,8 @@ fn world(players: usize, schema: &std::path::Path, now: Instant) -> (WorldHarnes
     let mut h = WorldHarness::new(&gateway_overrides(schema), now).expect("the B3 spatial layout");
     let mut rng = SmallRng::seed_from_u64(7);
     let mut at = HashMap::new();
+    let cells = (2.0 * HALF_SIZE / CELL_SIZE) as u32;
     for _ in 0..players {
-        let cells = (2.0 * HALF_SIZE / CELL_SIZE) as u32;
         let coord = |rng: &mut SmallRng| {
             let cell = rng.random_range(0..cells) as f32;
             -HALF_SIZE + cell * CELL_SIZE + rng.random_range(1.0..CELL_SIZE - 1.0)

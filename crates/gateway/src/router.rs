@@ -209,33 +209,31 @@ pub(crate) struct PushParts {
     pub parts: Vec<Bytes>,
 }
 
-/// A length-delimited field's size: tag, length, body.
-fn field_len(len: usize) -> usize {
+/// A length-delimited field's size: a one-byte tag, the length, the body.
+pub(crate) fn field_len(len: usize) -> usize {
     1 + prost::encoding::encoded_len_varint(len as u64) + len
 }
 
 impl PushParts {
-    fn body_len(&self) -> usize {
-        self.parts.iter().map(Bytes::len).sum()
-    }
-
-    /// The size of `Push { topic = 1; body = 2 }` (an empty field is left out, as prost does).
-    fn push_len(&self) -> usize {
-        let body_len = self.body_len();
-        (if self.topic.is_empty() { 0 } else { field_len(self.topic.len()) })
-            + if body_len == 0 { 0 } else { field_len(body_len) }
+    /// The sizes of the body and of `Push { topic = 1; body = 2 }` (an empty field is left
+    /// out, as prost does).
+    fn lens(&self) -> (usize, usize) {
+        let body_len: usize = self.parts.iter().map(Bytes::len).sum();
+        let push_len = (if self.topic.is_empty() { 0 } else { field_len(self.topic.len()) })
+            + if body_len == 0 { 0 } else { field_len(body_len) };
+        (body_len, push_len)
     }
 
     /// The length of [`PushParts::join`], without joining.
     pub fn encoded_len(&self) -> usize {
-        field_len(self.push_len())
+        field_len(self.lens().1)
     }
 
     /// The same bytes as [`push_envelope`] with the concatenation of the parts as the body,
     /// written in one pass.
     pub fn join(&self) -> Bytes {
         use prost::encoding::encode_varint;
-        let push_len = self.push_len();
+        let (body_len, push_len) = self.lens();
         let mut buf = bytes::BytesMut::with_capacity(field_len(push_len));
         // Envelope { push = 3 }: tag (3 << 3 | 2).
         buf.extend_from_slice(&[0x1a]);
@@ -245,7 +243,6 @@ impl PushParts {
             encode_varint(self.topic.len() as u64, &mut buf);
             buf.extend_from_slice(self.topic.as_bytes());
         }
-        let body_len = self.body_len();
         if body_len > 0 {
             buf.extend_from_slice(&[0x12]);
             encode_varint(body_len as u64, &mut buf);

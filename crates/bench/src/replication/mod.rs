@@ -446,8 +446,7 @@ async fn hold(
         sample.record_ages(&mut ages)?;
         latency.add(&ages)?;
         sample.record_load_lag(&mut load_lag)?;
-        let (lat_p50, lat_p99) =
-            (ages.value_at_quantile(0.5) as f64 / 1e3, ages.value_at_quantile(0.99) as f64 / 1e3);
+        let second_latency = report::Latency::of_us(&ages);
         last_counts = sample.updates_per_bot;
         let s = scrape().await??;
         let cpu = ProcSample::read(gateway_pid).context("the gateway process is gone")?;
@@ -461,7 +460,7 @@ async fn hold(
                 channel_tick_hz: rate("channel_ticks") / s.get("channel_num").max(1.0),
                 sent_hz: rate(fanouts) / s.get(subscribers).max(1.0),
                 fanout_hz: report::Rate { mean: mean(&second), p5: second_p5 },
-                latency_ms: report::Latency { p50: lat_p50, p99: lat_p99 },
+                latency_ms: second_latency,
                 tick_ms: TickWindow::between(&prev, &s).tick(),
                 gateway_cpu_pct: cpu.cpu_pct_since(&prev_cpu),
                 gateway_rss_bytes: cpu.rss_bytes,
@@ -547,10 +546,7 @@ async fn hold(
             channel_tick_hz,
             sent_hz: per_s(fanouts) / last.get(subscribers).max(1.0),
             fanout_hz: report::Rate { mean: fanout_mean, p5: fanout_p5 },
-            latency_ms: report::Latency {
-                p50: latency.value_at_quantile(0.5) as f64 / 1e3,
-                p99: latency.value_at_quantile(0.99) as f64 / 1e3,
-            },
+            latency_ms: report::Latency::of_us(&latency),
             tick_ms,
             gateway_cpu_pct: cpu1.cpu_pct_since(&cpu0),
             gateway_rss_bytes: cpu1.rss_bytes,

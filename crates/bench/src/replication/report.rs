@@ -26,11 +26,23 @@ pub struct Tick {
     pub max: f64,
 }
 
+/// Microseconds in milliseconds.
+fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1e3
+}
+
+impl Latency {
+    /// The p50 and p99 of a histogram of microseconds, in milliseconds.
+    pub fn of_us(h: &hdrhistogram::Histogram<u64>) -> Latency {
+        Latency { p50: us_to_ms(h.value_at_quantile(0.5)), p99: us_to_ms(h.value_at_quantile(0.99)) }
+    }
+}
+
 impl Tick {
     /// The p50, p99 and max of a histogram of microseconds, in milliseconds.
     pub fn of_us(h: &hdrhistogram::Histogram<u64>) -> Tick {
-        let ms = |us: u64| us as f64 / 1e3;
-        Tick { p50: ms(h.value_at_quantile(0.5)), p99: ms(h.value_at_quantile(0.99)), max: ms(h.max()) }
+        let Latency { p50, p99 } = Latency::of_us(h);
+        Tick { p50, p99, max: us_to_ms(h.max()) }
     }
 }
 

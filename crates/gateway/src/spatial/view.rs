@@ -24,7 +24,7 @@ use tickwire_wire::proto::{
 
 use super::world::World;
 use super::{CELL_BASE, WORLD_KEY};
-use crate::router::{PushError, PushParts, SessionHandle, error_response};
+use crate::router::{PushError, PushParts, SessionHandle, error_response, field_len};
 
 /// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
 /// entry and the version it leads to, or `None` if it cannot be built (a snapshot is due).
@@ -314,8 +314,7 @@ impl World {
                             };
                             // At its exact size: queued updates hold it, and the window counts
                             // only its length.
-                            let len = message.encoded_len();
-                            let mut field = Vec::with_capacity(1 + prost::length_delimiter_len(len) + len);
+                            let mut field = Vec::with_capacity(field_len(message.encoded_len()));
                             field.push(UPDATES_TAG);
                             message.encode_length_delimited(&mut field).ok()?;
                             Some((Bytes::from(field), prepared.to()))
