@@ -58,7 +58,16 @@ enum Timed {
     Publish,
     /// The fan-out pass after it.
     Pass,
+    /// The pass, with one client in [`LAG_EVERY`] reading only every [`LAG_FRAMES`] frames
+    /// (staggered): longer than the window lets an update wait, so each of them is held back,
+    /// then sent a delta from an older version than the clients that keep up.
+    PassLagging,
 }
+
+/// One client in this many falls behind in [`Timed::PassLagging`]...
+const LAG_EVERY: usize = 8;
+/// ... and reads once every this many frames (320 ms at 50 Hz).
+const LAG_FRAMES: usize = 16;
 
 /// A world, its entities' spawn points, the frames run so far and the instant of frame 0.
 struct Run {
@@ -93,12 +102,23 @@ fn frames(run: &mut Run, players: usize, timed: Timed, iters: u64) -> Duration {
         let now = *start + Duration::from_millis(20 * frame);
         let t0 = Instant::now();
         let sent = black_box(h.tick(now));
-        if timed == Timed::Pass {
+        if timed != Timed::Publish {
             total += t0.elapsed();
         }
-        let (messages, _) = h.drain(now);
-        // Every client has a change in view each frame (a delta, or its snapshots first).
-        assert_eq!(messages, players as u64, "one message per client per pass ({sent} viewers)");
+        let lagging = timed == Timed::PassLagging;
+        let reads = |i: usize| {
+            !lagging
+                || !i.is_multiple_of(LAG_EVERY)
+                || (frame as usize + i / LAG_EVERY).is_multiple_of(LAG_FRAMES)
+        };
+        let (messages, _) = h.drain_clients(now, reads).expect("read");
+        // Every client has a change in view each frame (a delta, or its snapshots first); one
+        // that lags reads what it was sent since it last read, if anything.
+        let keeping_up = players - if lagging { players.div_ceil(LAG_EVERY) } else { 0 };
+        assert!(
+            messages >= keeping_up as u64 && (lagging || messages == players as u64),
+            "one message per client per pass: {messages} ({sent} viewers)"
+        );
     }
     total
 }
@@ -109,7 +129,9 @@ fn spatial_world(c: &mut Criterion) {
     let mut group = c.benchmark_group("spatial_world");
     group.sample_size(20).measurement_time(Duration::from_secs(6));
     for players in [1000, 3000] {
-        for (name, timed) in [("publish_frame", Timed::Publish), ("pass", Timed::Pass)] {
+        let halves =
+            [("publish_frame", Timed::Publish), ("pass", Timed::Pass), ("pass_lagging", Timed::PassLagging)];
+        for (name, timed) in halves {
             group.bench_function(BenchmarkId::new(name, players), |b| {
                 let start = Instant::now();
                 let (h, at) = world(players, schema.path(), start);

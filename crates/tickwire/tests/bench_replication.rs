@@ -60,6 +60,7 @@ fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
     let step = held_step(&report, 80);
     assert!(step["fanout_hz"]["p5"].as_f64().unwrap() > 25.0, "{step}");
     assert!(step.get("held_back_per_client_per_s").is_none(), "a spatial figure: {step}");
+    assert!(step.get("cell_encodings_per_pass").is_none(), "a spatial figure: {step}");
 }
 
 #[test]
@@ -71,4 +72,7 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
     // Present only if the gateway reported the counter it is made from.
     assert!(step["held_back_per_client_per_s"].as_f64().is_some(), "{step}");
+    // At least one cell changes in a pass (30 characters walk), and each is encoded once for
+    // the clients that keep up.
+    assert!(step["cell_encodings_per_pass"].as_f64().is_some_and(|e| e >= 1.0), "{step}");
 }

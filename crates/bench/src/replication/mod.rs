@@ -300,6 +300,10 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
 /// pending): `held_back_per_client_per_s`.
 const HELD_BACK: &str = "spatial_updates_coalesced";
 
+/// The world's counter of cell updates encoded (one per cell, version sent from and codec, per
+/// pass): `cell_encodings_per_pass`.
+const ENCODINGS: &str = "spatial_cell_encodings";
+
 /// The 5th percentile (the value with 5% of them below it), 0 for none. Sorts `values`.
 fn p5(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -509,14 +513,16 @@ async fn hold(
     let fewest_rate = hold_rates.first().copied().unwrap_or(0.0);
     let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
     let tick_ms = TickWindow::between(&first_totals, &last).tick();
-    // The world's CPU time per pass over the hold, and its exact mean (`None`: no passes).
+    // The world's CPU time per pass over the hold, its exact mean, and the cell updates a pass
+    // encoded on average (`None`: no passes).
     let pass_cpu = (args.scenario == Scenario::Spatial)
         .then(|| TickWindow::of(scrape::PASS_CPU_BUCKET, &first_totals, &last))
         .filter(|window| window.passes() > 0.0)
         .map(|window| {
-            let sum = |s: &Scrape| s.get("spatial_pass_cpu_seconds_sum");
-            let mean_ms = (sum(&last) - sum(&first_totals)) / window.passes() * 1e3;
-            (window, mean_ms)
+            let per_pass = |name: &str| (last.get(name) - first_totals.get(name)) / window.passes();
+            let mean_ms = per_pass("spatial_pass_cpu_seconds_sum") * 1e3;
+            let encodings = last.has(ENCODINGS).then(|| per_pass(ENCODINGS));
+            (window, mean_ms, encodings)
         });
     let channel_tick_hz = per_s("channel_ticks") / last.get("channel_num").max(1.0);
     // Every server frame changes every character, so a client can get at most one update per
@@ -570,8 +576,9 @@ async fn hold(
         held_back_per_client_per_s: (args.scenario == Scenario::Spatial && last.has(HELD_BACK))
             .then(|| per_s(HELD_BACK) / clients.max(1) as f64),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
-        pass_cpu_ms: pass_cpu.as_ref().map(|(window, _)| window.tick()),
-        pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean)| *mean),
+        pass_cpu_ms: pass_cpu.as_ref().map(|(window, ..)| window.tick()),
+        pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean, _)| *mean),
+        cell_encodings_per_pass: pass_cpu.as_ref().and_then(|(.., encodings)| *encodings),
         frames_not_published,
         fanout_hz_p5_of_seconds: p5_of_seconds,
         release_retries: release_retries() - release_retries0,

@@ -143,6 +143,12 @@ pub struct Step {
     /// The same passes' mean CPU time in ms (from the histogram's sum and count, exact).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pass_cpu_mean_ms: Option<f64>,
+    /// Scenario `spatial`: cell updates the same passes encoded, on average
+    /// (`spatial_cell_encodings` over the passes): one per cell, version sent from and codec.
+    /// About one per changed cell while every viewer keeps up; a viewer held back needs deltas
+    /// from older versions, each encoded apart. `None` if the gateway did not report it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell_encodings_per_pass: Option<f64>,
     /// Game-server frames of the hold that were simulated but not published, because the
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
@@ -244,10 +250,11 @@ pub(super) fn print_row(step: &Step) {
     }
     match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
         (Some(cpu), Some(mean)) => println!(
-            "  world pass CPU time: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the pass's work without waiting for a core",
+            "  world pass CPU time: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the pass's work without waiting for a core; {:.0} cell updates encoded per pass",
             ms(cpu.p50),
             ms(cpu.p99),
             ms(cpu.max),
+            step.cell_encodings_per_pass.unwrap_or(0.0),
         ),
         _ if step.handovers_per_s.is_some() => println!("  world pass CPU time: no passes recorded"),
         _ => {}

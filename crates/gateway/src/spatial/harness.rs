@@ -10,18 +10,24 @@
 //! acknowledges every update at once). Nothing polls the outboxes, so the wake-ups a pass
 //! causes in the gateway are not in the figure. Not part of the gateway's API.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use bytes::Bytes;
 use prost::Message;
 use tickwire_spatial::LayoutConfig;
+use tickwire_state::{Replica, Schema};
+use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
-    EntityState, Follow, Publish, RegisterServer, SetInterest, SpawnEntity, SpawnResult, Sphere, Status,
-    Vec3, set_interest,
+    ChannelEvent, ChannelUpdates, EntityState, Follow, Publish, RegisterServer, SetInterest, SpawnEntity,
+    SpawnResult, Sphere, Status, Vec3, envelope, set_interest,
 };
 use tokio::sync::mpsc;
 
-use super::SpatialRouter;
 use super::world::World;
+use super::{CELL_BASE, SpatialRouter};
 use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter};
 use crate::router::{Outgoing, SessionHandle};
@@ -32,37 +38,68 @@ struct Sink {
     handle: SessionHandle,
     outbox: mpsc::Receiver<Outgoing>,
     seq: u64,
+    /// With [`WorldHarness::keep_replicas`]: a replica of each cell in view, built from the
+    /// `channel.updates` read, as a client would.
+    replicas: Option<HashMap<u64, Replica>>,
 }
 
 impl Sink {
     fn new(conn_id: u64, role: Role, config: &crate::GatewayConfig) -> Sink {
         let (handle, outbox) = SessionHandle::unattached(conn_id, role, config);
-        Sink { handle, outbox, seq: 0 }
+        Sink { handle, outbox, seq: 0, replicas: None }
+    }
+
+    /// Applies a message read to the replicas, if kept.
+    fn apply(&mut self, message: Bytes, schema: &Arc<Schema>) -> Result<(), HarnessError> {
+        let Some(replicas) = self.replicas.as_mut() else { return Ok(()) };
+        let bad = |what: String| HarnessError::Refused { what: "an update read", message: what };
+        let Ok(envelope::Kind::Push(push)) = decode_envelope(message) else {
+            return Err(bad("not a push".into()));
+        };
+        match push.topic.as_str() {
+            "channel.updates" => {
+                let batch = ChannelUpdates::decode(push.body).map_err(|e| bad(e.to_string()))?;
+                for u in batch.updates {
+                    let replica =
+                        replicas.entry(u.channel_id).or_insert_with(|| Replica::new(schema.clone()));
+                    replica.apply(&u.update).map_err(|e| bad(format!("cell {}: {e}", u.channel_id)))?;
+                }
+            }
+            "channel.event" => {
+                let event = ChannelEvent::decode(push.body).map_err(|e| bad(e.to_string()))?;
+                replicas.remove(&event.channel_id);
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Reads the whole outbox; every update is sent and acknowledged at `now`. Returns the
     /// messages and bytes read.
-    fn drain(&mut self, now: Instant) -> (u64, u64) {
+    fn drain(&mut self, now: Instant, schema: &Arc<Schema>) -> Result<(u64, u64), HarnessError> {
         let (mut messages, mut bytes) = (0, 0);
-        let mut window = self.handle.flow.lock();
+        let flow = self.handle.flow.clone();
+        let mut window = flow.lock();
         while let Ok(item) = self.outbox.try_recv() {
             self.seq += 1;
             messages += 1;
-            match item {
-                Outgoing::Message(m) => bytes += m.len() as u64,
+            let message = match item {
+                Outgoing::Message(m) => m,
                 Outgoing::Update(u) => {
-                    bytes += u.len() as u64;
                     window.sent(self.seq);
+                    u
                 }
                 Outgoing::UpdateParts(u) => {
-                    // Joined, as the session's task does.
-                    bytes += u.join().len() as u64;
                     window.sent(self.seq);
+                    // Joined, as the session's task does.
+                    u.join()
                 }
-            }
+            };
+            bytes += message.len() as u64;
+            self.apply(message, schema)?;
         }
         window.acked(now, self.seq);
-        (messages, bytes)
+        Ok((messages, bytes))
     }
 }
 
@@ -77,6 +114,7 @@ pub struct WorldHarness {
     /// Entity id, its slot, and the client controlling it (an index in `clients`).
     entities: Vec<(u64, u32, usize)>,
     next_request: u64,
+    keep_replicas: bool,
 }
 
 /// Why the harness could not be set up.
@@ -112,6 +150,7 @@ impl WorldHarness {
             clients: Vec::new(),
             entities: Vec::new(),
             next_request: 1,
+            keep_replicas: false,
         };
         for slot in 0..slots {
             let server = Sink::new(u64::from(slot) + 1, Role::Server, &harness.config);
@@ -169,6 +208,10 @@ impl WorldHarness {
             return Err(HarnessError::Refused { what: "an area of interest", message: r.error });
         }
         self.entities.push((entity_id, slot, self.clients.len()));
+        let mut client = client;
+        if self.keep_replicas {
+            client.replicas = Some(HashMap::new());
+        }
         self.clients.push(client);
         Ok(entity_id)
     }
@@ -217,12 +260,63 @@ impl WorldHarness {
     }
 
     /// Reads every session's outbox, as clients that keep up would, acknowledging each update
-    /// at `now`. Returns the messages and bytes the clients (not the servers) received.
-    pub fn drain(&mut self, now: Instant) -> (u64, u64) {
+    /// at `now`. Returns the messages and bytes the clients (not the servers) received, or
+    /// the first update a kept replica could not apply.
+    pub fn drain(&mut self, now: Instant) -> Result<(u64, u64), HarnessError> {
+        self.drain_clients(now, |_| true)
+    }
+
+    /// [`WorldHarness::drain`] for the servers and the clients for which `reads(index)` holds
+    /// (index in spawn order); the others read nothing now, as clients that fell behind, and
+    /// their windows fill.
+    pub fn drain_clients(
+        &mut self,
+        now: Instant,
+        mut reads: impl FnMut(usize) -> bool,
+    ) -> Result<(u64, u64), HarnessError> {
+        let schema = self.world.cells[0].state.schema().clone();
         for server in &mut self.servers {
-            server.drain(now);
+            server.drain(now, &schema)?;
         }
-        self.clients.iter_mut().map(|c| c.drain(now)).fold((0, 0), |(m, b), (m2, b2)| (m + m2, b + b2))
+        let (mut messages, mut bytes) = (0, 0);
+        for (_, client) in self.clients.iter_mut().enumerate().filter(|&(i, _)| reads(i)) {
+            let (m, b) = client.drain(now, &schema)?;
+            messages += m;
+            bytes += b;
+        }
+        Ok((messages, bytes))
+    }
+
+    /// Clients spawned from now on keep a replica of each cell in view, built from what they
+    /// read (off by default: it costs the bench's loop time).
+    pub fn keep_replicas(&mut self) {
+        self.keep_replicas = true;
+    }
+
+    /// Whether every client's replicas equal the cells they see: a message naming the first
+    /// that does not, if any.
+    pub fn replicas_differ(&self) -> Option<String> {
+        for (i, client) in self.clients.iter().enumerate() {
+            let Some(replicas) = &client.replicas else { continue };
+            for (&channel, replica) in replicas {
+                let cell = &self.world.cells[(channel - CELL_BASE) as usize].state;
+                if replica.version() != cell.version() || Some(replica.value()) != cell.get(&[]).ok() {
+                    return Some(format!(
+                        "client {i}, cell {channel}: replica at version {}, cell at {}",
+                        replica.version(),
+                        cell.version()
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Cell updates the passes encoded so far (one per cell, version sent from and codec, per
+    /// pass), and the times a due viewer was held back because its window was full.
+    pub fn encodings_and_held_back(&self) -> (u64, u64) {
+        let f = &self.world.figures;
+        (f.encodings.load(Ordering::Relaxed), f.coalesced.load(Ordering::Relaxed))
     }
 }
 
@@ -255,15 +349,56 @@ mod tests {
             assert_eq!(ignored, 0, "every entity is its server's");
             now += Duration::from_millis(20);
             assert_eq!(h.tick(now), 44, "frame {frame}: every viewer changed");
-            let (messages, bytes) = h.drain(now);
+            let (messages, bytes) = h.drain(now).expect("read");
             assert_eq!(messages, 40, "frame {frame}: one message per client");
             assert!(bytes > 40 * 10, "frame {frame}: {bytes} bytes");
         }
         now += Duration::from_millis(20);
         assert_eq!(h.tick(now), 0, "nothing changed, nothing sent");
-        assert_eq!(h.drain(now).0, 0);
+        assert_eq!(h.drain(now).expect("read").0, 0);
         // A value that does not fit the schema is refused, not counted as ignored.
         let refused = h.publish_frame(|id| (spawned[&id], r#"{"yaw": "north"}"#.into()));
         assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
+    }
+
+    #[test]
+    fn clients_behind_catch_up_with_merged_deltas_and_their_replicas_match() {
+        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+        let start = Instant::now();
+        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        h.keep_replicas();
+        let mut spawned = std::collections::HashMap::new();
+        for i in 0..40 {
+            let at = [5.0 + (i % 10) as f32 * 11.0, 0.0, 5.0 + (i / 10) as f32 * 27.0];
+            spawned.insert(h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned"), at);
+        }
+        // One client in four reads once every 20 passes (400 ms, past what the window lets an
+        // update wait), each at its own phase: they fall behind from different versions.
+        let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i).is_multiple_of(20);
+        let mut now = start;
+        for frame in 1..=100usize {
+            h.publish_frame(|id| {
+                let at = spawned[&id];
+                ([at[0] + frame as f32 * 0.005, 0.0, at[2]], format!(r#"{{"yaw": {}}}"#, frame % 6))
+            })
+            .expect("published");
+            now += Duration::from_millis(20);
+            h.tick(now);
+            h.drain_clients(now, reads(frame)).expect("every update applies to its replica");
+        }
+        let (encodings, held_back) = h.encodings_and_held_back();
+        assert!(held_back > 0, "the clients behind were held back");
+        assert!(encodings > 0);
+        // Once everyone reads, every replica is the cell it sees.
+        for _ in 0..3 {
+            now += Duration::from_millis(20);
+            h.tick(now);
+            h.drain(now).expect("every update applies to its replica");
+        }
+        assert_eq!(h.replicas_differ(), None);
+        // And the check sees a replica that has not read the latest pass.
+        h.publish_frame(|id| (spawned[&id], r#"{"yaw": 5.5}"#.into())).expect("published");
+        h.tick(now + Duration::from_millis(20));
+        assert!(h.replicas_differ().is_some());
     }
 }

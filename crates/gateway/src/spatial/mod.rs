@@ -87,6 +87,9 @@ pub(crate) struct SpatialFigures {
     pub fanouts: AtomicU64,
     /// Passes in which a due viewer's window was full: its changes merge into a later one.
     pub coalesced: AtomicU64,
+    /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
+    pub encodings: AtomicU64,
+
     pub viewers: AtomicU64,
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
     /// for a core (which the wall-clock `channel_tick_duration_seconds` includes).
@@ -307,6 +310,7 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_entity_messages", get(&f.messages)),
             Gauge::counter("spatial_fanouts", get(&f.fanouts)),
             Gauge::counter("spatial_updates_coalesced", get(&f.coalesced)),
+            Gauge::counter("spatial_cell_encodings", get(&f.encodings)),
             // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if
             // it died.
             Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),

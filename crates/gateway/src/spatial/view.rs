@@ -22,8 +22,8 @@ use tickwire_wire::proto::{
     Status, set_interest,
 };
 
-use super::world::World;
-use super::{CELL_BASE, WORLD_KEY};
+use super::world::{CellState, World};
+use super::{CELL_BASE, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle, error_response, field_len};
 
 /// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
@@ -32,6 +32,44 @@ type Encoded = (Version, i32, Option<(Bytes, Version)>);
 
 /// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
 const UPDATES_TAG: u8 = 0x0a;
+
+/// The index in `cache` (a cell's entries of this pass) of the cell's update from `base` in
+/// `codec`, encoded now if no viewer needed it yet this pass.
+fn entry(
+    cache: &mut Vec<Encoded>,
+    c: &mut CellState,
+    cell: u32,
+    base: Version,
+    codec: DeltaCodec,
+    figures: &SpatialFigures,
+) -> usize {
+    if let Some(at) = cache.iter().position(|(b, k, _)| *b == base && *k == codec as i32) {
+        return at;
+    }
+    figures.encodings.fetch_add(1, Ordering::Relaxed);
+    let state_codec = match codec {
+        DeltaCodec::Binary => Codec::Binary,
+        DeltaCodec::Json => Codec::Json,
+    };
+    let no_player = Key::Int(0);
+    let entry = c.cache.get(&c.state, base, state_codec).ok().and_then(|prepared| {
+        let update = prepared.update_for(&c.state, &no_player, false).ok()?;
+        // Sent even when nothing visible changed: the client's replica must move to the new
+        // version, or the next delta would not apply.
+        let message = ChannelUpdate {
+            channel_id: CELL_BASE + u64::from(cell),
+            codec: codec as i32,
+            update: update.to_vec().into(),
+        };
+        // At its exact size: queued updates hold it, and the window counts only its length.
+        let mut field = Vec::with_capacity(field_len(message.encoded_len()));
+        field.push(UPDATES_TAG);
+        message.encode_length_delimited(&mut field).ok()?;
+        Some((Bytes::from(field), prepared.to()))
+    });
+    cache.push((base, codec as i32, entry));
+    cache.len() - 1
+}
 
 pub(super) struct Viewer {
     handle: SessionHandle,
@@ -266,7 +304,6 @@ impl World {
         // `ChannelUpdates.updates` (tag, length, message) and shared by every viewer at that
         // version: a viewer's message is these entries end to end.
         let mut encoded: Vec<Vec<Encoded>> = vec![Vec::new(); cells.len()];
-        let no_player = Key::Int(0);
         let mut gone = Vec::new();
         let mut sent = 0;
         let mut parts: Vec<Bytes> = Vec::new();
@@ -286,10 +323,6 @@ impl World {
                 schedule.record(conn, now, Outcome::Refused);
                 continue;
             }
-            let codec = match viewer.codec {
-                DeltaCodec::Binary => Codec::Binary,
-                DeltaCodec::Json => Codec::Json,
-            };
             parts.clear();
             advanced.clear();
             for (at_held, &(cell, held)) in viewer.held.iter().enumerate() {
@@ -298,31 +331,9 @@ impl World {
                 if held == Some(version) {
                     continue;
                 }
-                let base = held.unwrap_or(0);
                 let cache = &mut encoded[cell as usize];
-                let at = match cache.iter().position(|(b, k, _)| *b == base && *k == viewer.codec as i32) {
-                    Some(at) => at,
-                    None => {
-                        let entry = c.cache.get(&c.state, base, codec).ok().and_then(|prepared| {
-                            let update = prepared.update_for(&c.state, &no_player, false).ok()?;
-                            // Sent even when nothing visible changed: the client's replica must
-                            // move to the new version, or the next delta would not apply.
-                            let message = ChannelUpdate {
-                                channel_id: CELL_BASE + u64::from(cell),
-                                codec: viewer.codec as i32,
-                                update: update.to_vec().into(),
-                            };
-                            // At its exact size: queued updates hold it, and the window counts
-                            // only its length.
-                            let mut field = Vec::with_capacity(field_len(message.encoded_len()));
-                            field.push(UPDATES_TAG);
-                            message.encode_length_delimited(&mut field).ok()?;
-                            Some((Bytes::from(field), prepared.to()))
-                        });
-                        cache.push((base, viewer.codec as i32, entry));
-                        cache.len() - 1
-                    }
-                };
+                let base = held.unwrap_or(0);
+                let at = entry(cache, c, cell, base, viewer.codec, figures);
                 match &cache[at].2 {
                     Some((field, to)) => {
                         parts.push(field.clone());
