@@ -39,7 +39,7 @@ pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, Startup, e
 pub use spatial::SpatialRouter;
 /// For the criterion bench of the world's pass; not part of the API.
 #[doc(hidden)]
-pub use spatial::harness::{HarnessError, WorldHarness};
+pub use spatial::harness::{HarnessError, PassCounts, WorldHarness};
 pub use stats::{Stats, StatsSnapshot};
 pub use workers::WorkerSet;
 

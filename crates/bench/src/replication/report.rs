@@ -145,8 +145,9 @@ pub struct Step {
     pub pass_cpu_mean_ms: Option<f64>,
     /// Scenario `spatial`: cell updates the same passes encoded, on average
     /// (`spatial_cell_encodings` over the passes): one per cell, version sent from and codec.
-    /// About one per changed cell while every viewer keeps up; a viewer held back needs deltas
-    /// from older versions, each encoded apart. `None` if the gateway did not report it.
+    /// About one per changed cell while every viewer keeps up; a viewer held back needs a delta
+    /// from an older version, encoded apart, or gets the cell's snapshot, encoded once for all
+    /// of them (`spatial_catch_up_snapshots`). `None` if the gateway did not report it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell_encodings_per_pass: Option<f64>,
     /// Game-server frames of the hold that were simulated but not published, because the

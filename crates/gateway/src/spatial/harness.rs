@@ -117,6 +117,19 @@ pub struct WorldHarness {
     keep_replicas: bool,
 }
 
+/// What a [`WorldHarness`]'s passes counted (the world's metrics of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassCounts {
+    /// Cell updates encoded: one per cell, version sent from and codec, per pass
+    /// (`spatial_cell_encodings`).
+    pub encodings: u64,
+    /// Due viewers held back because their window was full (`spatial_updates_coalesced`).
+    pub held_back: u64,
+    /// Cell snapshots sent to a viewer behind instead of a delta of its own
+    /// (`spatial_catch_up_snapshots`).
+    pub catch_up_snapshots: u64,
+}
+
 /// Why the harness could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
@@ -312,11 +325,14 @@ impl WorldHarness {
         None
     }
 
-    /// Cell updates the passes encoded so far (one per cell, version sent from and codec, per
-    /// pass), and the times a due viewer was held back because its window was full.
-    pub fn encodings_and_held_back(&self) -> (u64, u64) {
+    /// What the passes counted so far.
+    pub fn counts(&self) -> PassCounts {
         let f = &self.world.figures;
-        (f.encodings.load(Ordering::Relaxed), f.coalesced.load(Ordering::Relaxed))
+        PassCounts {
+            encodings: f.encodings.load(Ordering::Relaxed),
+            held_back: f.coalesced.load(Ordering::Relaxed),
+            catch_up_snapshots: f.catch_up_snapshots.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -361,35 +377,34 @@ mod tests {
         assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
     }
 
-    #[test]
-    fn clients_behind_catch_up_with_merged_deltas_and_their_replicas_match() {
+    /// 40 clients on a 6×6 world, two entities per cell; one in four reads once every 20 passes (400 ms, past what
+    /// the window lets an update wait), each at its own phase, so they fall behind from
+    /// different versions. Every frame publishes `value(frame, i)` for every entity (`i` in
+    /// spawn order). Checks that
+    /// every update read applies to the client's replica of its cell, and that once everyone
+    /// reads, every replica is the cell it sees; returns what the passes counted.
+    fn clients_behind(value: impl Fn(usize, usize) -> String) -> PassCounts {
         let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
         let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
         h.keep_replicas();
         let mut spawned = std::collections::HashMap::new();
+        // Two by two: each of the 20 cells with an entity holds two.
         for i in 0..40 {
-            let at = [5.0 + (i % 10) as f32 * 11.0, 0.0, 5.0 + (i / 10) as f32 * 27.0];
-            spawned.insert(h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned"), at);
+            let x = 5.0 + (i % 10 / 2) as f32 * 20.0 + (i % 2) as f32 * 8.0;
+            let at = [x, 0.0, 5.0 + (i / 10) as f32 * 27.0];
+            spawned.insert(h.spawn_player(at, &value(0, i), 30.0, start).expect("spawned"), (at, i));
         }
-        // One client in four reads once every 20 passes (400 ms, past what the window lets an
-        // update wait), each at its own phase: they fall behind from different versions.
         let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i).is_multiple_of(20);
         let mut now = start;
         for frame in 1..=100usize {
-            h.publish_frame(|id| {
-                let at = spawned[&id];
-                ([at[0] + frame as f32 * 0.005, 0.0, at[2]], format!(r#"{{"yaw": {}}}"#, frame % 6))
-            })
-            .expect("published");
+            h.publish_frame(|id| (spawned[&id].0, value(frame, spawned[&id].1))).expect("published");
             now += Duration::from_millis(20);
             h.tick(now);
             h.drain_clients(now, reads(frame)).expect("every update applies to its replica");
         }
-        let (encodings, held_back) = h.encodings_and_held_back();
-        assert!(held_back > 0, "the clients behind were held back");
-        assert!(encodings > 0);
-        // Once everyone reads, every replica is the cell it sees.
+        let counts = h.counts();
+        assert!(counts.held_back > 0, "the clients behind were held back: {counts:?}");
         for _ in 0..3 {
             now += Duration::from_millis(20);
             h.tick(now);
@@ -397,8 +412,31 @@ mod tests {
         }
         assert_eq!(h.replicas_differ(), None);
         // And the check sees a replica that has not read the latest pass.
-        h.publish_frame(|id| (spawned[&id], r#"{"yaw": 5.5}"#.into())).expect("published");
+        h.publish_frame(|id| (spawned[&id].0, value(1000, spawned[&id].1))).expect("published");
         h.tick(now + Duration::from_millis(20));
         assert!(h.replicas_differ().is_some());
+        counts
+    }
+
+    #[test]
+    fn clients_behind_get_the_snapshot_of_a_cell_whose_every_entity_changed() {
+        // Every entity changes every frame: a delta is about a snapshot's size.
+        let counts = clients_behind(|frame, _| {
+            let f = frame as f32;
+            format!(r#"{{"pos": [{f}, {}, 1.5], "yaw": {}, "data": "d{frame}"}}"#, f * 0.5, f * 0.01)
+        });
+        assert!(counts.catch_up_snapshots > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn clients_behind_get_a_merged_delta_of_a_cell_that_changed_a_little() {
+        // One entity in eight changes each frame, never both of a cell's two; the others publish
+        // their position only (an empty value), which changes nothing: a delta is at most half
+        // the cell.
+        let counts = clients_behind(|frame, i| match frame == 0 || (frame + i).is_multiple_of(8) {
+            true => format!(r#"{{"yaw": {}, "data": "{}"}}"#, frame % 6, "x".repeat(50)),
+            false => String::new(),
+        });
+        assert_eq!(counts.catch_up_snapshots, 0, "{counts:?}");
     }
 }

@@ -89,6 +89,9 @@ pub(crate) struct SpatialFigures {
     pub coalesced: AtomicU64,
     /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
     pub encodings: AtomicU64,
+    /// Cell updates sent to a viewer behind as the cell's snapshot instead of a delta of its
+    /// own (`World::tick`).
+    pub catch_up_snapshots: AtomicU64,
 
     pub viewers: AtomicU64,
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
@@ -311,6 +314,7 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_fanouts", get(&f.fanouts)),
             Gauge::counter("spatial_updates_coalesced", get(&f.coalesced)),
             Gauge::counter("spatial_cell_encodings", get(&f.encodings)),
+            Gauge::counter("spatial_catch_up_snapshots", get(&f.catch_up_snapshots)),
             // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if
             // it died.
             Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),

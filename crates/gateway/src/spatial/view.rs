@@ -33,6 +33,12 @@ type Encoded = (Version, i32, Option<(Bytes, Version)>);
 /// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
 const UPDATES_TAG: u8 = 0x0a;
 
+/// A viewer behind by more than a cell's latest change gets the cell's snapshot instead of a
+/// delta of its own when the latest change's delta is at least this fraction (NUM/DEN) of the
+/// snapshot's size.
+const SNAPSHOT_INSTEAD_NUM: usize = 3;
+const SNAPSHOT_INSTEAD_DEN: usize = 4;
+
 /// The index in `cache` (a cell's entries of this pass) of the cell's update from `base` in
 /// `codec`, encoded now if no viewer needed it yet this pass.
 fn entry(
@@ -67,6 +73,11 @@ fn entry(
         message.encode_length_delimited(&mut field).ok()?;
         Some((Bytes::from(field), prepared.to()))
     });
+    if base == 0
+        && let Some((field, _)) = &entry
+    {
+        c.snapshot_len[codec as usize] = field.len();
+    }
     cache.push((base, codec as i32, entry));
     cache.len() - 1
 }
@@ -284,9 +295,16 @@ impl World {
     /// what changed in its view. Returns how many viewers got one.
     pub fn tick(&mut self, now: Instant) -> u64 {
         let mut changed = false;
+        // The cells this pass sealed a change of: the viewers that keep up need its delta now.
+        let mut fresh = Vec::with_capacity(self.cells.len());
         for cell in &mut self.cells {
             let before = cell.state.version();
-            changed |= cell.state.seal() != before;
+            let sealed = cell.state.seal() != before;
+            if sealed {
+                cell.previous = before;
+            }
+            changed |= sealed;
+            fresh.push(sealed);
         }
         if changed {
             self.world_version += 1;
@@ -332,7 +350,31 @@ impl World {
                     continue;
                 }
                 let cache = &mut encoded[cell as usize];
-                let base = held.unwrap_or(0);
+                // A viewer behind by more than the cell's latest change (its window held it
+                // back) would need a delta of its own, from the version it holds. When that
+                // change, sealed by this pass, alone was about as large as a snapshot
+                // (characters that all move every frame), such a delta would be too: the viewer
+                // gets the cell's snapshot, which every viewer behind shares. So catching up
+                // costs one encoding per cell and pass, however many versions the viewers
+                // behind hold. (The latest change's delta is encoded for the viewers that keep
+                // up anyway; in a pass that sealed nothing new for the cell, it would not be,
+                // and a viewer behind gets its own delta.)
+                let mut base = held.unwrap_or(0);
+                if base != 0 && base < c.previous && fresh[cell as usize] {
+                    let latest = entry(cache, c, cell, c.previous, viewer.codec, figures);
+                    // The snapshot's size as last encoded, or encoded now to learn it.
+                    if c.snapshot_len[viewer.codec as usize] == 0 {
+                        entry(cache, c, cell, 0, viewer.codec, figures);
+                    }
+                    let full = c.snapshot_len[viewer.codec as usize];
+                    if let Some((delta, _)) = &cache[latest].2
+                        && full > 0
+                        && delta.len() * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM
+                    {
+                        base = 0;
+                        figures.catch_up_snapshots.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 let at = entry(cache, c, cell, base, viewer.codec, figures);
                 match &cache[at].2 {
                     Some((field, to)) => {

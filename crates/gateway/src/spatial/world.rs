@@ -19,7 +19,7 @@ use prost::Message;
 use tickwire_fanout::Scheduler;
 use tickwire_spatial::handover::{Action, Route};
 use tickwire_spatial::{Cell, Layout, Move};
-use tickwire_state::{Key, PreparedCache, Schema, State, Step};
+use tickwire_state::{Key, PreparedCache, Schema, State, Step, Version};
 use tickwire_wire::proto::{
     CellInfo, ChannelMessage, ChannelSend, Despawn, EntityMessage, EntityState, Handover, HandoverKind,
     Publish, PublishResult, RegisterResult, RegisterServer, Release, Response, SpatialEvent,
@@ -35,6 +35,13 @@ pub(super) const ENTITIES_FIELD: u16 = 0;
 
 pub(super) struct CellState {
     pub state: State,
+    /// The version before the state's latest change, sealed by a pass: what a viewer that
+    /// keeps up holds until its next update.
+    pub previous: Version,
+    /// The length of the cell's latest snapshot entry encoded, per codec (`DeltaCodec` as an
+    /// index; 0: none yet): a guide, possibly a little stale, for sending a viewer behind the
+    /// snapshot instead of a delta of its own (`World::tick`).
+    pub snapshot_len: [usize; 2],
     pub cache: PreparedCache,
     pub entities: HashSet<u64>,
 }
@@ -110,6 +117,8 @@ impl World {
         let cells = (0..layout.cell_count())
             .map(|_| CellState {
                 state: State::with_limits(cell_schema.clone(), limits),
+                previous: 0,
+                snapshot_len: [0; 2],
                 cache: PreparedCache::default(),
                 entities: HashSet::new(),
             })
