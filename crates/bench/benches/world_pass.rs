@@ -60,7 +60,8 @@ enum Timed {
     Pass,
     /// The pass, with one client in [`LAG_EVERY`] reading only every [`LAG_FRAMES`] frames
     /// (staggered): longer than the window lets an update wait, so each of them is held back,
-    /// then sent a delta from an older version than the clients that keep up.
+    /// then sent what changed since an older version than the clients that keep up hold (a
+    /// merged delta, or the cell's snapshot: every entity moves every frame here).
     PassLagging,
 }
 

@@ -72,7 +72,7 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
     // Present only if the gateway reported the counter it is made from.
     assert!(step["held_back_per_client_per_s"].as_f64().is_some(), "{step}");
-    // At least one cell changes in a pass (30 characters walk), and each is encoded once for
-    // the clients that keep up.
+    // 30 characters walk: on average at least one cell changes per pass, and each changed cell
+    // is encoded at least once for the clients that keep up.
     assert!(step["cell_encodings_per_pass"].as_f64().is_some_and(|e| e >= 1.0), "{step}");
 }

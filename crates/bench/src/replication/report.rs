@@ -144,10 +144,12 @@ pub struct Step {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pass_cpu_mean_ms: Option<f64>,
     /// Scenario `spatial`: cell updates the same passes encoded, on average
-    /// (`spatial_cell_encodings` over the passes): one per cell, version sent from and codec.
-    /// About one per changed cell while every viewer keeps up; a viewer held back needs a delta
-    /// from an older version, encoded apart, or gets the cell's snapshot, encoded once for all
-    /// of them (`spatial_catch_up_snapshots`). `None` if the gateway did not report it.
+    /// (`spatial_cell_encodings` over the passes): one per cell, version sent from and codec
+    /// that some due viewer needed, failed ones included. About one per changed cell while every
+    /// viewer keeps up, plus a snapshot per cell a viewer entered; a viewer behind needs a
+    /// delta from an older version, encoded apart, or gets the cell's snapshot, encoded once
+    /// for all of them (`spatial_catch_up_snapshots`; a snapshot may also be encoded only to
+    /// learn its size). `None` if the gateway did not report it, or no pass was recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell_encodings_per_pass: Option<f64>,
     /// Game-server frames of the hold that were simulated but not published, because the
@@ -251,11 +253,13 @@ pub(super) fn print_row(step: &Step) {
     }
     match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
         (Some(cpu), Some(mean)) => println!(
-            "  world pass CPU time: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the pass's work without waiting for a core; {:.0} cell updates encoded per pass",
+            "  world pass CPU time: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the pass's work without waiting for a core{}",
             ms(cpu.p50),
             ms(cpu.p99),
             ms(cpu.max),
-            step.cell_encodings_per_pass.unwrap_or(0.0),
+            step.cell_encodings_per_pass
+                .map(|e| format!("; {e:.1} cell updates encoded per pass"))
+                .unwrap_or_default(),
         ),
         _ if step.handovers_per_s.is_some() => println!("  world pass CPU time: no passes recorded"),
         _ => {}

@@ -18,11 +18,11 @@ use std::time::Instant;
 use bytes::Bytes;
 use prost::Message;
 use tickwire_spatial::LayoutConfig;
-use tickwire_state::{Replica, Schema};
+use tickwire_state::{Codec, Replica, Schema};
 use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelUpdates, EntityState, Follow, Publish, RegisterServer, SetInterest, SpawnEntity,
-    SpawnResult, Sphere, Status, Vec3, envelope, set_interest,
+    ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, Publish, RegisterServer, SetInterest,
+    SpawnEntity, SpawnResult, Sphere, Status, Vec3, envelope, set_interest,
 };
 use tokio::sync::mpsc;
 
@@ -52,21 +52,28 @@ impl Sink {
     /// Applies a message read to the replicas, if kept.
     fn apply(&mut self, message: Bytes, schema: &Arc<Schema>) -> Result<(), HarnessError> {
         let Some(replicas) = self.replicas.as_mut() else { return Ok(()) };
-        let bad = |what: String| HarnessError::Refused { what: "an update read", message: what };
         let Ok(envelope::Kind::Push(push)) = decode_envelope(message) else {
-            return Err(bad("not a push".into()));
+            return Err(HarnessError::Read("a message that is not a push".into()));
         };
         match push.topic.as_str() {
             "channel.updates" => {
-                let batch = ChannelUpdates::decode(push.body).map_err(|e| bad(e.to_string()))?;
+                let batch = ChannelUpdates::decode(push.body)
+                    .map_err(|e| HarnessError::Read(format!("channel.updates: {e}")))?;
                 for u in batch.updates {
+                    let codec = match u.codec() {
+                        DeltaCodec::Binary => Codec::Binary,
+                        DeltaCodec::Json => Codec::Json,
+                    };
                     let replica =
                         replicas.entry(u.channel_id).or_insert_with(|| Replica::new(schema.clone()));
-                    replica.apply(&u.update).map_err(|e| bad(format!("cell {}: {e}", u.channel_id)))?;
+                    replica
+                        .apply_codec(codec, &u.update)
+                        .map_err(|e| HarnessError::Read(format!("cell {}: {e}", u.channel_id)))?;
                 }
             }
             "channel.event" => {
-                let event = ChannelEvent::decode(push.body).map_err(|e| bad(e.to_string()))?;
+                let event = ChannelEvent::decode(push.body)
+                    .map_err(|e| HarnessError::Read(format!("channel.event: {e}")))?;
                 replicas.remove(&event.channel_id);
             }
             _ => {}
@@ -125,14 +132,16 @@ pub struct PassCounts {
     pub encodings: u64,
     /// Due viewers held back because their window was full (`spatial_updates_coalesced`).
     pub held_back: u64,
-    /// Cell snapshots sent to a viewer behind instead of a delta of its own
+    /// Cell snapshots queued to a viewer behind instead of a delta of its own
     /// (`spatial_catch_up_snapshots`).
     pub catch_up_snapshots: u64,
 }
 
-/// Why the harness could not be set up.
+/// Why the harness could not be set up or driven, or a client could not read what it got.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
+    #[error("a client could not read what it was sent: {0}")]
+    Read(String),
     #[error("the configuration: {0}")]
     Config(#[from] crate::ConfigError),
     #[error("the world: {0}")]
@@ -192,7 +201,7 @@ impl WorldHarness {
         now: Instant,
     ) -> Result<u64, HarnessError> {
         let conn = 1_000_000 + self.clients.len() as u64;
-        let client = Sink::new(conn, Role::Player, &self.config);
+        let mut client = Sink::new(conn, Role::Player, &self.config);
         let Some(cell) = self.world.layout.cell_of(position) else {
             return Err(HarnessError::Refused {
                 what: "a spawn",
@@ -221,7 +230,6 @@ impl WorldHarness {
             return Err(HarnessError::Refused { what: "an area of interest", message: r.error });
         }
         self.entities.push((entity_id, slot, self.clients.len()));
-        let mut client = client;
         if self.keep_replicas {
             client.replicas = Some(HashMap::new());
         }
@@ -306,11 +314,23 @@ impl WorldHarness {
         self.keep_replicas = true;
     }
 
-    /// Whether every client's replicas equal the cells they see: a message naming the first
-    /// that does not, if any.
+    /// Whether every client keeping replicas holds one of each cell in its view and no other,
+    /// each equal to its cell: a message naming the first that does not, if any.
     pub fn replicas_differ(&self) -> Option<String> {
         for (i, client) in self.clients.iter().enumerate() {
             let Some(replicas) = &client.replicas else { continue };
+            let mut in_view: Vec<u64> = self
+                .world
+                .viewers
+                .get(&client.handle.conn_id())
+                .map(|v| v.cells().map(|c| CELL_BASE + u64::from(c)).collect())
+                .unwrap_or_default();
+            let mut held: Vec<u64> = replicas.keys().copied().collect();
+            in_view.sort_unstable();
+            held.sort_unstable();
+            if in_view != held {
+                return Some(format!("client {i}: replicas of cells {held:?}, cells in view {in_view:?}"));
+            }
             for (&channel, replica) in replicas {
                 let cell = &self.world.cells[(channel - CELL_BASE) as usize].state;
                 if replica.version() != cell.version() || Some(replica.value()) != cell.get(&[]).ok() {
@@ -377,12 +397,13 @@ mod tests {
         assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
     }
 
-    /// 40 clients on a 6×6 world, two entities per cell; one in four reads once every 20 passes (400 ms, past what
-    /// the window lets an update wait), each at its own phase, so they fall behind from
-    /// different versions. Every frame publishes `value(frame, i)` for every entity (`i` in
-    /// spawn order). Checks that
-    /// every update read applies to the client's replica of its cell, and that once everyone
-    /// reads, every replica is the cell it sees; returns what the passes counted.
+    /// 40 clients on a 6×6 world, their entities two by two in 20 cells. One client in four
+    /// reads once every 20 passes (400 ms, past what the window lets an update wait), in 10
+    /// phases, so they fall behind from different versions. Every frame publishes
+    /// `value(frame, i)` for every entity (`i` in spawn order). Checks that every update read
+    /// applies to the client's replica of its cell, and that once everyone reads, every client
+    /// holds a replica of each cell in its view, equal to the cell. Returns what the passes
+    /// counted.
     fn clients_behind(value: impl Fn(usize, usize) -> String) -> PassCounts {
         let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
@@ -395,7 +416,7 @@ mod tests {
             let at = [x, 0.0, 5.0 + (i / 10) as f32 * 27.0];
             spawned.insert(h.spawn_player(at, &value(0, i), 30.0, start).expect("spawned"), (at, i));
         }
-        let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i).is_multiple_of(20);
+        let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i / 4).is_multiple_of(20);
         let mut now = start;
         for frame in 1..=100usize {
             h.publish_frame(|id| (spawned[&id].0, value(frame, spawned[&id].1))).expect("published");
@@ -433,9 +454,12 @@ mod tests {
         // One entity in eight changes each frame, never both of a cell's two; the others publish
         // their position only (an empty value), which changes nothing: a delta is at most half
         // the cell.
-        let counts = clients_behind(|frame, i| match frame == 0 || (frame + i).is_multiple_of(8) {
-            true => format!(r#"{{"yaw": {}, "data": "{}"}}"#, frame % 6, "x".repeat(50)),
-            false => String::new(),
+        let counts = clients_behind(|frame, i| {
+            if frame == 0 || (frame + i).is_multiple_of(8) {
+                format!(r#"{{"yaw": {}, "data": "{}"}}"#, frame % 6, "x".repeat(50))
+            } else {
+                String::new()
+            }
         });
         assert_eq!(counts.catch_up_snapshots, 0, "{counts:?}");
     }

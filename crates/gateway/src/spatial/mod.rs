@@ -89,10 +89,9 @@ pub(crate) struct SpatialFigures {
     pub coalesced: AtomicU64,
     /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
     pub encodings: AtomicU64,
-    /// Cell updates sent to a viewer behind as the cell's snapshot instead of a delta of its
-    /// own (`World::tick`).
+    /// Cell updates queued to a viewer whose version predated the cell's latest change as the
+    /// cell's snapshot, instead of a delta of its own (`World::tick`).
     pub catch_up_snapshots: AtomicU64,
-
     pub viewers: AtomicU64,
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
     /// for a core (which the wall-clock `channel_tick_duration_seconds` includes).

@@ -33,11 +33,19 @@ type Encoded = (Version, i32, Option<(Bytes, Version)>);
 /// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
 const UPDATES_TAG: u8 = 0x0a;
 
-/// A viewer behind by more than a cell's latest change gets the cell's snapshot instead of a
-/// delta of its own when the latest change's delta is at least this fraction (NUM/DEN) of the
-/// snapshot's size.
+/// A viewer whose version of a cell predates the cell's latest change gets the cell's snapshot
+/// instead of a delta of its own when the latest change's delta is at least this fraction
+/// (NUM/DEN) of the snapshot's size.
 const SNAPSHOT_INSTEAD_NUM: usize = 3;
 const SNAPSHOT_INSTEAD_DEN: usize = 4;
+
+/// A codec's index in the per-codec arrays of [`CellState`].
+pub(super) fn codec_index(codec: DeltaCodec) -> usize {
+    match codec {
+        DeltaCodec::Binary => 0,
+        DeltaCodec::Json => 1,
+    }
+}
 
 /// The index in `cache` (a cell's entries of this pass) of the cell's update from `base` in
 /// `codec`, encoded now if no viewer needed it yet this pass.
@@ -58,7 +66,7 @@ fn entry(
         DeltaCodec::Json => Codec::Json,
     };
     let no_player = Key::Int(0);
-    let entry = c.cache.get(&c.state, base, state_codec).ok().and_then(|prepared| {
+    let encoded = c.cache.get(&c.state, base, state_codec).ok().and_then(|prepared| {
         let update = prepared.update_for(&c.state, &no_player, false).ok()?;
         // Sent even when nothing visible changed: the client's replica must move to the new
         // version, or the next delta would not apply.
@@ -73,12 +81,14 @@ fn entry(
         message.encode_length_delimited(&mut field).ok()?;
         Some((Bytes::from(field), prepared.to()))
     });
-    if base == 0
-        && let Some((field, _)) = &entry
-    {
-        c.snapshot_len[codec as usize] = field.len();
+    if let Some((field, _)) = &encoded {
+        if base == 0 {
+            c.snapshot_len[codec_index(codec)] = field.len();
+        } else if base == c.previous {
+            c.latest_len[codec_index(codec)] = (base, field.len());
+        }
     }
-    cache.push((base, codec as i32, entry));
+    cache.push((base, codec as i32, encoded));
     cache.len() - 1
 }
 
@@ -92,6 +102,13 @@ pub(super) struct Viewer {
     /// snapshot). A few cells (at most `spatial.max_view_cells`), walked on every pass: a
     /// sorted vector, updated in place.
     held: Vec<(u32, Option<Version>)>,
+}
+
+impl Viewer {
+    /// The cells in view, in order.
+    pub(super) fn cells(&self) -> impl Iterator<Item = u32> + '_ {
+        self.held.iter().map(|&(cell, _)| cell)
+    }
 }
 
 fn point(v: Option<tickwire_wire::proto::Vec3>) -> [f32; 3] {
@@ -295,16 +312,12 @@ impl World {
     /// what changed in its view. Returns how many viewers got one.
     pub fn tick(&mut self, now: Instant) -> u64 {
         let mut changed = false;
-        // The cells this pass sealed a change of: the viewers that keep up need its delta now.
-        let mut fresh = Vec::with_capacity(self.cells.len());
         for cell in &mut self.cells {
             let before = cell.state.version();
-            let sealed = cell.state.seal() != before;
-            if sealed {
+            if cell.state.seal() != before {
                 cell.previous = before;
+                changed = true;
             }
-            changed |= sealed;
-            fresh.push(sealed);
         }
         if changed {
             self.world_version += 1;
@@ -343,6 +356,8 @@ impl World {
             }
             parts.clear();
             advanced.clear();
+            // Cells this viewer gets the snapshot of in place of its own delta, counted once sent.
+            let mut catch_up = 0;
             for (at_held, &(cell, held)) in viewer.held.iter().enumerate() {
                 let c = &mut cells[cell as usize];
                 let version = c.state.version();
@@ -350,29 +365,25 @@ impl World {
                     continue;
                 }
                 let cache = &mut encoded[cell as usize];
-                // A viewer behind by more than the cell's latest change (its window held it
-                // back) would need a delta of its own, from the version it holds. When that
-                // change, sealed by this pass, alone was about as large as a snapshot
-                // (characters that all move every frame), such a delta would be too: the viewer
-                // gets the cell's snapshot, which every viewer behind shares. So catching up
-                // costs one encoding per cell and pass, however many versions the viewers
-                // behind hold. (The latest change's delta is encoded for the viewers that keep
-                // up anyway; in a pass that sealed nothing new for the cell, it would not be,
-                // and a viewer behind gets its own delta.)
+                // A viewer whose version predates the cell's latest change (its window held it
+                // back, or it is due less often than the cell changes) would need a delta of its
+                // own, from that version. When the latest change alone was about as large as a
+                // snapshot (characters that all move every frame), such a delta would be too:
+                // the viewer gets the cell's snapshot, which every such viewer shares. So
+                // catching up costs one encoding per cell and pass, however many versions the
+                // viewers behind hold. The latest change's size is known once its delta was
+                // encoded (for the viewers that keep up); until then, and when no viewer keeps
+                // up, a viewer behind gets its own delta.
                 let mut base = held.unwrap_or(0);
-                if base != 0 && base < c.previous && fresh[cell as usize] {
-                    let latest = entry(cache, c, cell, c.previous, viewer.codec, figures);
-                    // The snapshot's size as last encoded, or encoded now to learn it.
-                    if c.snapshot_len[viewer.codec as usize] == 0 {
+                let k = codec_index(viewer.codec);
+                if base != 0 && base < c.previous && c.latest_len[k].0 == c.previous {
+                    if c.snapshot_len[k] == 0 {
                         entry(cache, c, cell, 0, viewer.codec, figures);
                     }
-                    let full = c.snapshot_len[viewer.codec as usize];
-                    if let Some((delta, _)) = &cache[latest].2
-                        && full > 0
-                        && delta.len() * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM
-                    {
+                    let full = c.snapshot_len[k];
+                    if full > 0 && c.latest_len[k].1 * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM {
                         base = 0;
-                        figures.catch_up_snapshots.fetch_add(1, Ordering::Relaxed);
+                        catch_up += 1;
                     }
                 }
                 let at = entry(cache, c, cell, base, viewer.codec, figures);
@@ -402,6 +413,7 @@ impl World {
                         viewer.held[at].1 = to;
                     }
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
+                    figures.catch_up_snapshots.fetch_add(catch_up, Ordering::Relaxed);
                     sent += 1;
                     schedule.record(conn, now, Outcome::Sent { to: *world_version });
                 }

@@ -38,10 +38,14 @@ pub(super) struct CellState {
     /// The version before the state's latest change, sealed by a pass: what a viewer that
     /// keeps up holds until its next update.
     pub previous: Version,
-    /// The length of the cell's latest snapshot entry encoded, per codec (`DeltaCodec` as an
-    /// index; 0: none yet): a guide, possibly a little stale, for sending a viewer behind the
-    /// snapshot instead of a delta of its own (`World::tick`).
+    /// Per codec (`view::codec_index`): the length of the cell's latest snapshot entry encoded (0:
+    /// none yet), whatever version it was of. A guide for sending a viewer behind the snapshot
+    /// instead of a delta of its own (`World::tick`): a cell's size moves slowly, and a wrong
+    /// guess sends one of two valid updates where the other would have been smaller.
     pub snapshot_len: [usize; 2],
+    /// Per codec: the length of the cell's delta entry from `previous` (its latest change), with
+    /// the `previous` it was encoded from; valid only while that is still `previous`.
+    pub latest_len: [(Version, usize); 2],
     pub cache: PreparedCache,
     pub entities: HashSet<u64>,
 }
@@ -119,6 +123,7 @@ impl World {
                 state: State::with_limits(cell_schema.clone(), limits),
                 previous: 0,
                 snapshot_len: [0; 2],
+                latest_len: [(0, 0); 2],
                 cache: PreparedCache::default(),
                 entities: HashSet::new(),
             })
