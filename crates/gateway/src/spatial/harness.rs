@@ -22,7 +22,7 @@ use tickwire_state::{Codec, Replica, Schema};
 use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
     ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, Publish, RegisterServer, SetInterest,
-    SpawnEntity, SpawnResult, Sphere, Status, Vec3, envelope, set_interest,
+    SpawnEntity, SpawnResult, Sphere, Status, SubscriptionOptions, Vec3, envelope, set_interest,
 };
 use tokio::sync::mpsc;
 
@@ -192,12 +192,25 @@ impl WorldHarness {
     }
 
     /// Spawns an entity at `position` with `value_json`, controlled by a new client whose area
-    /// of interest is a sphere of `radius` around it that follows it from cell to cell.
+    /// of interest is a sphere of `radius` around it that follows it from cell to cell, with
+    /// updates in the binary codec.
     pub fn spawn_player(
         &mut self,
         position: [f32; 3],
         value_json: &str,
         radius: f32,
+        now: Instant,
+    ) -> Result<u64, HarnessError> {
+        self.spawn_player_in(position, value_json, radius, DeltaCodec::Binary, now)
+    }
+
+    /// [`WorldHarness::spawn_player`], with the client's updates in `codec`.
+    pub fn spawn_player_in(
+        &mut self,
+        position: [f32; 3],
+        value_json: &str,
+        radius: f32,
+        codec: DeltaCodec,
         now: Instant,
     ) -> Result<u64, HarnessError> {
         let conn = 1_000_000 + self.clients.len() as u64;
@@ -223,7 +236,8 @@ impl WorldHarness {
             .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
             .entity_id;
         let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
-        let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
+        let options = SubscriptionOptions { codec: codec as i32, ..Default::default() };
+        let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
         let id = self.request_id();
         let r = self.world.set_interest(&client.handle, req, id, now);
         if r.status != Status::Ok as i32 {
@@ -397,7 +411,8 @@ mod tests {
         assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
     }
 
-    /// 40 clients on a 6×6 world, their entities two by two in 20 cells. One client in four
+    /// 40 clients on a 6×6 world, their entities two by two in 20 cells, one in three reading
+    /// JSON updates and the others binary ones. One client in four
     /// reads once every 20 passes (400 ms, past what the window lets an update wait), in 10
     /// phases, so they fall behind from different versions. Every frame publishes
     /// `value(frame, i)` for every entity (`i` in spawn order). Checks that every update read
@@ -414,7 +429,9 @@ mod tests {
         for i in 0..40 {
             let x = 5.0 + (i % 10 / 2) as f32 * 20.0 + (i % 2) as f32 * 8.0;
             let at = [x, 0.0, 5.0 + (i / 10) as f32 * 27.0];
-            spawned.insert(h.spawn_player(at, &value(0, i), 30.0, start).expect("spawned"), (at, i));
+            let codec = if i % 3 == 0 { DeltaCodec::Json } else { DeltaCodec::Binary };
+            let id = h.spawn_player_in(at, &value(0, i), 30.0, codec, start).expect("spawned");
+            spawned.insert(id, (at, i));
         }
         let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i / 4).is_multiple_of(20);
         let mut now = start;
