@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message;
 use tickwire_fanout::{Due, Options, Outcome, Scheduler};
-use tickwire_state::{Codec, FieldMask, Key, Patch, PatchError, PreparedCache, State, StateError, Version};
+use tickwire_state::{FieldMask, Key, Patch, PatchError, PreparedCache, State, StateError, Version};
 use tickwire_transport::wake_batch::batch;
 use tickwire_wire::proto::{
     Broadcast, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdate, DataAccess,
-    DeltaCodec, Response, Status, SubscribeResult, SubscriptionOptions,
+    Response, Status, SubscribeResult, SubscriptionOptions,
 };
 use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
@@ -520,10 +520,7 @@ impl Channel {
                 schedule.record(conn_id, now, Outcome::Refused);
                 continue;
             }
-            let codec = match sub.options.codec() {
-                DeltaCodec::Binary => Codec::Binary,
-                DeltaCodec::Json => Codec::Json,
-            };
+            let codec = super::state_codec(sub.options.codec());
             let base = from.unwrap_or(0);
             let update = cache
                 .get_masked(state, base, codec, sub.mask.as_ref())

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use prost::Message;
-use tickwire_state::{Limits, Schema, SchemaDef, State};
+use tickwire_state::{Codec, Limits, Schema, SchemaDef, State};
 use tickwire_wire::proto::{
     ChannelInfo, ChannelRef, ChannelSend, ChannelType, CreateChannel, CreateChannelResult, DataAccess,
-    ListChannels, ListChannelsResult, Request, Response, Status, Subscribe, UpdateChannel,
+    DeltaCodec, ListChannels, ListChannelsResult, Request, Response, Status, Subscribe, UpdateChannel,
 };
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -31,6 +31,14 @@ use crate::router::{EchoRouter, Gauge, Router, SessionHandle, Startup, error_res
 use actor::{Channel, Msg};
 use registry::Registry;
 use registry::{Entry, SharedRegistry, lock};
+
+/// The state engine's codec for a subscription's wire `DeltaCodec`.
+pub(crate) fn state_codec(codec: DeltaCodec) -> Codec {
+    match codec {
+        DeltaCodec::Binary => Codec::Binary,
+        DeltaCodec::Json => Codec::Json,
+    }
+}
 
 /// The most channels one `channel.list` answer holds.
 const MAX_LISTED: usize = 1000;

@@ -7,8 +7,10 @@
 //!
 //! Sessions are stand-ins: each has the real bounded outbox and window of updates in flight,
 //! and [`WorldHarness::drain`] plays a client that keeps up (it reads every outbox and
-//! acknowledges every update at once). Nothing polls the outboxes, so the wake-ups a pass
-//! causes in the gateway are not in the figure. Not part of the gateway's API.
+//! acknowledges every update at once); [`WorldHarness::drain_clients`] leaves some unread, as
+//! clients that fall behind, and [`WorldHarness::keep_replicas`] has clients apply what they
+//! read to replicas of their cells, for the tests. Nothing polls the outboxes, so the wake-ups a
+//! pass causes in the gateway are not in the figure. Not part of the gateway's API.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use prost::Message;
 use tickwire_spatial::LayoutConfig;
-use tickwire_state::{Codec, Replica, Schema};
+use tickwire_state::{Replica, Schema};
 use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
     ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, Publish, RegisterServer, SetInterest,
@@ -29,7 +31,7 @@ use tokio::sync::mpsc;
 use super::world::World;
 use super::{CELL_BASE, SpatialRouter};
 use crate::auth::Role;
-use crate::channel::{ChannelConfigError, ChannelRouter};
+use crate::channel::{ChannelConfigError, ChannelRouter, state_codec};
 use crate::router::{Outgoing, SessionHandle};
 
 /// A session stand-in: its handle, the receiving end of its outbox, and the sequence number
@@ -60,14 +62,10 @@ impl Sink {
                 let batch = ChannelUpdates::decode(push.body)
                     .map_err(|e| HarnessError::Read(format!("channel.updates: {e}")))?;
                 for u in batch.updates {
-                    let codec = match u.codec() {
-                        DeltaCodec::Binary => Codec::Binary,
-                        DeltaCodec::Json => Codec::Json,
-                    };
                     let replica =
                         replicas.entry(u.channel_id).or_insert_with(|| Replica::new(schema.clone()));
                     replica
-                        .apply_codec(codec, &u.update)
+                        .apply_codec(state_codec(u.codec()), &u.update)
                         .map_err(|e| HarnessError::Read(format!("cell {}: {e}", u.channel_id)))?;
                 }
             }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use prost::Message;
 use tickwire_fanout::{Due, Options, Outcome, Version};
 use tickwire_spatial::Area;
-use tickwire_state::{Codec, Key};
+use tickwire_state::Key;
 use tickwire_wire::proto::{
     ChannelEvent, ChannelEventKind, ChannelUpdate, DeltaCodec, Follow, InterestResult, Response, SetInterest,
     Status, set_interest,
@@ -24,6 +24,7 @@ use tickwire_wire::proto::{
 
 use super::world::{CellState, World};
 use super::{CELL_BASE, SpatialFigures, WORLD_KEY};
+use crate::channel::state_codec;
 use crate::router::{PushError, PushParts, SessionHandle, error_response, field_len};
 
 /// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
@@ -61,12 +62,8 @@ fn entry(
         return at;
     }
     figures.encodings.fetch_add(1, Ordering::Relaxed);
-    let state_codec = match codec {
-        DeltaCodec::Binary => Codec::Binary,
-        DeltaCodec::Json => Codec::Json,
-    };
     let no_player = Key::Int(0);
-    let encoded = c.cache.get(&c.state, base, state_codec).ok().and_then(|prepared| {
+    let encoded = c.cache.get(&c.state, base, state_codec(codec)).ok().and_then(|prepared| {
         let update = prepared.update_for(&c.state, &no_player, false).ok()?;
         // Sent even when nothing visible changed: the client's replica must move to the new
         // version, or the next delta would not apply.
