@@ -167,6 +167,8 @@ impl State {
     }
 
     /// Sets the value at `path`: a struct field, a list item, or a map entry (inserted if absent).
+    /// Only the parts that differ from the value held there are stamped, so subscribers receive
+    /// those; a set of the value already held leaves the state as it was (not dirty).
     pub fn set(&mut self, path: &[Step<'_>], value: Value) -> Result<(), StateError> {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
         let target = self.check(path)?;
@@ -187,15 +189,22 @@ impl State {
             (Target::Absent(_), Step::Key(key)) => crate::tree::key_weight(key),
             _ => 0,
         };
-        self.bytes = self.resize(old, node.weight() + key)?;
-        let v = self.pending();
-        if let Step::Key(key) = last {
+        let bytes = self.resize(old, node.weight() + key)?;
+        if let (Target::Absent(_), Step::Key(key)) = (&target, last) {
+            let v = self.pending();
             let slot = descend(&mut self.root, parent, v)?;
             let Node::Map(map) = &mut slot.node else { return Err(StateError::WrongTarget("map")) };
             map.put((*key).clone(), node, v);
         } else {
-            *descend(&mut self.root, path, v)? = Slot::new(node, v);
+            // Only what differs is stamped, and the path to it; a write that changes nothing
+            // leaves the state as it was, not dirty.
+            if !find_mut(&mut self.root, path)?.assign(node, v) {
+                return Ok(());
+            }
+            let v = self.pending();
+            descend(&mut self.root, path, v)?;
         }
+        self.bytes = bytes;
         Ok(())
     }
 
@@ -354,27 +363,43 @@ fn step_into<'s>(slot: &'s Slot, step: &Step<'_>, i: usize) -> Result<&'s Slot, 
     }
 }
 
+/// Follows a checked `path` without stamping anything.
+fn find_mut<'s>(root: &'s mut Slot, path: &[Step<'_>]) -> Result<&'s mut Slot, StateError> {
+    path.iter().enumerate().try_fold(root, |slot, (i, step)| step_mut(slot, step, i, None))
+}
+
 /// Follows `path`, stamping every slot on it (and moving map entries to their map's most-recent
 /// end). Callers check the path first, so this does not fail on a checked path.
 fn descend<'s>(root: &'s mut Slot, path: &[Step<'_>], v: Version) -> Result<&'s mut Slot, StateError> {
-    let mut slot = root;
-    slot.changed = v;
-    for (i, step) in path.iter().enumerate() {
-        let next = match (&mut slot.node, step) {
-            (Node::Struct(fields), Step::Field(f)) => {
-                fields.get_mut(*f as usize).ok_or(StateError::NoField { step: i, field: *f })?
-            }
-            (Node::List(list), Step::Index(ix)) => {
-                let len = list.items.len();
-                list.items.get_mut(*ix as usize).ok_or(StateError::NoIndex { step: i, index: *ix, len })?
-            }
-            (Node::Map(map), Step::Key(k)) => {
-                map.touch(k, v).ok_or_else(|| StateError::NoKey { step: i, key: k.to_string() })?
-            }
-            _ => return Err(StateError::WrongStep { step: i, expected: "a step that fits the tree" }),
-        };
+    root.changed = v;
+    path.iter().enumerate().try_fold(root, |slot, (i, step)| {
+        let next = step_mut(slot, step, i, Some(v))?;
         next.changed = v;
-        slot = next;
+        Ok(next)
+    })
+}
+
+/// One step down from `slot`; a map entry stepped into is moved to its map's most-recent end
+/// when `touch` gives the version it changed at.
+fn step_mut<'s>(
+    slot: &'s mut Slot,
+    step: &Step<'_>,
+    i: usize,
+    touch: Option<Version>,
+) -> Result<&'s mut Slot, StateError> {
+    match (&mut slot.node, step) {
+        (Node::Struct(fields), Step::Field(f)) => {
+            fields.get_mut(*f as usize).ok_or(StateError::NoField { step: i, field: *f })
+        }
+        (Node::List(list), Step::Index(ix)) => {
+            let len = list.items.len();
+            list.items.get_mut(*ix as usize).ok_or(StateError::NoIndex { step: i, index: *ix, len })
+        }
+        (Node::Map(map), Step::Key(k)) => match touch {
+            Some(v) => map.touch(k, v),
+            None => map.get_mut(k),
+        }
+        .ok_or_else(|| StateError::NoKey { step: i, key: k.to_string() }),
+        _ => Err(StateError::WrongStep { step: i, expected: "a step that fits the tree" }),
     }
-    Ok(slot)
 }

@@ -30,6 +30,43 @@ impl Slot {
     pub fn new(node: Node, v: Version) -> Slot {
         Slot { changed: v, set: v, node }
     }
+
+    /// Makes this slot hold `new`, stamping at `v` only what differs: a scalar that differs is
+    /// replaced, a struct (or a list of the same length, or a map with the same keys) is
+    /// assigned part by part, anything else is replaced whole. So a delta carries what a write
+    /// changed, not all it wrote. Returns whether anything differed; if nothing did, nothing is
+    /// stamped.
+    pub fn assign(&mut self, new: Node, v: Version) -> bool {
+        let changed = match (&mut self.node, new) {
+            (Node::Struct(old), Node::Struct(new)) if old.len() == new.len() => {
+                assign_all(old.iter_mut(), new.into_vec().into_iter().map(|s| s.node), v)
+            }
+            (Node::List(old), Node::List(new)) if old.items.len() == new.items.len() => {
+                assign_all(old.items.iter_mut(), new.items.into_iter().map(|s| s.node), v)
+            }
+            (Node::Map(old), Node::Map(new)) if old.same_keys(&new) => old.assign_entries(*new, v),
+            (old, new) => {
+                if old.same_scalar(&new) {
+                    return false;
+                }
+                *self = Slot::new(new, v);
+                return true;
+            }
+        };
+        if changed {
+            self.changed = v;
+        }
+        changed
+    }
+}
+
+/// Assigns each new node to its slot; whether any differed.
+fn assign_all<'a>(
+    slots: impl Iterator<Item = &'a mut Slot>,
+    new: impl Iterator<Item = Node>,
+    v: Version,
+) -> bool {
+    slots.zip(new).fold(false, |any, (slot, node)| slot.assign(node, v) | any)
 }
 
 #[derive(Debug)]
@@ -49,6 +86,20 @@ pub(crate) enum Node {
 const SCALAR_WEIGHT: usize = 8;
 
 impl Node {
+    /// True when both are the same scalar value (floats and vectors compared bit for bit, so a
+    /// NaN equals itself); false for any container.
+    fn same_scalar(&self, other: &Node) -> bool {
+        match (self, other) {
+            (Node::Int(a), Node::Int(b)) => a == b,
+            (Node::Float(a), Node::Float(b)) => a.to_bits() == b.to_bits(),
+            (Node::Bool(a), Node::Bool(b)) => a == b,
+            (Node::Str(a), Node::Str(b)) => a == b,
+            (Node::Bytes(a), Node::Bytes(b)) => a == b,
+            (Node::Vec3(a), Node::Vec3(b)) => a.map(f64::to_bits) == b.map(f64::to_bits),
+            _ => false,
+        }
+    }
+
     /// About how many bytes this value takes in a snapshot: strings and byte strings at their
     /// length, and every number, key, item and entry at 8. An estimate kept cheap on purpose,
     /// always at least the encoded size's order of magnitude; [`crate::Limits::max_bytes`]
@@ -136,6 +187,12 @@ impl MapNode {
         self.slab[i as usize].as_mut().expect("linked slab index is live")
     }
 
+    /// `key`'s slot, left where it is in the change order and unstamped.
+    pub fn get_mut(&mut self, key: &Key) -> Option<&mut Slot> {
+        let i = *self.index.get(key)?;
+        Some(&mut self.entry_mut(i).slot)
+    }
+
     /// Marks `key`'s entry changed at `v` (moving it to the tail) and returns its slot.
     pub fn touch(&mut self, key: &Key, v: Version) -> Option<&mut Slot> {
         let i = *self.index.get(key)?;
@@ -173,6 +230,26 @@ impl MapNode {
         };
         self.index.insert(key, i);
         self.link_tail(i);
+    }
+
+    /// True when both maps hold exactly the same keys.
+    fn same_keys(&self, other: &MapNode) -> bool {
+        self.len() == other.len() && other.index.keys().all(|k| self.index.contains_key(k))
+    }
+
+    /// Assigns each of `new`'s values to the entry of the same key ([`Slot::assign`]), moving
+    /// the entries that differed to the most-recent end. The keys must be the same
+    /// ([`MapNode::same_keys`]). Whether any differed.
+    fn assign_entries(&mut self, new: MapNode, v: Version) -> bool {
+        let mut any = false;
+        for entry in new.slab.into_iter().flatten() {
+            let i = self.index[&entry.key];
+            if self.entry_mut(i).slot.assign(entry.slot.node, v) {
+                self.touch(&entry.key, v);
+                any = true;
+            }
+        }
+        any
     }
 
     /// Removes `key` at version `v`. An entry that existed before `v` leaves a tombstone.

@@ -56,6 +56,54 @@ fn one_changed_entry_costs_the_same_at_any_size() {
 }
 
 #[test]
+fn a_set_sends_what_differs_and_a_set_that_changes_nothing_sends_nothing() {
+    let (mut state, keys) = with_players(5);
+    let entry = [Step::Field(PLAYERS), Step::Key(&keys[2])];
+    let start = state.version();
+    // The same value again: nothing changes, so nothing is due.
+    state.set(&entry, player_value("n2", 100)).unwrap();
+    state.set(&[Step::Field(ROUND)], Value::Int(0)).unwrap();
+    assert!(!state.is_dirty(), "writing the values already held changes nothing");
+    assert_eq!(state.seal(), start);
+
+    // A whole entity written with only hp different costs what setting hp alone costs.
+    state.set(&entry, player_value("n2", 7)).unwrap();
+    state.seal();
+    let whole_write = delta_len(&state, start, &keys[0]);
+    let (mut alone, _) = with_players(5);
+    alone.set(&[Step::Field(PLAYERS), Step::Key(&keys[2]), Step::Field(HP)], Value::Int(7)).unwrap();
+    alone.seal();
+    assert_eq!(whole_write, delta_len(&alone, start, &keys[0]));
+
+    // A map written whole with the same keys patches the entries that differ; with other keys it
+    // is replaced. A replica following tick by tick and one catching up on both ticks at once
+    // end equal to the state.
+    let snapshot =
+        state.snapshot(Codec::Binary).unwrap().update_for(&state, &keys[0], false).unwrap().to_vec();
+    let mut step_by_step = Replica::new(state.schema().clone());
+    step_by_step.apply(&snapshot).unwrap();
+    let mut catching_up = Replica::new(state.schema().clone());
+    catching_up.apply(&snapshot).unwrap();
+    let before = state.version();
+    let delta = |state: &State, from| {
+        state.prepare(from, Codec::Binary).unwrap().update_for(state, &keys[0], false).unwrap().to_vec()
+    };
+    let Value::Map(mut players) = state.get(&[Step::Field(PLAYERS)]).unwrap() else { panic!("a map") };
+    players.insert(keys[3].clone(), player_value("renamed", 100));
+    state.set(&[Step::Field(PLAYERS)], Value::Map(players.clone())).unwrap();
+    state.seal();
+    assert!(delta_len(&state, before, &keys[0]) < 20, "one renamed entry, not the whole map");
+    step_by_step.apply(&delta(&state, before)).unwrap();
+    players.remove(&keys[4]);
+    state.set(&[Step::Field(PLAYERS)], Value::Map(players)).unwrap();
+    state.seal();
+    step_by_step.apply(&delta(&state, before + 1)).unwrap();
+    catching_up.apply(&delta(&state, before)).unwrap();
+    assert_eq!(step_by_step.value(), state.view_for(&keys[0]));
+    assert_eq!(catching_up.value(), state.view_for(&keys[0]));
+}
+
+#[test]
 fn writes_in_one_tick_coalesce_and_catch_up_merges_ticks() {
     let (mut state, keys) = with_players(5);
     let start = state.version();

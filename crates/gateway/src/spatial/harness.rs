@@ -404,6 +404,14 @@ mod tests {
         now += Duration::from_millis(20);
         assert_eq!(h.tick(now), 0, "nothing changed, nothing sent");
         assert_eq!(h.drain(now).expect("read").0, 0);
+        // Frame 3's values published again change nothing either (docs/protocol.md 13.4).
+        h.publish_frame(|id| {
+            let at = spawned[&id];
+            ([at[0] + 0.3, 0.0, at[2]], r#"{"yaw": 3}"#.into())
+        })
+        .expect("published");
+        now += Duration::from_millis(20);
+        assert_eq!(h.tick(now), 0, "the same values again: nothing sent");
         // A value that does not fit the schema is refused, not counted as ignored.
         let refused = h.publish_frame(|id| (spawned[&id], r#"{"yaw": "north"}"#.into()));
         assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
