@@ -37,7 +37,8 @@ pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm,
 pub use gateway::{Gateway, GatewayError, RunningGateway};
 pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, Startup, error_response};
 pub use spatial::SpatialRouter;
-/// For the criterion bench of the world's pass; not part of the API.
+/// For the criterion bench of the world's pass (the `harness` feature); not part of the API.
+#[cfg(feature = "harness")]
 #[doc(hidden)]
 pub use spatial::harness::{HarnessError, PassCounts, WorldHarness};
 pub use stats::{Stats, StatsSnapshot};

@@ -71,6 +71,7 @@ pub enum PushError {
 impl SessionHandle {
     /// A handle with no session task behind it, and the receiving end of its outbox, sized and
     /// limited as `config` sizes a real one's: for driving routers without sockets.
+    #[cfg(any(test, feature = "harness"))]
     pub(crate) fn unattached(
         conn_id: u64,
         role: Role,

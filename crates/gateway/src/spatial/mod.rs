@@ -8,6 +8,7 @@
 //! `ENTITY_BASE + n`, both above any id `channel.create` gives out and below 2^53 (exact in
 //! JSON and JavaScript).
 
+#[cfg(any(test, feature = "harness"))]
 pub(crate) mod harness;
 mod view;
 mod world;

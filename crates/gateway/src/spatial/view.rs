@@ -103,6 +103,7 @@ pub(super) struct Viewer {
 
 impl Viewer {
     /// The cells in view, in order.
+    #[cfg(any(test, feature = "harness"))]
     pub(super) fn cells(&self) -> impl Iterator<Item = u32> + '_ {
         self.held.iter().map(|&(cell, _)| cell)
     }
