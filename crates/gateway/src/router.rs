@@ -9,8 +9,8 @@ use prost::Message;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tickwire_fanout::Version;
 use tickwire_session::SessionId;
-use tickwire_wire::encode_message;
 use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
+use tickwire_wire::{Parts, Payload, encode_message};
 
 use tokio::sync::mpsc;
 
@@ -202,8 +202,9 @@ pub(crate) fn push_envelope(topic: &str, body: Bytes) -> Bytes {
 /// A push envelope whose body is the concatenation of `parts`, not yet joined: for bodies
 /// assembled from pieces encoded once and shared (the spatial world's `channel.updates`, one per
 /// viewer from the cells' entries). The world's pass hands each session its parts, and the
-/// session's task joins them ([`PushParts::join`]) on its own I/O thread: the pass copies no
-/// bytes and allocates one small list per viewer instead of the whole message.
+/// session's task sends them as they are ([`PushParts::into_payload`]), copied once into its
+/// write buffer: the pass copies no bytes and allocates one small list per viewer instead of
+/// the whole message, and no one joins them.
 #[derive(Debug)]
 pub(crate) struct PushParts {
     pub topic: &'static str,
@@ -230,28 +231,58 @@ impl PushParts {
         field_len(self.lens().1)
     }
 
+    /// The length of what comes before the parts: the envelope's and the push's tags and
+    /// lengths, and the topic.
+    fn head_len(&self) -> usize {
+        let (body_len, push_len) = self.lens();
+        field_len(push_len) - body_len
+    }
+
+    /// Writes what comes before the parts.
+    fn put_head(&self, buf: &mut impl bytes::BufMut) {
+        use prost::encoding::encode_varint;
+        let (body_len, push_len) = self.lens();
+        // Envelope { push = 3 }: tag (3 << 3 | 2).
+        buf.put_u8(0x1a);
+        encode_varint(push_len as u64, buf);
+        if !self.topic.is_empty() {
+            buf.put_u8(0x0a);
+            encode_varint(self.topic.len() as u64, buf);
+            buf.put_slice(self.topic.as_bytes());
+        }
+        if body_len > 0 {
+            buf.put_u8(0x12);
+            encode_varint(body_len as u64, buf);
+        }
+    }
+
     /// The same bytes as [`push_envelope`] with the concatenation of the parts as the body,
     /// written in one pass.
     pub fn join(&self) -> Bytes {
-        use prost::encoding::encode_varint;
-        let (body_len, push_len) = self.lens();
-        let mut buf = bytes::BytesMut::with_capacity(field_len(push_len));
-        // Envelope { push = 3 }: tag (3 << 3 | 2).
-        buf.extend_from_slice(&[0x1a]);
-        encode_varint(push_len as u64, &mut buf);
-        if !self.topic.is_empty() {
-            buf.extend_from_slice(&[0x0a]);
-            encode_varint(self.topic.len() as u64, &mut buf);
-            buf.extend_from_slice(self.topic.as_bytes());
-        }
-        if body_len > 0 {
-            buf.extend_from_slice(&[0x12]);
-            encode_varint(body_len as u64, &mut buf);
-            for part in &self.parts {
-                buf.extend_from_slice(part);
-            }
+        let mut buf = bytes::BytesMut::with_capacity(self.encoded_len());
+        self.put_head(&mut buf);
+        for part in &self.parts {
+            buf.extend_from_slice(part);
         }
         buf.freeze()
+    }
+
+    /// The message as the session sends it: the head inline and the parts still shared, so it
+    /// is copied once, into the connection's write buffer, and what the session keeps until the
+    /// client acknowledges it is a list of references. Joined if the head does not fit
+    /// ([`Parts::MAX_HEAD`]; a topic of about 30 bytes or more).
+    pub fn into_payload(self) -> Payload {
+        let len = self.head_len();
+        if len > Parts::MAX_HEAD {
+            return Payload::Whole(self.join());
+        }
+        let mut head = [0u8; Parts::MAX_HEAD];
+        self.put_head(&mut &mut head[..]);
+        match Parts::new(&head[..len], self.parts) {
+            Ok(parts) => parts.into(),
+            // Not reached: the head fits.
+            Err(parts) => Payload::Whole(PushParts { topic: self.topic, parts }.join()),
+        }
     }
 }
 
@@ -365,9 +396,18 @@ mod tests {
             let joined = update.join();
             assert_eq!(joined, push_envelope(topic, whole.clone().into()), "{topic:?}");
             assert_eq!(update.encoded_len(), joined.len(), "{topic:?}");
+            let payload = PushParts { topic, parts: parts.clone() }.into_payload();
+            assert!(matches!(payload, Payload::Parts(_)), "{topic:?}: sent as parts");
+            assert_eq!(payload.into_bytes(), joined, "{topic:?}");
             let empty = PushParts { topic, parts: Vec::new() };
             assert_eq!(empty.join(), push_envelope(topic, Bytes::new()), "{topic:?}");
             assert_eq!(empty.encoded_len(), empty.join().len(), "{topic:?}");
         }
+        // A topic too long for an inline head is joined.
+        let long = PushParts { topic: "a.topic.name.longer.than.any.the.gateway.uses", parts: parts.clone() };
+        let joined = long.join();
+        let payload = long.into_payload();
+        assert!(matches!(payload, Payload::Whole(_)));
+        assert_eq!(payload.into_bytes(), joined);
     }
 }

@@ -14,7 +14,7 @@ use tickwire_session::{Received, ResumeToken, Session, SessionError, SessionId, 
 use tickwire_transport::Conn;
 use tickwire_transport::wake_batch::DeferrableWaker;
 use tickwire_wire::proto::{CloseReason, Control, Envelope, Welcome, control, envelope};
-use tickwire_wire::{Frame, WireError, decode_control, decode_envelope, encode_message};
+use tickwire_wire::{Frame, Payload, WireError, decode_control, decode_envelope, encode_message};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
@@ -422,7 +422,7 @@ impl SessionTask {
     }
 
     /// Sends a channel update, noting its sequence number for the window.
-    fn send_update(&mut self, now: Instant, update: Bytes, updates: &mut Vec<u64>) -> Result<(), End> {
+    fn send_update(&mut self, now: Instant, update: Payload, updates: &mut Vec<u64>) -> Result<(), End> {
         updates.push(self.session.next_seq());
         let frame = self.session.send_replaceable(now, update)?;
         self.write_data(frame);
@@ -438,8 +438,10 @@ impl SessionTask {
             let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
             match next {
                 Outgoing::Message(message) => self.send(now, message)?,
-                Outgoing::Update(update) => self.send_update(now, update, &mut updates)?,
-                Outgoing::UpdateParts(update) => self.send_update(now, update.join(), &mut updates)?,
+                Outgoing::Update(update) => self.send_update(now, update.into(), &mut updates)?,
+                Outgoing::UpdateParts(update) => {
+                    self.send_update(now, update.into_payload(), &mut updates)?
+                }
             }
         }
         if !updates.is_empty() {

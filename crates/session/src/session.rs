@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tickwire_wire::Frame;
+use tickwire_wire::{Frame, Payload};
 
 use crate::{SessionConfig, SessionError};
 
@@ -70,7 +70,7 @@ pub struct Session {
     peer_acked: u64,
     /// Payloads `peer_acked + 1 ..next_seq`, oldest first, each with whether a later message
     /// supersedes it (see [`Session::send_replaceable`]).
-    unacked: VecDeque<(Bytes, bool)>,
+    unacked: VecDeque<(Payload, bool)>,
     unacked_bytes: usize,
     /// Highest sequence number delivered to our application.
     last_received: u64,
@@ -133,8 +133,8 @@ impl Session {
 
     /// Queues an application message. Returns the DATA frame to write now, or `None` while
     /// detached (the message goes out on resume).
-    pub fn send(&mut self, now: Instant, payload: Bytes) -> Result<Option<Frame>, SessionError> {
-        self.send_as(now, payload, false)
+    pub fn send(&mut self, now: Instant, payload: impl Into<Payload>) -> Result<Option<Frame>, SessionError> {
+        self.send_as(now, payload.into(), false)
     }
 
     /// [`Session::send`] for a message that a later one supersedes (a state update that the
@@ -142,14 +142,18 @@ impl Session {
     /// connection lasts; but if the connection is replaced before the peer received it, it is
     /// dropped on [`Session::attach`] instead of resent, and the messages after it are
     /// renumbered. The caller then sends what replaces it.
-    pub fn send_replaceable(&mut self, now: Instant, payload: Bytes) -> Result<Option<Frame>, SessionError> {
-        self.send_as(now, payload, true)
+    pub fn send_replaceable(
+        &mut self,
+        now: Instant,
+        payload: impl Into<Payload>,
+    ) -> Result<Option<Frame>, SessionError> {
+        self.send_as(now, payload.into(), true)
     }
 
     fn send_as(
         &mut self,
         now: Instant,
-        payload: Bytes,
+        payload: Payload,
         replaceable: bool,
     ) -> Result<Option<Frame>, SessionError> {
         let messages = self.unacked.len() + 1;
@@ -202,7 +206,7 @@ impl Session {
                 } else {
                     self.last_received = seq;
                     self.received_bytes_unacked += payload.len();
-                    Ok(Received::Deliver(payload))
+                    Ok(Received::Deliver(payload.into_bytes()))
                 }
             }
         }
@@ -367,7 +371,7 @@ mod tests {
         let f = c.send(t, Bytes::from_static(b"ping")).unwrap().unwrap();
         assert_eq!(s.on_frame(t, f).unwrap(), Received::Deliver(Bytes::from_static(b"ping")));
         let reply = s.send(t, Bytes::from_static(b"pong")).unwrap().unwrap();
-        assert_eq!(reply, Frame::Data { seq: 1, ack: 1, payload: Bytes::from_static(b"pong") });
+        assert_eq!(reply, Frame::Data { seq: 1, ack: 1, payload: Bytes::from_static(b"pong").into() });
         c.on_frame(t, reply).unwrap();
         assert_eq!(c.unacked(), (0, 0));
         assert_eq!(s.unacked(), (1, 4));
@@ -392,7 +396,7 @@ mod tests {
         let t = Instant::now();
         let (_, mut s) = pair(t);
         assert_eq!(
-            s.on_frame(t, Frame::Data { seq: 2, ack: 0, payload: Bytes::new() }),
+            s.on_frame(t, Frame::Data { seq: 2, ack: 0, payload: Bytes::new().into() }),
             Err(SessionError::SequenceGap { expected: 1, got: 2 })
         );
         assert_eq!(
@@ -540,7 +544,7 @@ mod tests {
         let payloads: Vec<_> = resent
             .iter()
             .map(|f| match f {
-                Frame::Data { seq, payload, .. } => (*seq, payload.clone()),
+                Frame::Data { seq, payload, .. } => (*seq, payload.clone().into_bytes()),
                 other => panic!("{other:?}"),
             })
             .collect();

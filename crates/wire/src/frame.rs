@@ -13,7 +13,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
 use crate::proto::{Control, Envelope, control, envelope};
-use crate::{WireError, varint};
+use crate::{Payload, WireError, varint};
 
 /// Bytes taken by the length prefix.
 pub const LENGTH_PREFIX_BYTES: usize = 4;
@@ -54,13 +54,14 @@ impl TryFrom<u8> for FrameType {
     }
 }
 
-/// One decoded frame. Payloads borrow the buffer they were decoded from.
+/// One frame. Decoded payloads borrow the buffer they were decoded from, and are always
+/// [`Payload::Whole`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// A protobuf `Control` message, kept encoded; see [`decode_control`].
     Control(Bytes),
     /// One application message with its session sequence number and a piggybacked ack.
-    Data { seq: u64, ack: u64, payload: Bytes },
+    Data { seq: u64, ack: u64, payload: Payload },
     /// A standalone cumulative acknowledgement.
     Ack { ack: u64 },
     /// A liveness signal; it also carries the sender's cumulative ack.
@@ -106,7 +107,7 @@ impl Frame {
             Frame::Data { seq, ack, payload } => {
                 varint::put(*seq, dst);
                 varint::put(*ack, dst);
-                dst.put_slice(payload);
+                payload.put_into(dst);
             }
             Frame::Ack { ack } | Frame::Heartbeat { ack } => varint::put(*ack, dst),
         }
@@ -126,7 +127,7 @@ impl Frame {
                 let ack = varint::get(&mut cursor, ty.name())?;
                 let consumed = body.len() - cursor.len();
                 body.advance(consumed);
-                Ok(Frame::Data { seq, ack, payload: body })
+                Ok(Frame::Data { seq, ack, payload: Payload::Whole(body) })
             }
             FrameType::Ack | FrameType::Heartbeat => {
                 let mut cursor = &body[..];
@@ -219,17 +220,32 @@ pub fn decode_envelope(payload: Bytes) -> Result<envelope::Kind, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Parts;
     use proptest::prelude::*;
+
+    /// `bytes` whole (no cuts), or cut into a head and parts at the positions in `cuts`.
+    fn cut(bytes: Bytes, cuts: &[usize]) -> Payload {
+        let Some((&first, rest)) = cuts.split_first() else { return Payload::Whole(bytes) };
+        let mut at: Vec<usize> = rest.iter().map(|c| c % (bytes.len() + 1)).collect();
+        at.sort_unstable();
+        let head =
+            (first % (bytes.len() + 1)).min(Parts::MAX_HEAD).min(at.first().copied().unwrap_or(usize::MAX));
+        let mut parts = Vec::new();
+        let mut from = head;
+        for to in at.into_iter().chain([bytes.len()]) {
+            parts.push(bytes.slice(from..to.max(from)));
+            from = to.max(from);
+        }
+        Payload::from(Parts::new(&bytes[..head], parts).expect("a head within the maximum"))
+    }
 
     fn arb_frame() -> impl Strategy<Value = Frame> {
         let bytes = proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from);
         prop_oneof![
             bytes.clone().prop_map(Frame::Control),
-            (any::<u64>(), any::<u64>(), bytes).prop_map(|(seq, ack, payload)| Frame::Data {
-                seq,
-                ack,
-                payload
-            }),
+            // Sent whole or as a head and parts (cut at `cuts`); decoded, it is whole and equal.
+            (any::<u64>(), any::<u64>(), bytes, proptest::collection::vec(any::<usize>(), 0..4))
+                .prop_map(|(seq, ack, payload, cuts)| Frame::Data { seq, ack, payload: cut(payload, &cuts) }),
             any::<u64>().prop_map(|ack| Frame::Ack { ack }),
             any::<u64>().prop_map(|ack| Frame::Heartbeat { ack }),
         ]
@@ -268,7 +284,7 @@ mod tests {
                     let _ = decode_control(body.clone());
                 }
                 if let Frame::Data { payload, .. } = frame {
-                    let _ = decode_envelope(payload);
+                    let _ = decode_envelope(payload.into_bytes());
                 }
             }
         }

@@ -4,10 +4,13 @@
 //! state beyond what one frame needs. Everything here is specified in `docs/protocol.md`, and the
 //! test vectors in `docs/test-vectors/frames.json` are checked against it.
 //!
-//! Decoding is zero-copy: a frame's payload is a [`bytes::Bytes`] slice of the read buffer.
+//! Decoding is zero-copy: a frame's payload is a [`bytes::Bytes`] slice of the read buffer. A
+//! payload sent may be assembled from shared pieces ([`Payload::Parts`]), copied once into the
+//! write buffer.
 
 mod error;
 mod frame;
+mod payload;
 pub mod proto;
 mod varint;
 
@@ -16,3 +19,4 @@ pub use frame::{
     DEFAULT_MAX_FRAME_BYTES, Frame, FrameDecoder, FrameType, LENGTH_PREFIX_BYTES, decode_control,
     decode_envelope, encode_message,
 };
+pub use payload::{Parts, Payload};

@@ -139,7 +139,7 @@ pub fn echo_frame(seq: u64, id: u64) -> Vec<u8> {
     let request = Request { id, method: "echo".into(), body: echo_body(1, 0) };
     let payload = tickwire_wire::encode_message(&Envelope { kind: Some(envelope::Kind::Request(request)) });
     let mut buf = BytesMut::new();
-    Frame::Data { seq, ack: 0, payload }.encode(&mut buf);
+    Frame::Data { seq, ack: 0, payload: payload.into() }.encode(&mut buf);
     buf.to_vec()
 }
 
