@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
                         let _ = decode_control(body);
                     }
                     Frame::Data { payload, .. } => {
-                        let _ = decode_envelope(payload);
+                        let _ = decode_envelope(payload.into_bytes());
                     }
                     _ => {}
                 }

@@ -38,7 +38,8 @@ pub(crate) enum Outgoing {
     /// A channel update: counted in the session's [`UpdateFlow`], and dropped on a resume if
     /// the client never got it (its channel then sends one merged delta instead).
     Update(Bytes),
-    /// The same, still in parts: the session's task joins it.
+    /// The same, still in parts: the session's task sends them as they are
+    /// ([`PushParts::into_payload`]).
     UpdateParts(PushParts),
 }
 
@@ -138,7 +139,8 @@ impl SessionHandle {
         self.queue_update(now, channel, from, len, Outgoing::Update(envelope))
     }
 
-    /// [`SessionHandle::offer_update`] for an update in parts, joined by the session's task.
+    /// [`SessionHandle::offer_update`] for an update in parts, sent as they are by the session's
+    /// task.
     pub(crate) fn offer_update_parts(
         &self,
         now: Instant,
@@ -269,8 +271,8 @@ impl PushParts {
 
     /// The message as the session sends it: the head inline and the parts still shared, so it
     /// is copied once, into the connection's write buffer, and what the session keeps until the
-    /// client acknowledges it is a list of references. Joined if the head does not fit
-    /// ([`Parts::MAX_HEAD`]; a topic of about 30 bytes or more).
+    /// client acknowledges it is its length. Joined if the head does not fit ([`Parts::MAX_HEAD`];
+    /// a topic of about 40 bytes or more).
     pub fn into_payload(self) -> Payload {
         let len = self.head_len();
         if len > Parts::MAX_HEAD {
@@ -278,11 +280,7 @@ impl PushParts {
         }
         let mut head = [0u8; Parts::MAX_HEAD];
         self.put_head(&mut &mut head[..]);
-        match Parts::new(&head[..len], self.parts) {
-            Ok(parts) => parts.into(),
-            // Not reached: the head fits.
-            Err(parts) => Payload::Whole(PushParts { topic: self.topic, parts }.join()),
-        }
+        Parts::new(&head[..len], self.parts).expect("the head fits: checked above").into()
     }
 }
 

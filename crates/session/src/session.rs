@@ -58,6 +58,25 @@ enum Link {
     Detached { since: Instant },
 }
 
+/// What the retransmit buffer keeps of a message sent and not yet acknowledged.
+#[derive(Debug)]
+enum Kept {
+    /// Resent on resume.
+    Payload(Payload),
+    /// A replaceable message ([`Session::send_replaceable`]): dropped on resume, never resent,
+    /// so only its length is kept, for the bound on unacknowledged bytes.
+    Replaceable(usize),
+}
+
+impl Kept {
+    fn len(&self) -> usize {
+        match self {
+            Kept::Payload(payload) => payload.len(),
+            Kept::Replaceable(len) => *len,
+        }
+    }
+}
+
 /// One end of a reliable session.
 #[derive(Debug)]
 pub struct Session {
@@ -68,9 +87,8 @@ pub struct Session {
     next_seq: u64,
     /// Highest sequence number the peer acknowledged.
     peer_acked: u64,
-    /// Payloads `peer_acked + 1 ..next_seq`, oldest first, each with whether a later message
-    /// supersedes it (see [`Session::send_replaceable`]).
-    unacked: VecDeque<(Payload, bool)>,
+    /// Messages `peer_acked + 1 ..next_seq`, oldest first.
+    unacked: VecDeque<Kept>,
     unacked_bytes: usize,
     /// Highest sequence number delivered to our application.
     last_received: u64,
@@ -163,7 +181,11 @@ impl Session {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.unacked.push_back((payload.clone(), replaceable));
+        self.unacked.push_back(if replaceable {
+            Kept::Replaceable(payload.len())
+        } else {
+            Kept::Payload(payload.clone())
+        });
         self.unacked_bytes = bytes;
         let Link::Attached { last_tx, .. } = &mut self.link else {
             return Ok(None);
@@ -218,8 +240,8 @@ impl Session {
             return Err(SessionError::AckOutOfRange { ack, sent });
         }
         while self.peer_acked < ack {
-            let (payload, _) = self.unacked.pop_front().expect("unacked holds every unacked message");
-            self.unacked_bytes -= payload.len();
+            let kept = self.unacked.pop_front().expect("unacked holds every unacked message");
+            self.unacked_bytes -= kept.len();
             self.peer_acked += 1;
         }
         Ok(())
@@ -340,15 +362,20 @@ impl Session {
         self.link = Link::Attached { last_rx: now, last_tx: now };
         self.acked_all();
         self.heartbeat_owed = false;
-        self.unacked.retain(|(_, replaceable)| !replaceable);
-        self.unacked_bytes = self.unacked.iter().map(|(p, _)| p.len()).sum();
+        self.unacked.retain(|kept| matches!(kept, Kept::Payload(_)));
+        self.unacked_bytes = self.unacked.iter().map(Kept::len).sum();
         self.next_seq = self.peer_acked + 1 + self.unacked.len() as u64;
         let first = self.peer_acked + 1;
         Ok(self
             .unacked
             .iter()
             .zip(first..)
-            .map(|(payload, seq)| Frame::Data { seq, ack: self.last_received, payload: payload.0.clone() })
+            .filter_map(|(kept, seq)| match kept {
+                Kept::Payload(payload) => {
+                    Some(Frame::Data { seq, ack: self.last_received, payload: payload.clone() })
+                }
+                Kept::Replaceable(_) => None,
+            })
             .collect())
     }
 }
@@ -356,6 +383,8 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use tickwire_wire::Parts;
 
     use super::*;
 
@@ -534,8 +563,10 @@ mod tests {
         let (mut c, mut s) = pair(t);
         let first = s.send_replaceable(t, Bytes::from_static(b"u1")).unwrap().unwrap();
         s.send(t, Bytes::from_static(b"m2")).unwrap();
-        s.send_replaceable(t, Bytes::from_static(b"u3")).unwrap();
-        s.send(t, Bytes::from_static(b"m4")).unwrap();
+        // Two sent as a head and parts: counted and resent as their bytes on the wire.
+        s.send_replaceable(t, Parts::new(b"u", vec![Bytes::from_static(b"3")]).unwrap()).unwrap();
+        s.send(t, Parts::new(b"m", vec![Bytes::new(), Bytes::from_static(b"4")]).unwrap()).unwrap();
+        assert_eq!(s.unacked(), (4, 8));
         // The client got only the first before the link dropped.
         c.on_frame(t, first).unwrap();
         s.detach(t);

@@ -4,8 +4,9 @@
 //! broadcast, owner-only (a map keyed by player id, each player seeing its own entry) or custom
 //! (a filter). Writes stamp the paths they change, so dirty tracking is key-level and no state is
 //! ever diffed against another; a set compares only the value it writes with the one it replaces,
-//! so a whole entity written with one field changed costs one field. Each tick, [`State::prepare`] encodes the changes once per audience: one broadcast
-//! segment, plus private segments only for players whose own entries changed. A subscriber's
+//! so a whole entity written with one field changed costs one field. Each tick,
+//! [`State::prepare`] encodes the changes once per audience: one broadcast segment, plus
+//! private segments only for players whose own entries changed. A subscriber's
 //! [`Update`] is a few shared [`bytes::Bytes`]. Subscribers that fall behind get one merged delta
 //! from their own version, or a snapshot. A [`Replica`] applies updates on the client side.
 //!

@@ -3,7 +3,7 @@
 //!
 //! | op | value | effect |
 //! |---|---|---|
-//! | `set` | the new value | replace a field, list item or map entry (inserted if absent); a list value replaces the list |
+//! | `set` | the new value | a field, list item or map entry (inserted if absent) becomes the value; only what differs is sent |
 //! | `remove` | | remove a map entry (absent: nothing to do) |
 //! | `push` | an item | append to a list |
 //! | `cap` | n | keep the newest n items of a list |

@@ -4,8 +4,10 @@
 //! the last version at which it or anything below it changed, and `set`, the last version at
 //! which it was replaced whole. Maps keep their entries in a linked list ordered by `changed`, and
 //! tombstones for removed entries ordered by removal. So "everything that changed since version v"
-//! is found by walking only the changed paths, from any v, without snapshots, diffs or per-tick
-//! change logs: a lagging subscriber's merged delta comes from the same walk as everyone's.
+//! is found by walking only the changed paths, from any v, without snapshots, diffs between
+//! states or per-tick change logs: a lagging subscriber's merged delta comes from the same walk
+//! as everyone's. A write compares only the value it writes with the one it replaces
+//! ([`Slot::assign`]), so that what it did not change keeps its stamps.
 
 use std::collections::VecDeque;
 

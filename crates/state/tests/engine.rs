@@ -104,6 +104,47 @@ fn a_set_sends_what_differs_and_a_set_that_changes_nothing_sends_nothing() {
 }
 
 #[test]
+fn floats_are_compared_bit_for_bit_and_quantized_ones_by_step() {
+    let schema = Schema::new(SchemaDef::new([
+        Field::new("x", Type::Float),
+        Field::new("q", Type::quantized(-10.0, 10.0, 0.5)),
+    ]))
+    .unwrap();
+    let mut state = State::new(schema.clone());
+    let mut replica = Replica::new(schema);
+    let nobody = Key::str("p");
+    let mut write = |state: &mut State, field: u16, value: f64| {
+        let from = state.version();
+        state.set(&[Step::Field(field)], Value::Float(value)).unwrap();
+        let dirty = state.is_dirty();
+        state.seal();
+        replica
+            .apply(
+                &state
+                    .prepare(from, Codec::Binary)
+                    .unwrap()
+                    .update_for(state, &nobody, false)
+                    .unwrap()
+                    .to_vec(),
+            )
+            .unwrap();
+        let Value::Struct(fields) = replica.value() else { panic!("a struct") };
+        (dirty, fields[field as usize].clone())
+    };
+    assert!(!write(&mut state, 0, 0.0).0, "the default again");
+    let (dirty, held) = write(&mut state, 0, -0.0);
+    assert!(dirty, "-0.0 is not 0.0");
+    assert!(matches!(held, Value::Float(f) if f.to_bits() == (-0.0f64).to_bits()), "{held:?}");
+    assert!(write(&mut state, 0, f64::NAN).0);
+    assert!(!write(&mut state, 0, f64::NAN).0, "a NaN equals itself");
+    // Quantized, values are compared by step: 2.1 is 2.0's, and 0.0 and -0.0 are one step.
+    assert!(write(&mut state, 1, 2.0).0);
+    assert!(!write(&mut state, 1, 2.1).0, "2.1 rounds to the step 2.0 is");
+    assert!(write(&mut state, 1, 0.0).0);
+    assert!(!write(&mut state, 1, -0.0).0);
+}
+
+#[test]
 fn writes_in_one_tick_coalesce_and_catch_up_merges_ticks() {
     let (mut state, keys) = with_players(5);
     let start = state.version();

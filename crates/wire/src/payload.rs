@@ -21,7 +21,6 @@ pub enum Payload {
 }
 
 /// A head of at most [`Parts::MAX_HEAD`] bytes, then `parts`, back to back.
-#[derive(Debug)]
 pub struct Parts {
     head: [u8; Parts::MAX_HEAD],
     head_len: u8,
@@ -44,6 +43,17 @@ impl Parts {
 
     fn head(&self) -> &[u8] {
         &self.head[..usize::from(self.head_len)]
+    }
+
+    /// The head, then each part.
+    fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.head()).chain(self.parts.iter().map(|p| &p[..]))
+    }
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts").field("head", &self.head()).field("parts", &self.parts).finish()
     }
 }
 
@@ -99,18 +109,43 @@ impl From<Parts> for Payload {
     }
 }
 
-impl From<&'static [u8]> for Payload {
-    fn from(bytes: &'static [u8]) -> Payload {
-        Payload::Whole(Bytes::from_static(bytes))
+impl Payload {
+    /// Its bytes, in the pieces it holds them in.
+    fn chunks(&self) -> Box<dyn Iterator<Item = &[u8]> + '_> {
+        match self {
+            Payload::Whole(bytes) => Box::new(std::iter::once(&bytes[..])),
+            Payload::Parts(parts) => Box::new(parts.chunks()),
+        }
     }
 }
 
-/// Equal when the bytes on the wire are.
+/// Equal when the bytes on the wire are, however each is cut.
 impl PartialEq for Payload {
     fn eq(&self, other: &Payload) -> bool {
-        match (self, other) {
-            (Payload::Whole(a), Payload::Whole(b)) => a == b,
-            _ => self.len() == other.len() && self.clone().into_bytes() == other.clone().into_bytes(),
+        if self.len() != other.len() {
+            return false;
+        }
+        let (mut a, mut b) = (self.chunks(), other.chunks());
+        let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+        loop {
+            while x.is_empty() {
+                match a.next() {
+                    Some(chunk) => x = chunk,
+                    // Same length, so `other` is done too.
+                    None => return true,
+                }
+            }
+            while y.is_empty() {
+                match b.next() {
+                    Some(chunk) => y = chunk,
+                    None => return false,
+                }
+            }
+            let n = x.len().min(y.len());
+            if x[..n] != y[..n] {
+                return false;
+            }
+            (x, y) = (&x[n..], &y[n..]);
         }
     }
 }
@@ -135,6 +170,10 @@ mod tests {
         assert_eq!(&buf[..], b"x\x1a\x05abcde");
         assert_eq!(payload, Payload::from(Bytes::from_static(b"\x1a\x05abcde")));
         assert_ne!(payload, Payload::from(Bytes::from_static(b"\x1a\x05abcdf")));
+        assert_ne!(payload, Payload::from(Bytes::from_static(b"\x1a\x05abcd")));
+        let cut_elsewhere =
+            Parts::new(b"\x1a", vec![Bytes::from_static(b"\x05abc"), Bytes::from_static(b"de")]);
+        assert_eq!(payload, Payload::from(cut_elsewhere.unwrap()));
         assert_eq!(payload.into_bytes(), Bytes::from_static(b"\x1a\x05abcde"));
     }
 

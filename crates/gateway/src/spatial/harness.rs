@@ -96,8 +96,8 @@ impl Sink {
                 }
                 Outgoing::UpdateParts(u) => {
                     window.sent(self.seq);
-                    // Joined, as the session's task does.
-                    u.join()
+                    // The bytes the session's task writes.
+                    u.into_payload().into_bytes()
                 }
             };
             bytes += message.len() as u64;
