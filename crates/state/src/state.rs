@@ -56,6 +56,16 @@ fn check_lengths(value: &Value, max: usize) -> Result<(), StateError> {
     children.into_iter().try_for_each(|v| check_lengths(v, max))
 }
 
+/// A state of `bytes` going down by `minus` and up by `plus`: its new size, unless that grows it
+/// past `max`.
+fn resized(bytes: usize, max: usize, minus: usize, plus: usize) -> Result<usize, StateError> {
+    let new = (bytes - minus).saturating_add(plus);
+    if plus > minus && new > max {
+        return Err(StateError::TooBig { bytes: new, max });
+    }
+    Ok(new)
+}
+
 /// A versioned state tree.
 pub struct State {
     pub(crate) schema: Arc<Schema>,
@@ -104,11 +114,7 @@ impl State {
     /// Checks that the state may go from its size by `minus` and `plus` bytes, and returns the
     /// new size.
     fn resize(&self, minus: usize, plus: usize) -> Result<usize, StateError> {
-        let bytes = (self.bytes - minus).saturating_add(plus);
-        if plus > minus && bytes > self.limits.max_bytes {
-            return Err(StateError::TooBig { bytes, max: self.limits.max_bytes });
-        }
-        Ok(bytes)
+        resized(self.bytes, self.limits.max_bytes, minus, plus)
     }
 
     /// The weight of the slot at a checked `path`.
@@ -173,38 +179,36 @@ impl State {
         let (last, parent) = path.split_last().ok_or(StateError::EmptyPath)?;
         let target = self.check(path)?;
         check_lengths(&value, self.limits.max_len)?;
-        if let Target::Absent(_) = target {
-            let len = self.len(parent)?;
-            if len >= self.limits.max_len {
-                return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
-            }
-        }
-        let (old, ty) = match target {
-            Target::Slot(ty) => (self.weight_at(path), ty),
-            Target::Absent(ty) => (0, ty),
-        };
         let v = self.version + 1;
-        let node = Node::from_value(&self.schema, ty, value, v)?;
-        let key = match (&target, last) {
-            (Target::Absent(_), Step::Key(key)) => crate::tree::key_weight(key),
-            _ => 0,
-        };
-        let bytes = self.resize(old, node.weight() + key)?;
-        if let (Target::Absent(_), Step::Key(key)) = (&target, last) {
-            let v = self.pending();
-            let slot = descend(&mut self.root, parent, v)?;
-            let Node::Map(map) = &mut slot.node else { return Err(StateError::WrongTarget("map")) };
-            map.put((*key).clone(), node, v);
-        } else {
-            // Only what differs is stamped, and the path to it; a write that changes nothing
-            // leaves the state as it was, not dirty.
-            if !find_mut(&mut self.root, path)?.assign(node, v) {
-                return Ok(());
+        match (target, last) {
+            (Target::Absent(ty), Step::Key(key)) => {
+                let len = self.len(parent)?;
+                if len >= self.limits.max_len {
+                    return Err(StateError::TooLong { len: len + 1, max: self.limits.max_len });
+                }
+                let node = Node::from_value(&self.schema, ty, value, v)?;
+                self.bytes = self.resize(0, node.weight() + crate::tree::key_weight(key))?;
+                let v = self.pending();
+                let slot = descend(&mut self.root, parent, v)?;
+                let Node::Map(map) = &mut slot.node else { return Err(StateError::WrongTarget("map")) };
+                map.put((*key).clone(), node, v);
             }
-            let v = self.pending();
-            descend(&mut self.root, path, v)?;
+            (Target::Absent(_), _) => return Err(StateError::WrongTarget("map key")),
+            (Target::Slot(ty), _) => {
+                let node = Node::from_value(&self.schema, ty, value, v)?;
+                let (held, max) = (self.bytes, self.limits.max_bytes);
+                let slot = find_mut(&mut self.root, path)?;
+                let bytes = resized(held, max, slot.node.weight(), node.weight())?;
+                // Only what differs is stamped, and the path to it; a write that changes
+                // nothing leaves the state as it was, not dirty.
+                if !slot.assign(node, v) {
+                    return Ok(());
+                }
+                self.bytes = bytes;
+                let v = self.pending();
+                descend(&mut self.root, path, v)?;
+            }
         }
-        self.bytes = bytes;
         Ok(())
     }
 
