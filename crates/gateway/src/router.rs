@@ -233,17 +233,10 @@ impl PushParts {
         field_len(self.lens().1)
     }
 
-    /// The length of what comes before the parts: the envelope's and the push's tags and
-    /// lengths, and the topic.
-    fn head_len(&self) -> usize {
-        let (body_len, push_len) = self.lens();
-        field_len(push_len) - body_len
-    }
-
-    /// Writes what comes before the parts.
-    fn put_head(&self, buf: &mut impl bytes::BufMut) {
+    /// Writes what comes before the parts (the envelope's and the push's tags and lengths, and
+    /// the topic), given [`PushParts::lens`].
+    fn put_head(&self, buf: &mut impl bytes::BufMut, (body_len, push_len): (usize, usize)) {
         use prost::encoding::encode_varint;
-        let (body_len, push_len) = self.lens();
         // Envelope { push = 3 }: tag (3 << 3 | 2).
         buf.put_u8(0x1a);
         encode_varint(push_len as u64, buf);
@@ -261,8 +254,9 @@ impl PushParts {
     /// The same bytes as [`push_envelope`] with the concatenation of the parts as the body,
     /// written in one pass.
     pub fn join(&self) -> Bytes {
-        let mut buf = bytes::BytesMut::with_capacity(self.encoded_len());
-        self.put_head(&mut buf);
+        let lens = self.lens();
+        let mut buf = bytes::BytesMut::with_capacity(field_len(lens.1));
+        self.put_head(&mut buf, lens);
         for part in &self.parts {
             buf.extend_from_slice(part);
         }
@@ -274,12 +268,14 @@ impl PushParts {
     /// client acknowledges it is its length. Joined if the head does not fit ([`Parts::MAX_HEAD`];
     /// a topic of about 40 bytes or more).
     pub fn into_payload(self) -> Payload {
-        let len = self.head_len();
+        let lens = self.lens();
+        let (body_len, push_len) = lens;
+        let len = field_len(push_len) - body_len;
         if len > Parts::MAX_HEAD {
             return Payload::Whole(self.join());
         }
         let mut head = [0u8; Parts::MAX_HEAD];
-        self.put_head(&mut &mut head[..]);
+        self.put_head(&mut &mut head[..], lens);
         Parts::new(&head[..len], self.parts).expect("the head fits: checked above").into()
     }
 }

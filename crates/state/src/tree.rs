@@ -198,11 +198,16 @@ impl MapNode {
     /// Marks `key`'s entry changed at `v` (moving it to the tail) and returns its slot.
     pub fn touch(&mut self, key: &Key, v: Version) -> Option<&mut Slot> {
         let i = *self.index.get(key)?;
+        Some(self.touch_at(i, v))
+    }
+
+    /// [`MapNode::touch`] for the entry at slab index `i`.
+    fn touch_at(&mut self, i: u32, v: Version) -> &mut Slot {
         self.unlink(i);
         self.link_tail(i);
         let e = self.entry_mut(i);
         e.slot.changed = v;
-        Some(&mut e.slot)
+        &mut e.slot
     }
 
     /// Inserts or replaces `key`'s value at version `v`.
@@ -247,7 +252,7 @@ impl MapNode {
         for entry in new.slab.into_iter().flatten() {
             let i = self.index[&entry.key];
             if self.entry_mut(i).slot.assign(entry.slot.node, v) {
-                self.touch(&entry.key, v);
+                self.touch_at(i, v);
                 any = true;
             }
         }

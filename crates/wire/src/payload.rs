@@ -5,7 +5,8 @@
 //! spatial world's `channel.updates`: each viewer's message is its cells' shared updates). Joined
 //! into one buffer, each such message costs an allocation and a copy per receiver, kept until
 //! the receiver acknowledges it. As [`Parts`], it is copied once, into the connection's write
-//! buffer, and the session's retransmit buffer holds only references to the shared pieces. On
+//! buffer, and a session that may have to resend it keeps references to the shared pieces, not
+//! a copy. On
 //! the wire the two are the same bytes; a decoded frame's payload is always [`Payload::Whole`].
 
 use std::sync::Arc;
@@ -76,11 +77,16 @@ impl Payload {
             Payload::Whole(bytes) => dst.put_slice(bytes),
             Payload::Parts(parts) => {
                 dst.reserve(parts.len);
-                dst.put_slice(parts.head());
-                for part in &parts.parts {
-                    dst.put_slice(part);
-                }
+                parts.chunks().for_each(|chunk| dst.put_slice(chunk));
             }
+        }
+    }
+
+    /// Its bytes, in the pieces it holds them in.
+    fn chunks(&self) -> Box<dyn Iterator<Item = &[u8]> + '_> {
+        match self {
+            Payload::Whole(bytes) => Box::new(std::iter::once(&bytes[..])),
+            Payload::Parts(parts) => Box::new(parts.chunks()),
         }
     }
 
@@ -106,16 +112,6 @@ impl From<Bytes> for Payload {
 impl From<Parts> for Payload {
     fn from(parts: Parts) -> Payload {
         Payload::Parts(Arc::new(parts))
-    }
-}
-
-impl Payload {
-    /// Its bytes, in the pieces it holds them in.
-    fn chunks(&self) -> Box<dyn Iterator<Item = &[u8]> + '_> {
-        match self {
-            Payload::Whole(bytes) => Box::new(std::iter::once(&bytes[..])),
-            Payload::Parts(parts) => Box::new(parts.chunks()),
-        }
     }
 }
 
