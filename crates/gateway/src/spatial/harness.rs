@@ -473,6 +473,19 @@ mod tests {
     }
 
     #[test]
+    fn clients_behind_get_the_snapshot_of_a_cell_whose_every_entity_moved() {
+        // The B3 bots' shape: every entity moves every frame, its other fields stay. Only the
+        // position is sent (docs/protocol.md 13.4), so a delta is under 3/4 of a snapshot's
+        // size but over half of it: a viewer behind would need a delta of its own nearly as
+        // large as the snapshot that every viewer behind shares.
+        let counts = clients_behind(|frame, i| {
+            let f = frame as f32;
+            format!(r#"{{"pos": [{f}, 0, {}], "yaw": 1.25, "data": "bot-{i:04}-run"}}"#, f * 0.5)
+        });
+        assert!(counts.catch_up_snapshots > 0, "{counts:?}");
+    }
+
+    #[test]
     fn clients_behind_get_a_merged_delta_of_a_cell_that_changed_a_little() {
         // One entity in eight changes each frame, never both of a cell's two; the others publish
         // their position only (an empty value), which changes nothing: a delta is at most half

@@ -36,9 +36,14 @@ const UPDATES_TAG: u8 = 0x0a;
 
 /// A viewer whose version of a cell predates the cell's latest change gets the cell's snapshot
 /// instead of a delta of its own when the latest change's delta is at least this fraction
-/// (NUM/DEN) of the snapshot's size.
-const SNAPSHOT_INSTEAD_NUM: usize = 3;
-const SNAPSHOT_INSTEAD_DEN: usize = 4;
+/// (NUM/DEN) of the snapshot's size. A delta from an older version carries at least what the
+/// latest change touched, so the snapshot is then at most about twice the bytes of the delta
+/// it replaces, and the pass encodes one snapshot per cell instead of one delta per version
+/// held. Half, not more: a set sends only the fields that differ (docs/protocol.md 13.4), so
+/// characters that all move every frame make deltas well under a snapshot: 54% in binary and
+/// 74% in JSON in the harness test of such a world (`..._whose_every_entity_moved`).
+const SNAPSHOT_INSTEAD_NUM: usize = 1;
+const SNAPSHOT_INSTEAD_DEN: usize = 2;
 
 /// A codec's index in the per-codec arrays of [`CellState`].
 pub(super) fn codec_index(codec: DeltaCodec) -> usize {
@@ -365,13 +370,13 @@ impl World {
                 let cache = &mut encoded[cell as usize];
                 // A viewer whose version predates the cell's latest change (its window held it
                 // back, or it is due less often than the cell changes) would need a delta of its
-                // own, from that version. When the latest change alone was about as large as a
-                // snapshot (characters that all move every frame), such a delta would be too:
-                // the viewer gets the cell's snapshot, which every such viewer shares. So
-                // catching up costs one encoding per cell and pass, however many versions the
-                // viewers behind hold. The latest change's size is known once its delta was
-                // encoded (for the viewers that keep up); until then, and when no viewer keeps
-                // up, a viewer behind gets its own delta.
+                // own, from that version. When the latest change alone was at least half a
+                // snapshot (characters that all move every frame), such a delta would be at
+                // least that large: the viewer gets the cell's snapshot, which every such viewer
+                // shares. So catching up costs one encoding per cell and pass, however many
+                // versions the viewers behind hold. The latest change's size is known once its
+                // delta was encoded (for the viewers that keep up); until then, and when no
+                // viewer keeps up, a viewer behind gets its own delta.
                 let mut base = held.unwrap_or(0);
                 let k = codec_index(viewer.codec);
                 if base != 0 && base < c.previous && c.latest_len[k].0 == c.previous {
