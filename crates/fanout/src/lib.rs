@@ -34,7 +34,7 @@ use hashbrown::HashMap;
 
 mod window;
 
-pub use window::{Window, WindowLimits};
+pub use window::{Hold, Window, WindowLimits};
 
 /// A channel's state version (`tickwire_state::Version`): it goes up by one per sealed change.
 pub type Version = u64;

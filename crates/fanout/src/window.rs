@@ -82,6 +82,45 @@ impl Default for WindowLimits {
     }
 }
 
+/// Why [`Window::room`] holds an update back. Counted apart, so that a figure of updates held
+/// back says which bound held them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The base flight time is stale: the window drains so that the next update travels alone
+    /// and measures it again (the module comment).
+    Probe,
+    /// The oldest update in flight has waited longer than the base flight time, the
+    /// acknowledgement delay and `target`.
+    Overdue,
+    /// `max_messages` updates are in flight.
+    Messages,
+    /// The bytes in flight reached the window ([`Window::limit`]).
+    Bytes,
+    /// An update too large to join those in flight waits for them to drain.
+    Large,
+}
+
+impl Hold {
+    /// Every reason, in the order of [`Hold::index`].
+    pub const ALL: [Hold; 5] = [Hold::Probe, Hold::Overdue, Hold::Messages, Hold::Bytes, Hold::Large];
+
+    /// A short name, as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hold::Probe => "probe",
+            Hold::Overdue => "overdue",
+            Hold::Messages => "messages",
+            Hold::Bytes => "bytes",
+            Hold::Large => "large",
+        }
+    }
+
+    /// Its place in [`Hold::ALL`], for an array of counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry<C> {
     /// `None` once the channel no longer needs to hear about it (see [`Window::forget`]).
@@ -168,8 +207,13 @@ impl<C: Copy + Eq> Window<C> {
 
     /// Whether one more update may be queued at `now`.
     pub fn has_room(&mut self, now: Instant) -> bool {
+        self.room(now).is_ok()
+    }
+
+    /// [`Window::has_room`], saying which bound holds the update back when one does.
+    pub fn room(&mut self, now: Instant) -> Result<(), Hold> {
         if self.entries.is_empty() {
-            return true;
+            return Ok(());
         }
         // A window that holds updates back must rest on a recent base: once it is old, drain
         // until an update travels alone (then the measurement is under way, and those behind
@@ -177,7 +221,7 @@ impl<C: Copy + Eq> Window<C> {
         let stale =
             self.base_flight.is_some_and(|(_, at)| now.saturating_duration_since(at) > BASE_FLIGHT_MEMORY);
         if self.limited && stale && !self.entries.front().is_some_and(|e| e.alone) {
-            return false;
+            return Err(Hold::Probe);
         }
         // And the oldest update in flight must not have waited past the base flight time, the
         // acknowledgement delay and `target`: however the rate was estimated, no update queues
@@ -189,11 +233,18 @@ impl<C: Copy + Eq> Window<C> {
             }
             _ => false,
         };
-        let room = !self.large_waiting
-            && !overdue
-            && self.entries.len() < self.limits.max_messages
-            && self.bytes < self.limit();
-        self.limited |= !room;
+        let room = if self.large_waiting {
+            Err(Hold::Large)
+        } else if overdue {
+            Err(Hold::Overdue)
+        } else if self.entries.len() >= self.limits.max_messages {
+            Err(Hold::Messages)
+        } else if self.bytes >= self.limit() {
+            Err(Hold::Bytes)
+        } else {
+            Ok(())
+        };
+        self.limited |= room.is_err();
         room
     }
 
@@ -385,7 +436,7 @@ mod tests {
         w.queued(t, 1, None, 3999);
         assert!(w.has_room(t), "below the window: one more may go, whatever its size");
         w.queued(t, 1, Some(1), 10_000);
-        assert!(!w.has_room(t));
+        assert_eq!(w.room(t), Err(Hold::Bytes));
         assert_eq!(w.in_flight(), (2, 13_999));
     }
 
@@ -434,7 +485,7 @@ mod tests {
         w.queued(t, 1, None, 60_000);
         assert!(w.admits(40_000));
         assert!(!w.admits(40_001), "60 kB + 40,001 B would pass the 100 kB ceiling");
-        assert!(!w.has_room(t), "the large update goes next: nothing else meanwhile");
+        assert_eq!(w.room(t), Err(Hold::Large), "the large update goes next: nothing else meanwhile");
         w.sent(1);
         w.acked(t + 50 * MS, 1);
         assert!(w.has_room(t) && w.admits(90_000), "alone now");
@@ -471,13 +522,68 @@ mod tests {
     }
 
     #[test]
+    fn an_update_waiting_past_the_base_flight_ack_delay_and_target_holds_the_next() {
+        let t = Instant::now();
+        let mut w = Window::<u32>::new(limits());
+        // Alone, acknowledged after 50 ms: the base flight time.
+        w.queued(t, 1, None, 100);
+        w.sent(1);
+        w.acked(t + 50 * MS, 1);
+        w.queued(t + 60 * MS, 1, Some(1), 100);
+        w.sent(2);
+        // 50 ms base + 100 ms acknowledgement delay + 250 ms target.
+        assert_eq!(w.room(t + 460 * MS), Ok(()));
+        assert_eq!(w.room(t + 461 * MS), Err(Hold::Overdue));
+    }
+
+    #[test]
+    fn a_window_that_held_back_drains_once_its_base_flight_time_is_stale() {
+        // 100 bytes every 20 ms, each acknowledged 200 ms after it is queued: about 10 in
+        // flight, so the window never empties and no update after the first travels alone.
+        // With no target and no acknowledgement delay, the window is the rate times the base
+        // flight time, about those 10 updates: it holds one back now and then (bytes). Once the
+        // base (measured by the first update, at 200 ms) is older than BASE_FLIGHT_MEMORY, the
+        // window drains for a new measurement, then opens again.
+        let t = Instant::now();
+        let limits =
+            WindowLimits { target: Duration::ZERO, ack_delay: Duration::ZERO, min_bytes: 100, ..limits() };
+        let mut w = Window::<u32>::new(WindowLimits { max_messages: 512, ..limits });
+        let mut sent: Vec<(u64, Instant)> = Vec::new();
+        let mut holds = Vec::new();
+        for i in 0..700u32 {
+            let now = t + 20 * MS * i;
+            if let Some(&(acked, _)) = sent.iter().rev().find(|(_, at)| now >= *at + 200 * MS) {
+                w.acked(now, acked);
+            }
+            match w.room(now) {
+                Ok(()) => {
+                    w.queued(now, 1, None, 100);
+                    let seq = sent.len() as u64 + 1;
+                    w.sent(seq);
+                    sent.push((seq, now));
+                }
+                Err(hold) => holds.push((now - t, hold)),
+            }
+        }
+        let first = |hold| holds.iter().find(|(_, h)| *h == hold).map(|&(at, _)| at);
+        let bytes = first(Hold::Bytes).expect("the window held updates back");
+        let probe = first(Hold::Probe).expect("a drain for a new base");
+        assert!(bytes < probe && probe > 200 * MS + BASE_FLIGHT_MEMORY, "{holds:?}");
+        assert!(
+            holds.iter().all(|&(at, h)| h != Hold::Probe || at < probe + 220 * MS),
+            "the drain lasts one flight: {holds:?}"
+        );
+        assert!(holds.iter().all(|&(_, h)| matches!(h, Hold::Bytes | Hold::Probe)), "{holds:?}");
+    }
+
+    #[test]
     fn the_message_cap_holds_whatever_the_bytes() {
         let t = Instant::now();
         let mut w = Window::<u32>::new(limits());
         for _ in 0..8 {
             w.queued(t, 1, None, 1);
         }
-        assert!(!w.has_room(t));
+        assert_eq!(w.room(t), Err(Hold::Messages));
     }
 
     #[test]

@@ -42,6 +42,11 @@ impl UpdateFlow {
         self.lock().has_room(now)
     }
 
+    /// [`UpdateFlow::has_room`], saying which bound of the window holds the update back.
+    pub(crate) fn room(&self, now: std::time::Instant) -> Result<(), tickwire_fanout::Hold> {
+        self.lock().room(now)
+    }
+
     /// After a resume dropped updates of `channel` the client never got: the version its
     /// replica holds (`Some(None)`: it needs a snapshot).
     pub(crate) fn take_rewind(&self, channel: u64) -> Option<Option<Version>> {

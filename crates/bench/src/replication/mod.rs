@@ -300,6 +300,9 @@ pub async fn run(args: ReplicationArgs) -> anyhow::Result<ReplicationReport> {
 /// pending): `held_back_per_client_per_s`.
 const HELD_BACK: &str = "spatial_updates_coalesced";
 
+/// The same, by the `reason` label: `held_back_by_reason`.
+const HELD_BACK_BY: &str = "spatial_updates_held_back{reason=\"";
+
 /// The world's counter of cell updates encoded (one per cell, version sent from and codec, per
 /// pass): `cell_encodings_per_pass`.
 const ENCODINGS: &str = "spatial_cell_encodings";
@@ -575,6 +578,14 @@ async fn hold(
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
         held_back_per_client_per_s: (args.scenario == Scenario::Spatial && last.has(HELD_BACK))
             .then(|| per_s(HELD_BACK) / clients.max(1) as f64),
+        held_back_by_reason: last
+            .series(HELD_BACK_BY)
+            .filter_map(|(series, _)| {
+                let reason = series.strip_prefix(HELD_BACK_BY)?.strip_suffix("\"}")?;
+                let n = per_s(series) / clients.max(1) as f64;
+                (n > 0.0).then(|| (reason.to_owned(), n))
+            })
+            .collect(),
         max_tick_ms: (args.scenario == Scenario::Spatial).then_some(tick_ms.max),
         pass_cpu_ms: pass_cpu.as_ref().map(|(window, ..)| window.tick()),
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean, _)| *mean),

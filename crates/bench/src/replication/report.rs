@@ -1,5 +1,6 @@
 //! The figures of a replication run: a terminal table, JSON, and PNG charts.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
@@ -131,6 +132,16 @@ pub struct Step {
     /// too late for a pass does not. `None` if the gateway did not report the counter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_back_per_client_per_s: Option<f64>,
+    /// Scenario `spatial`: `held_back_per_client_per_s` split by what held each update back
+    /// (the `reason` label of `spatial_updates_held_back`): a bound of the viewer's window
+    /// (`overdue`: its oldest update in flight waited past the base flight time, the
+    /// acknowledgement delay and the target; `bytes`: the bytes in flight reached the window;
+    /// `messages`: the cap on updates in flight; `large`: a large update waits for the window
+    /// to drain; `probe`: the window drains to measure its base flight time again), or
+    /// `queue`: the session refused it (outbox full, too large to join what is in flight, a
+    /// rewind pending). Reasons with none over the hold are left out.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_back_by_reason: BTreeMap<String, f64>,
     /// Scenario `spatial`: the slowest fan-out pass of the world over the hold, in ms (the
     /// upper bound of its histogram bucket; `tick_ms.max`, repeated under the name).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -250,6 +261,11 @@ pub(super) fn print_row(step: &Step) {
             s.msgs_out_per_s / step.clients.max(1) as f64,
             step.held_back_per_client_per_s.unwrap_or(0.0),
         );
+        if !step.held_back_by_reason.is_empty() {
+            let by: Vec<String> =
+                step.held_back_by_reason.iter().map(|(r, n)| format!("{r} {n:.2}")).collect();
+            println!("  held back by: {} (per client per s)", by.join(", "));
+        }
     }
     match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
         (Some(cpu), Some(mean)) => println!(

@@ -45,6 +45,11 @@ impl Scrape {
         self.0.iter().any(|(k, _)| k == series)
     }
 
+    /// The series whose name (with labels) starts with `prefix`, and their values.
+    pub(super) fn series<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        self.0.iter().filter(move |(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.as_str(), *v))
+    }
+
     pub(super) fn get(&self, series: &str) -> f64 {
         self.0.iter().find(|(k, _)| k == series).map_or(0.0, |(_, v)| *v)
     }

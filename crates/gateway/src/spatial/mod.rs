@@ -49,6 +49,12 @@ const MAX_WAITING: usize = 1024;
 /// publish or release) before senders get UNAVAILABLE.
 const MAX_IN_FLIGHT: usize = 4096;
 
+/// What held a due viewer's update back, as the `reason` label of
+/// `spatial_updates_held_back`: a bound of its window (`tickwire_fanout::Hold`, in the order of
+/// `Hold::ALL`), or `queue`: the session refused it (its outbox full, the update too large to
+/// join those in flight, or a resume's rewind pending).
+pub(crate) const HELD_BACK_REASONS: [&str; 6] = ["probe", "overdue", "messages", "bytes", "large", "queue"];
+
 /// The entity schema when `[channels.entity]` names none: a position, a heading and free data.
 const DEFAULT_ENTITY_SCHEMA: &str = r#"{"fields": [
     {"name": "pos", "type": "vec3"},
@@ -88,6 +94,8 @@ pub(crate) struct SpatialFigures {
     pub fanouts: AtomicU64,
     /// Passes in which a due viewer's window was full: its changes merge into a later one.
     pub coalesced: AtomicU64,
+    /// The same, by what held the update back (`HELD_BACK_REASONS`, in that order).
+    pub held_back: [AtomicU64; HELD_BACK_REASONS.len()],
     /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
     pub encodings: AtomicU64,
     /// Cell updates queued to a viewer whose version predated the cell's latest change as the
@@ -324,6 +332,9 @@ impl Router for SpatialRouter {
             count: "spatial_pass_cpu_seconds_count",
             sum: "spatial_pass_cpu_seconds_sum",
         }));
+        for (reason, n) in HELD_BACK_REASONS.iter().zip(&f.held_back) {
+            out.push(Gauge::counter("spatial_updates_held_back", get(n)).label("reason", *reason));
+        }
         for (slot, n) in f.publishes.iter().enumerate() {
             out.push(Gauge::counter("spatial_server_publishes", get(n)).label("slot", slot.to_string()));
         }

@@ -352,8 +352,8 @@ impl World {
             // without room is refused before any of its deltas is encoded.
             let stale =
                 viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].state.version()));
-            if stale && !viewer.handle.flow.has_room(now) {
-                figures.coalesced.fetch_add(1, Ordering::Relaxed);
+            if stale && let Err(hold) = viewer.handle.flow.room(now) {
+                figures.held_back(Some(hold));
                 schedule.record(conn, now, Outcome::Refused);
                 continue;
             }
@@ -421,7 +421,7 @@ impl World {
                     schedule.record(conn, now, Outcome::Sent { to: *world_version });
                 }
                 Err(PushError::Full) => {
-                    figures.coalesced.fetch_add(1, Ordering::Relaxed);
+                    figures.held_back(None);
                     schedule.record(conn, now, Outcome::Refused);
                 }
                 Err(PushError::Closed) => gone.push(conn),

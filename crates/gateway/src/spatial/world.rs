@@ -16,7 +16,7 @@ use bytes::Bytes;
 // and there are at most `max_entities` of those.
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
-use tickwire_fanout::Scheduler;
+use tickwire_fanout::{Hold, Scheduler};
 use tickwire_spatial::handover::{Action, Route};
 use tickwire_spatial::{Cell, Layout, Move};
 use tickwire_state::{Key, PreparedCache, Schema, State, Step, Version};
@@ -27,7 +27,7 @@ use tickwire_wire::proto::{
 };
 
 use super::view::Viewer;
-use super::{CELL_BASE, ENTITY_BASE, SpatialFigures, SpatialSettings};
+use super::{CELL_BASE, ENTITY_BASE, HELD_BACK_REASONS, SpatialFigures, SpatialSettings};
 use crate::router::{SessionHandle, error_response};
 
 /// Root field of a cell's state: the map of entity id to entity value.
@@ -669,6 +669,14 @@ impl World {
 }
 
 impl SpatialFigures {
+    /// A due viewer's update was held back by `hold`, a bound of its window (`None`: the
+    /// session's queue refused it).
+    pub(super) fn held_back(&self, hold: Option<Hold>) {
+        self.coalesced.fetch_add(1, Ordering::Relaxed);
+        let at = hold.map_or(HELD_BACK_REASONS.len() - 1, Hold::index);
+        self.held_back[at].fetch_add(1, Ordering::Relaxed);
+    }
+
     fn publish(&self, slot: u32) {
         if let Some(n) = self.publishes.get(slot as usize) {
             n.fetch_add(1, Ordering::Relaxed);
