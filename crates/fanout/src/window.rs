@@ -77,7 +77,7 @@ impl Default for WindowLimits {
             initial_bytes: 1024,
             max_bytes: 512 * 1024,
             max_messages: 512,
-            ack_delay: Duration::from_millis(100),
+            ack_delay: Duration::from_millis(200),
         }
     }
 }
@@ -324,7 +324,7 @@ impl<C: Copy + Eq> Window<C> {
             // Everything acknowledged while this one was in flight, itself included, over the
             // longer of the time it was in flight and the time since the acknowledgement before
             // it was queued: one acknowledgement covering many updates (clients acknowledge
-            // every 100 ms or so) is not a burst of speed. At least a millisecond.
+            // every `ack_delay` or so) is not a burst of speed. At least a millisecond.
             let flight = now.saturating_duration_since(entry.queued);
             let elapsed =
                 flight.max(now.saturating_duration_since(entry.delivered_at)).max(Duration::from_millis(1));

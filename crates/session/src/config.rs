@@ -38,7 +38,7 @@ impl Default for SessionConfig {
             max_unacked_bytes: 1 << 20,
             ack_every: 16,
             ack_bytes: 1 << 19,
-            ack_delay: Duration::from_millis(100),
+            ack_delay: Duration::from_millis(200),
         }
     }
 }

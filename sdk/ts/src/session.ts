@@ -31,7 +31,7 @@ export const DEFAULT_SESSION_CONFIG: SessionConfig = {
   maxUnackedBytes: 1 << 20,
   ackEvery: 16,
   ackBytes: 1 << 19,
-  ackDelayMs: 100,
+  ackDelayMs: 200,
 };
 
 /** The client's settings from a Welcome's fields (0: an older server that does not say). */
