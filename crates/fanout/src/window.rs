@@ -83,8 +83,10 @@ impl Default for WindowLimits {
 }
 
 /// Why [`Window::room`] holds an update back. Counted apart, so that a figure of updates held
-/// back says which bound held them.
+/// back says which bound held them. When several hold at once, the first in this order is
+/// named: `Probe`, `Large`, `Overdue`, `Messages`, `Bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Hold {
     /// The base flight time is stale: the window drains so that the next update travels alone
     /// and measures it again (the module comment).
@@ -210,7 +212,8 @@ impl<C: Copy + Eq> Window<C> {
         self.room(now).is_ok()
     }
 
-    /// [`Window::has_room`], saying which bound holds the update back when one does.
+    /// [`Window::has_room`], saying which bound holds the update back when one does (the first
+    /// that holds, in the order of [`Hold`]'s documentation).
     pub fn room(&mut self, now: Instant) -> Result<(), Hold> {
         if self.entries.is_empty() {
             return Ok(());
@@ -541,7 +544,7 @@ mod tests {
         // 100 bytes every 20 ms, each acknowledged 200 ms after it is queued: about 10 in
         // flight, so the window never empties and no update after the first travels alone.
         // With no target and no acknowledgement delay, the window is the rate times the base
-        // flight time, about those 10 updates: it holds one back now and then (bytes). Once the
+        // flight time, about those 10 updates: it holds some back all along (bytes). Once the
         // base (measured by the first update, at 200 ms) is older than BASE_FLIGHT_MEMORY, the
         // window drains for a new measurement, then opens again.
         let t = Instant::now();
@@ -574,6 +577,9 @@ mod tests {
             "the drain lasts one flight: {holds:?}"
         );
         assert!(holds.iter().all(|&(_, h)| matches!(h, Hold::Bytes | Hold::Probe)), "{holds:?}");
+        // And it opens again: updates go out after the drain, the first of them alone.
+        let after = sent.iter().filter(|&&(_, at)| at > t + probe + 220 * MS).count();
+        assert!(after > 50, "{after} sent after the drain");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! The link model: everything the gateway sends goes straight into an unbounded pipe (the
 //! kernel's socket buffers take anything, which is what hid the problem), and the client reads
 //! from it at its own pace in bytes per second, applies each update to a real replica, and
-//! acknowledges the way `tickwire-session` does (after 16 messages, or 100 ms after the oldest
+//! acknowledges the way `tickwire-session` does (after 16 messages, or 200 ms after the oldest
 //! unacknowledged arrival). The channel publishes a ~300-byte change at 50 Hz, and each
 //! subscriber wants every tick.
 //!
@@ -34,7 +34,9 @@ use tickwire_state::{Codec, Key, Replica, State, Step, Value};
 const MS: Duration = Duration::from_millis(1);
 const TICK: Duration = Duration::from_millis(20);
 const ACK_EVERY: u64 = 16;
-const ACK_DELAY: Duration = Duration::from_millis(100);
+/// The acknowledgement delay the gateway announces by default (`session.ack_delay`), which the
+/// window assumes too.
+const ACK_DELAY: Duration = Duration::from_millis(200);
 /// The session's own bounds (its defaults): channel updates must never reach them.
 const SESSION_MAX_MESSAGES: usize = 1024;
 const SESSION_MAX_BYTES: usize = 1 << 20;
@@ -325,11 +327,11 @@ fn without_the_window_the_quarter_rate_reader_falls_behind() {
 
 #[test]
 fn a_far_client_that_keeps_up_is_not_held_back() {
-    // 150 ms each way: with the 100 ms acknowledgement delay, 400 ms of flight, more than the
+    // 150 ms each way: with the 200 ms acknowledgement delay, 500 ms of flight, more than the
     // window's target alone would cover.
     let mut sim = Sim::new(&[Reader::Far { one_way_ms: 150 }], WindowLimits::default());
     sim.run(30_000);
-    // From 6 s on: the window starts at 1 KiB and grows by about an eighth per flight (400 ms)
+    // From 6 s on: the window starts at 1 KiB and grows by about an eighth per flight (500 ms)
     // until the client, not the window, sets the pace.
     let ages = sim.ages(0, 6_000, 30_000);
     let late = ages.iter().filter(|age| **age > MS * 151).count();

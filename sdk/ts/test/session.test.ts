@@ -30,8 +30,9 @@ test("a standalone ACK goes out after ackEvery messages, ackBytes bytes, or ackD
   s.onFrame(10, data(5));
   s.ackSoon(10);
   assert.equal(s.pollTimeout(), 10 + DEFAULT_SESSION_CONFIG.ackDelayMs);
-  assert.equal(s.pollTransmit(109), undefined);
-  assert.deepEqual(s.pollTransmit(110), { type: "ack", ack: 5n });
+  const due = 10 + DEFAULT_SESSION_CONFIG.ackDelayMs;
+  assert.equal(s.pollTransmit(due - 1), undefined);
+  assert.deepEqual(s.pollTransmit(due), { type: "ack", ack: 5n });
 });
 
 test("the Welcome's bounds halve into ackEvery and ackBytes (§5)", () => {

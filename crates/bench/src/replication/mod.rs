@@ -303,6 +303,10 @@ const HELD_BACK: &str = "spatial_updates_coalesced";
 /// The same, by the `reason` label: `held_back_by_reason`.
 const HELD_BACK_BY: &str = "spatial_updates_held_back{reason=\"";
 
+/// The world's count of server frames that went out in one pass with the frame before them:
+/// `frames_merged_per_server_per_s`.
+const FRAMES_MERGED: &str = "spatial_frames_merged";
+
 /// The world's counter of cell updates encoded (one per cell, version sent from and codec, per
 /// pass): `cell_encodings_per_pass`.
 const ENCODINGS: &str = "spatial_cell_encodings";
@@ -591,6 +595,8 @@ async fn hold(
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean, _)| *mean),
         cell_encodings_per_pass: pass_cpu.as_ref().and_then(|(.., encodings)| *encodings),
         frames_not_published,
+        frames_merged_per_server_per_s: (args.scenario == Scenario::Spatial && last.has(FRAMES_MERGED))
+            .then(|| per_s(FRAMES_MERGED) / f64::from(spatial_server::SERVERS * spatial_server::SERVERS)),
         fanout_hz_p5_of_seconds: p5_of_seconds,
         release_retries: release_retries() - release_retries0,
         gateway_connections: last.get("connection_num") as u64,

@@ -167,6 +167,13 @@ pub struct Step {
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
     pub frames_not_published: u64,
+    /// Scenario `spatial`: server frames per server per second that reached the world after
+    /// another frame of the same server within one pass interval, so both went out in one pass
+    /// (`spatial_frames_merged` over the hold, divided by the servers): a viewer of that server's
+    /// cells got one message for both, one fewer in its update rate. `None` if the gateway did
+    /// not report the counter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frames_merged_per_server_per_s: Option<f64>,
     /// The 5th percentile of updates received over client-seconds (each client's count in each
     /// second of the hold). Reported, not ruled on: a second's count of a 30 Hz stream moves by
     /// one when a delivery lands either side of the second's boundary.
@@ -280,8 +287,12 @@ pub(super) fn print_row(step: &Step) {
         _ if step.handovers_per_s.is_some() => println!("  world pass CPU time: no passes recorded"),
         _ => {}
     }
+    let merged = step
+        .frames_merged_per_server_per_s
+        .map(|m| format!(", {m:.2} frames merged per server per s (two of a server in one pass)"))
+        .unwrap_or_default();
     println!(
-        "  servers: {} frames not published, {} releases retried; bot threads late by p50 / p99 / max {:.1} / {:.1} / {:.1} ms (a probe due every 10 ms)",
+        "  servers: {} frames not published{merged}, {} releases retried; bot threads late by p50 / p99 / max {:.1} / {:.1} / {:.1} ms (a probe due every 10 ms)",
         step.frames_not_published,
         step.release_retries,
         step.load_lag_ms.p50,

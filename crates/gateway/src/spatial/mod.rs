@@ -55,6 +55,22 @@ const MAX_IN_FLIGHT: usize = 4096;
 /// join those in flight, or a resume's rewind pending).
 pub(crate) const HELD_BACK_REASONS: [&str; 6] = ["probe", "overdue", "messages", "bytes", "large", "queue"];
 
+#[cfg(test)]
+mod held_back_reasons {
+    use tickwire_fanout::Hold;
+
+    use super::HELD_BACK_REASONS;
+
+    #[test]
+    fn name_each_bound_of_the_window_at_its_index_then_the_queue() {
+        assert_eq!(HELD_BACK_REASONS.len(), Hold::ALL.len() + 1);
+        for hold in Hold::ALL {
+            assert_eq!(HELD_BACK_REASONS[hold.index()], hold.as_str());
+        }
+        assert_eq!(HELD_BACK_REASONS[Hold::ALL.len()], "queue");
+    }
+}
+
 /// The entity schema when `[channels.entity]` names none: a position, a heading and free data.
 const DEFAULT_ENTITY_SCHEMA: &str = r#"{"fields": [
     {"name": "pos", "type": "vec3"},
@@ -86,6 +102,10 @@ pub(crate) struct SpatialFigures {
     pub servers: AtomicU64,
     /// Publishes per slot (a server's frame rate).
     pub publishes: Vec<AtomicU64>,
+    /// Publishes that reached the world after another of the same server since the last pass:
+    /// server frames whose changes went out in one pass with the frame before them, so a
+    /// viewer got one message for both.
+    pub frames_merged: AtomicU64,
     /// Entities of publishes that were not applied (not owned by the sender).
     pub ignored: AtomicU64,
     /// Entity messages accepted.
@@ -321,6 +341,7 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_entity_messages", get(&f.messages)),
             Gauge::counter("spatial_fanouts", get(&f.fanouts)),
             Gauge::counter("spatial_updates_coalesced", get(&f.coalesced)),
+            Gauge::counter("spatial_frames_merged", get(&f.frames_merged)),
             Gauge::counter("spatial_cell_encodings", get(&f.encodings)),
             Gauge::counter("spatial_catch_up_snapshots", get(&f.catch_up_snapshots)),
             // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if

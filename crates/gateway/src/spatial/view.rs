@@ -325,6 +325,9 @@ impl World {
         if changed {
             self.world_version += 1;
         }
+        let merged: u32 =
+            self.publishes_since_pass.iter_mut().map(|n| std::mem::take(n).saturating_sub(1)).sum();
+        self.figures.frames_merged.fetch_add(u64::from(merged), Ordering::Relaxed);
         let World { cells, viewers, schedule, figures, world_version, .. } = self;
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
@@ -353,7 +356,7 @@ impl World {
             let stale =
                 viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].state.version()));
             if stale && let Err(hold) = viewer.handle.flow.room(now) {
-                figures.held_back(Some(hold));
+                figures.count_held_back(Some(hold));
                 schedule.record(conn, now, Outcome::Refused);
                 continue;
             }
@@ -421,7 +424,7 @@ impl World {
                     schedule.record(conn, now, Outcome::Sent { to: *world_version });
                 }
                 Err(PushError::Full) => {
-                    figures.held_back(None);
+                    figures.count_held_back(None);
                     schedule.record(conn, now, Outcome::Refused);
                 }
                 Err(PushError::Closed) => gone.push(conn),

@@ -94,6 +94,9 @@ pub(super) struct World {
     pub cell_schema_json: Arc<str>,
     pub entity_schema_json: Arc<str>,
     pub figures: Arc<SpatialFigures>,
+    /// Publishes (server frames) of each slot since the last pass: a second one is a frame
+    /// whose changes go out in the same pass as the first's (`spatial_frames_merged`).
+    pub publishes_since_pass: Vec<u32>,
 }
 
 fn ok(id: u64, body: Bytes) -> Response {
@@ -131,6 +134,7 @@ impl World {
         let [sx, sz] = layout.config().servers;
         World {
             slots: vec![None; (sx * sz) as usize],
+            publishes_since_pass: vec![0; (sx * sz) as usize],
             layout,
             settings,
             cells,
@@ -387,6 +391,9 @@ impl World {
             );
         };
         self.figures.publish(slot);
+        if let Some(n) = self.publishes_since_pass.get_mut(slot as usize) {
+            *n += 1;
+        }
         let mut ignored = Vec::new();
         for update in req.entities {
             if let Err(why) = self.publish_one(conn, &update) {
@@ -671,7 +678,7 @@ impl World {
 impl SpatialFigures {
     /// A due viewer's update was held back by `hold`, a bound of its window (`None`: the
     /// session's queue refused it).
-    pub(super) fn held_back(&self, hold: Option<Hold>) {
+    pub(super) fn count_held_back(&self, hold: Option<Hold>) {
         self.coalesced.fetch_add(1, Ordering::Relaxed);
         let at = hold.map_or(HELD_BACK_REASONS.len() - 1, Hold::index);
         self.held_back[at].fetch_add(1, Ordering::Relaxed);
