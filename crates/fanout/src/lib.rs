@@ -14,6 +14,9 @@
 //!   next change reaches it at once. So between any two updates `i < j` of one subscriber at
 //!   least `(j - i - 1) * interval` passes, and one is never due later than `interval` after
 //!   its previous offer.
+//! - Passes that run on a timer ([`Scheduler::with_pass_period`]) serve a subscriber at the pass
+//!   nearest its due time: it counts as due up to half a period early. A late pass would
+//!   otherwise push the next due time just past the next pass, which then skips it.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
@@ -84,17 +87,30 @@ struct Subscriber {
 #[derive(Debug, Clone)]
 pub struct Scheduler<K> {
     subscribers: HashMap<K, Subscriber>,
+    /// A subscriber counts as due this long before its due time ([`Scheduler::with_pass_period`]).
+    early: Duration,
 }
 
 impl<K> Default for Scheduler<K> {
     fn default() -> Self {
-        Scheduler { subscribers: HashMap::new() }
+        Scheduler { subscribers: HashMap::new(), early: Duration::ZERO }
     }
 }
 
 impl<K: Copy + Eq + Hash> Scheduler<K> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A scheduler whose passes run every `period` (on a timer, each a little late by a varying
+    /// amount): a subscriber counts as due up to half a period before its due time, so the pass
+    /// *nearest* its due time serves it, not the first one at or after it. Without this, a
+    /// subscriber due every pass misses passes: a late pass that serves it more than an interval
+    /// after its due time sets the next one an interval after that pass, and the next pass, on
+    /// time, comes just before it. Two updates of a subscriber are then at least `interval`
+    /// minus half a period apart in due time, and the average stays one per `interval`.
+    pub fn with_pass_period(period: Duration) -> Self {
+        Scheduler { subscribers: HashMap::new(), early: period / 2 }
     }
 
     /// Adds a subscriber at `now`. `version` is the channel's version at this instant: the base
@@ -168,7 +184,7 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
         out.extend(
             self.subscribers
                 .iter()
-                .filter(|(_, s)| now >= s.next_due && s.base != Some(version))
+                .filter(|(_, s)| now + self.early >= s.next_due && s.base != Some(version))
                 .map(|(&id, s)| Due { id, from: s.base }),
         );
     }
@@ -226,6 +242,29 @@ mod tests {
         assert_eq!(due(&s, t0, 7), vec![]);
         // A change after the join (version 8) goes out as a delta from 7, not lost.
         assert_eq!(due(&s, t0 + MS, 8), vec![Due { id: 1, from: Some(7) }]);
+    }
+
+    #[test]
+    fn with_a_pass_period_a_late_pass_does_not_make_the_next_one_skip_a_subscriber() {
+        // Passes every 20 ms; the one due at 80 ms runs at 85 ms. A subscriber due every pass,
+        // joined at 1 ms, and a change before every pass.
+        let passes = [20, 40, 60, 85, 100, 120];
+        let served = |mut s: Scheduler<u32>| {
+            let t = Instant::now();
+            s.join(1, opts(20, 0, false), t + MS, 0);
+            let mut served = Vec::new();
+            for (version, at) in (1..).zip(passes) {
+                let now = t + MS * at;
+                if !due(&s, now, version).is_empty() {
+                    s.record(1, now, Outcome::Sent { to: version });
+                    served.push(at);
+                }
+            }
+            served
+        };
+        // The late pass sets the next due time to 105 ms, just after the pass at 100 ms.
+        assert_eq!(served(Scheduler::new()), [20, 40, 60, 85, 120]);
+        assert_eq!(served(Scheduler::with_pass_period(MS * 20)), passes);
     }
 
     #[test]

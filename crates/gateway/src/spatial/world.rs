@@ -132,6 +132,7 @@ impl World {
             })
             .collect();
         let [sx, sz] = layout.config().servers;
+        let tick = settings.tick;
         World {
             slots: vec![None; (sx * sz) as usize],
             publishes_since_pass: vec![0; (sx * sz) as usize],
@@ -144,7 +145,9 @@ impl World {
             controlled: HashMap::new(),
             next_entity: 0,
             viewers: HashMap::new(),
-            schedule: Scheduler::new(),
+            // Passes run on the world's timer: each viewer is served by the pass nearest its
+            // due time, however late the passes run.
+            schedule: Scheduler::with_pass_period(tick),
             world_version: 1,
             cell_schema_json,
             entity_schema_json,
