@@ -16,7 +16,8 @@
 //!   its previous offer.
 //! - Passes that run on a timer ([`Scheduler::with_pass_period`]) serve a subscriber at the pass
 //!   nearest its due time: it counts as due up to half a period early. A late pass would
-//!   otherwise push the next due time just past the next pass, which then skips it.
+//!   otherwise push the next due time just past the next pass, which then skips it. The bounds
+//!   above then hold less half a period (see there); with [`Scheduler::new`] they hold as stated.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
@@ -107,8 +108,14 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
     /// *nearest* its due time serves it, not the first one at or after it. Without this, a
     /// subscriber due every pass misses passes: a late pass that serves it more than an interval
     /// after its due time sets the next one an interval after that pass, and the next pass, on
-    /// time, comes just before it. Two updates of a subscriber are then at least `interval`
-    /// minus half a period apart in due time, and the average stays one per `interval`.
+    /// time, comes just before it. This mends passes late by less than about half a period; one
+    /// later than that can still make the next skip a subscriber (driving the schedule with the
+    /// timer's due instants instead of the clock would not; not built).
+    ///
+    /// What it costs in the bounds of the module comment: updates `i < j` are at least
+    /// `(j - i - 1) * interval - period / 2` apart, not `(j - i - 1) * interval`; the first comes
+    /// at least `delay - period / 2` after the join; two in a row may be one pass apart (after a
+    /// late one). The average stays at most one per `interval`.
     pub fn with_pass_period(period: Duration) -> Self {
         Scheduler { subscribers: HashMap::new(), early: period / 2 }
     }

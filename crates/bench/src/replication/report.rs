@@ -167,11 +167,10 @@ pub struct Step {
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
     pub frames_not_published: u64,
-    /// Scenario `spatial`: server frames per server per second that reached the world after
-    /// another frame of the same server within one pass interval, so both went out in one pass
-    /// (`spatial_frames_merged` over the hold, divided by the servers): a viewer of that server's
-    /// cells got one message for both, one fewer in its update rate. `None` if the gateway did
-    /// not report the counter.
+    /// Scenario `spatial`: publishes per server per second beyond the first between two of the
+    /// world's passes (`spatial_frames_merged` over the hold, divided by the servers): frames
+    /// that went out in one pass with the frame before them, so a viewer of that server's cells
+    /// got one message for both. `None` if the gateway did not report the counter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frames_merged_per_server_per_s: Option<f64>,
     /// The 5th percentile of updates received over client-seconds (each client's count in each

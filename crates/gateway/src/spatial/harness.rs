@@ -442,7 +442,8 @@ mod tests {
             frame(&mut h, yaw);
         }
         h.tick(start + Duration::from_millis(40));
-        // Each of the 4 servers published 3 frames since the last pass: 2 merged each.
+        // Each of the 4 servers published 3 frames since the last pass: 2 merged each (3 of
+        // them own no entity; their empty publishes count too).
         assert_eq!(h.counts().frames_merged, 8);
         h.tick(start + Duration::from_millis(60));
         assert_eq!(h.counts().frames_merged, 8, "a pass with no frame merges none");

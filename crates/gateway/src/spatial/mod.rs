@@ -102,9 +102,9 @@ pub(crate) struct SpatialFigures {
     pub servers: AtomicU64,
     /// Publishes per slot (a server's frame rate).
     pub publishes: Vec<AtomicU64>,
-    /// Publishes that reached the world after another of the same server since the last pass:
-    /// server frames whose changes went out in one pass with the frame before them, so a
-    /// viewer got one message for both.
+    /// Publishes of a slot beyond the first between two passes: server frames that went out
+    /// in one pass with the one before them, when both changed something (an empty publish
+    /// counts too).
     pub frames_merged: AtomicU64,
     /// Entities of publishes that were not applied (not owned by the sender).
     pub ignored: AtomicU64,

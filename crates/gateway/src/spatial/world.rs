@@ -94,8 +94,8 @@ pub(super) struct World {
     pub cell_schema_json: Arc<str>,
     pub entity_schema_json: Arc<str>,
     pub figures: Arc<SpatialFigures>,
-    /// Publishes (server frames) of each slot since the last pass: a second one is a frame
-    /// whose changes go out in the same pass as the first's (`spatial_frames_merged`).
+    /// Publishes of each slot since the last pass; those beyond the first are counted in
+    /// `spatial_frames_merged`.
     pub publishes_since_pass: Vec<u32>,
 }
 
@@ -146,7 +146,7 @@ impl World {
             next_entity: 0,
             viewers: HashMap::new(),
             // Passes run on the world's timer: each viewer is served by the pass nearest its
-            // due time, however late the passes run.
+            // due time, so a pass late by less than half a tick does not make the next skip it.
             schedule: Scheduler::with_pass_period(tick),
             world_version: 1,
             cell_schema_json,
