@@ -130,9 +130,9 @@ pub struct PassCounts {
     pub encodings: u64,
     /// Due viewers held back because their window was full (`spatial_updates_coalesced`).
     pub held_back: u64,
-    /// The same by reason, in the order of `HELD_BACK_REASONS` (`spatial_updates_held_back`):
-    /// probe, overdue, messages, bytes, large, queue.
-    pub held_back_by: [u64; HELD_BACK_REASONS.len()],
+    /// The same by reason (`spatial_updates_held_back`): each bound of the window at its
+    /// `tickwire_fanout::Hold::index`, then the session's queue.
+    pub held_back_by: [u64; HELD_BACK_REASONS],
     /// Cell snapshots queued to a viewer behind instead of a delta of its own
     /// (`spatial_catch_up_snapshots`).
     pub catch_up_snapshots: u64,
@@ -483,11 +483,8 @@ mod tests {
         assert!(counts.held_back > 0, "the clients behind were held back: {counts:?}");
         // Reading every 400 ms, these clients show a low delivery rate: their windows hold by
         // bytes. Their sessions' queues never refuse an update.
-        let by = |reason: &str| {
-            counts.held_back_by[HELD_BACK_REASONS.iter().position(|r| *r == reason).expect("a reason")]
-        };
-        assert!(by("bytes") > 0, "{counts:?}");
-        assert_eq!(by("queue"), 0, "{counts:?}");
+        assert!(counts.held_back_by[tickwire_fanout::Hold::Bytes.index()] > 0, "{counts:?}");
+        assert_eq!(counts.held_back_by[super::super::HELD_BACK_QUEUE], 0, "{counts:?}");
         for _ in 0..3 {
             now += Duration::from_millis(20);
             h.tick(now);

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prost::Message;
+use tickwire_fanout::Hold;
 use tickwire_spatial::{Layout, LayoutConfig};
 use tickwire_state::{Field, KeyKind, Limits, Schema, SchemaDef, Type};
 use tickwire_transport::wake_batch::batch;
@@ -49,25 +50,34 @@ const MAX_WAITING: usize = 1024;
 /// publish or release) before senders get UNAVAILABLE.
 const MAX_IN_FLIGHT: usize = 4096;
 
-/// What held a due viewer's update back, as the `reason` label of
-/// `spatial_updates_held_back`: a bound of its window (`tickwire_fanout::Hold`, in the order of
-/// `Hold::ALL`), or `queue`: the session refused it (its outbox full, the update too large to
-/// join those in flight, or a resume's rewind pending).
-pub(crate) const HELD_BACK_REASONS: [&str; 6] = ["probe", "overdue", "messages", "bytes", "large", "queue"];
+/// Counters of held-back updates, one per reason: each bound of the window
+/// (`tickwire_fanout::Hold`, at `Hold::index`), then `queue` at [`HELD_BACK_QUEUE`].
+pub(crate) const HELD_BACK_REASONS: usize = Hold::ALL.len() + 1;
+
+/// The counter of updates the session refused (its outbox full, the update too large to join
+/// those in flight, or a resume's rewind pending).
+pub(crate) const HELD_BACK_QUEUE: usize = Hold::ALL.len();
+
+/// The `reason` label of `spatial_updates_held_back` for counter `index`.
+pub(crate) fn held_back_reason(index: usize) -> &'static str {
+    Hold::ALL.get(index).map_or("queue", |hold| hold.as_str())
+}
 
 #[cfg(test)]
 mod held_back_reasons {
     use tickwire_fanout::Hold;
 
-    use super::HELD_BACK_REASONS;
+    use super::{HELD_BACK_QUEUE, HELD_BACK_REASONS, held_back_reason};
 
     #[test]
     fn name_each_bound_of_the_window_at_its_index_then_the_queue() {
-        assert_eq!(HELD_BACK_REASONS.len(), Hold::ALL.len() + 1);
+        assert_eq!(HELD_BACK_REASONS, Hold::ALL.len() + 1);
         for hold in Hold::ALL {
-            assert_eq!(HELD_BACK_REASONS[hold.index()], hold.as_str());
+            assert_eq!(held_back_reason(hold.index()), hold.as_str());
         }
-        assert_eq!(HELD_BACK_REASONS[Hold::ALL.len()], "queue");
+        assert_eq!(held_back_reason(HELD_BACK_QUEUE), "queue");
+        let labels: Vec<_> = (0..HELD_BACK_REASONS).map(held_back_reason).collect();
+        assert_eq!(labels, ["probe", "overdue", "messages", "bytes", "large", "queue"]);
     }
 }
 
@@ -114,8 +124,8 @@ pub(crate) struct SpatialFigures {
     pub fanouts: AtomicU64,
     /// Passes in which a due viewer's window was full: its changes merge into a later one.
     pub coalesced: AtomicU64,
-    /// The same, by what held the update back (`HELD_BACK_REASONS`, in that order).
-    pub held_back: [AtomicU64; HELD_BACK_REASONS.len()],
+    /// The same, by what held the update back ([`held_back_reason`] names each).
+    pub held_back: [AtomicU64; HELD_BACK_REASONS],
     /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
     pub encodings: AtomicU64,
     /// Cell updates queued to a viewer whose version predated the cell's latest change as the
@@ -353,8 +363,10 @@ impl Router for SpatialRouter {
             count: "spatial_pass_cpu_seconds_count",
             sum: "spatial_pass_cpu_seconds_sum",
         }));
-        for (reason, n) in HELD_BACK_REASONS.iter().zip(&f.held_back) {
-            out.push(Gauge::counter("spatial_updates_held_back", get(n)).label("reason", *reason));
+        for (i, n) in f.held_back.iter().enumerate() {
+            out.push(
+                Gauge::counter("spatial_updates_held_back", get(n)).label("reason", held_back_reason(i)),
+            );
         }
         for (slot, n) in f.publishes.iter().enumerate() {
             out.push(Gauge::counter("spatial_server_publishes", get(n)).label("slot", slot.to_string()));

@@ -27,7 +27,7 @@ use tickwire_wire::proto::{
 };
 
 use super::view::Viewer;
-use super::{CELL_BASE, ENTITY_BASE, HELD_BACK_REASONS, SpatialFigures, SpatialSettings};
+use super::{CELL_BASE, ENTITY_BASE, HELD_BACK_QUEUE, SpatialFigures, SpatialSettings};
 use crate::router::{SessionHandle, error_response};
 
 /// Root field of a cell's state: the map of entity id to entity value.
@@ -683,7 +683,7 @@ impl SpatialFigures {
     /// session's queue refused it).
     pub(super) fn count_held_back(&self, hold: Option<Hold>) {
         self.coalesced.fetch_add(1, Ordering::Relaxed);
-        let at = hold.map_or(HELD_BACK_REASONS.len() - 1, Hold::index);
+        let at = hold.map_or(HELD_BACK_QUEUE, Hold::index);
         self.held_back[at].fetch_add(1, Ordering::Relaxed);
     }
 
