@@ -14,10 +14,11 @@
 //!   next change reaches it at once. So between any two updates `i < j` of one subscriber at
 //!   least `(j - i - 1) * interval` passes, and one is never due later than `interval` after
 //!   its previous offer.
-//! - Passes that run on a timer ([`Scheduler::with_pass_period`]) serve a subscriber at the pass
-//!   nearest its due time: it counts as due up to half a period early. A late pass would
-//!   otherwise push the next due time just past the next pass, which then skips it. The bounds
-//!   above then hold less half a period (see there); with [`Scheduler::new`] they hold as stated.
+//! - A caller whose passes run on a timer gives [`Scheduler::due`] and [`Scheduler::record`]
+//!   the instant each pass was *due*, not the later one it ran at. Counted from a late pass, a
+//!   subscriber's next due time can fall just past the next pass, which then skips it. Counted
+//!   from the timer's instants, the bounds above hold between due instants; a late pass sends
+//!   its updates that much later, so in real time the next may come closer by that lateness.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
@@ -88,36 +89,17 @@ struct Subscriber {
 #[derive(Debug, Clone)]
 pub struct Scheduler<K> {
     subscribers: HashMap<K, Subscriber>,
-    /// A subscriber counts as due this long before its due time ([`Scheduler::with_pass_period`]).
-    early: Duration,
 }
 
 impl<K> Default for Scheduler<K> {
     fn default() -> Self {
-        Scheduler { subscribers: HashMap::new(), early: Duration::ZERO }
+        Scheduler { subscribers: HashMap::new() }
     }
 }
 
 impl<K: Copy + Eq + Hash> Scheduler<K> {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A scheduler whose passes run every `period` (on a timer, each a little late by a varying
-    /// amount): a subscriber counts as due up to half a period before its due time, so the pass
-    /// *nearest* its due time serves it, not the first one at or after it. Without this, a
-    /// subscriber due every pass misses passes: a late pass that serves it more than an interval
-    /// after its due time sets the next one an interval after that pass, and the next pass, on
-    /// time, comes just before it. This mends passes late by less than about half a period; one
-    /// later than that can still make the next skip a subscriber (driving the schedule with the
-    /// timer's due instants instead of the clock would not; not built).
-    ///
-    /// What it costs in the bounds of the module comment: updates `i < j` are at least
-    /// `(j - i - 1) * interval - period / 2` apart, not `(j - i - 1) * interval`; the first comes
-    /// at least `delay - period / 2` after the join; two in a row may be one pass apart (after a
-    /// late one). The average stays at most one per `interval`.
-    pub fn with_pass_period(period: Duration) -> Self {
-        Scheduler { subscribers: HashMap::new(), early: period / 2 }
     }
 
     /// Adds a subscriber at `now`. `version` is the channel's version at this instant: the base
@@ -191,7 +173,7 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
         out.extend(
             self.subscribers
                 .iter()
-                .filter(|(_, s)| now + self.early >= s.next_due && s.base != Some(version))
+                .filter(|(_, s)| now >= s.next_due && s.base != Some(version))
                 .map(|(&id, s)| Due { id, from: s.base }),
         );
     }
@@ -252,26 +234,28 @@ mod tests {
     }
 
     #[test]
-    fn with_a_pass_period_a_late_pass_does_not_make_the_next_one_skip_a_subscriber() {
-        // Passes every 20 ms; the one due at 80 ms runs at 85 ms. A subscriber due every pass,
-        // joined at 1 ms, and a change before every pass.
-        let passes = [20, 40, 60, 85, 100, 120];
-        let served = |mut s: Scheduler<u32>| {
+    fn a_late_pass_recorded_at_its_due_instant_does_not_make_the_next_one_skip() {
+        // Passes due every 20 ms; the one due at 80 ms runs at 85 ms. A subscriber due every
+        // pass, joined at 1 ms, and a change before every pass.
+        let passes = [(20, 20), (40, 40), (60, 60), (80, 85), (100, 100), (120, 120)];
+        let served = |on_the_clock: bool| {
             let t = Instant::now();
+            let mut s = Scheduler::new();
             s.join(1, opts(20, 0, false), t + MS, 0);
             let mut served = Vec::new();
-            for (version, at) in (1..).zip(passes) {
-                let now = t + MS * at;
-                if !due(&s, now, version).is_empty() {
-                    s.record(1, now, Outcome::Sent { to: version });
-                    served.push(at);
+            for (version, (due_at, ran_at)) in (1..).zip(passes) {
+                let at = t + MS * if on_the_clock { ran_at } else { due_at };
+                if !due(&s, at, version).is_empty() {
+                    s.record(1, at, Outcome::Sent { to: version });
+                    served.push(due_at);
                 }
             }
             served
         };
-        // The late pass sets the next due time to 105 ms, just after the pass at 100 ms.
-        assert_eq!(served(Scheduler::new()), [20, 40, 60, 85, 120]);
-        assert_eq!(served(Scheduler::with_pass_period(MS * 20)), passes);
+        // On the clock, the late pass sets the next due time to 105 ms, just after the pass
+        // due at 100 ms.
+        assert_eq!(served(true), [20, 40, 60, 80, 120]);
+        assert_eq!(served(false), [20, 40, 60, 80, 100, 120]);
     }
 
     #[test]

@@ -293,9 +293,14 @@ impl WorldHarness {
         Ok(ignored)
     }
 
-    /// One fan-out pass at `now`; how many viewers got a message.
+    /// One fan-out pass at `now`, run on time; how many viewers got a message.
     pub fn tick(&mut self, now: Instant) -> u64 {
-        self.world.tick(now)
+        self.world.tick(now, now)
+    }
+
+    /// One fan-out pass due at `scheduled` that runs at `now` (late, when `now` is later).
+    pub fn tick_late(&mut self, scheduled: Instant, now: Instant) -> u64 {
+        self.world.tick(scheduled, now)
     }
 
     /// Reads every session's outbox, as clients that keep up would, acknowledging each update
@@ -447,6 +452,30 @@ mod tests {
         assert_eq!(h.counts().frames_merged, 8);
         h.tick(start + Duration::from_millis(60));
         assert_eq!(h.counts().frames_merged, 8, "a pass with no frame merges none");
+    }
+
+    #[test]
+    fn a_pass_that_runs_late_does_not_make_the_next_one_skip_a_client() {
+        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+        let start = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let at = [5.0, 0.0, 5.0];
+        assert_eq!(h.tick(start), 4, "the servers' first pass: a snapshot each");
+        // The client joins 1 ms into the first tick, so it is due 1 ms after each pass's due
+        // instant, and a frame comes before every pass.
+        h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start + ms).expect("spawned");
+        let mut served = Vec::new();
+        // The pass due at 80 ms runs at 85 ms. Had the schedule run on the clock, the client
+        // would next be due at 105 ms, and the pass at 100 ms would skip it.
+        for (yaw, (due, ran)) in
+            [(20, 20), (40, 40), (60, 60), (80, 85), (100, 100), (120, 120)].into_iter().enumerate()
+        {
+            h.publish_frame(|_| (at, format!(r#"{{"yaw": {yaw}}}"#))).expect("published");
+            served.push(h.tick_late(start + ms * due, start + ms * ran));
+        }
+        // Each pass: the client and the server whose block holds its entity.
+        assert_eq!(served, [2; 6]);
     }
 
     /// 40 clients on a 6×6 world, their entities two by two in 20 cells, one in three reading

@@ -376,7 +376,8 @@ impl Router for SpatialRouter {
 }
 
 /// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
-/// or every sender is gone. Each tick pass's wall-clock time goes into the channels'
+/// or every sender is gone. Each pass is scheduled at the instant its tick was due on the timer,
+/// not at the (later) instant it ran: see [`World::tick`]. Each tick pass's wall-clock time goes into the channels'
 /// `channel_tick_duration_seconds` (the world is one channel actor there), and this thread's
 /// CPU time over the pass into `spatial_pass_cpu_seconds`.
 async fn run(
@@ -399,10 +400,10 @@ async fn run(
                 Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
                 None => break,
             },
-            _ = ticker.tick() => {
+            due = ticker.tick() => {
                 let started = Instant::now();
                 let cpu = tickwire_transport::thread_cpu_time();
-                batch(|| world.tick(started));
+                batch(|| world.tick(due.into_std(), started));
                 let elapsed = started.elapsed();
                 if let (Some(before), Some(after)) = (cpu, tickwire_transport::thread_cpu_time()) {
                     world.figures.pass_cpu.record(after.saturating_sub(before));

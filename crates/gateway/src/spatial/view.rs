@@ -311,9 +311,14 @@ impl World {
         self.schedule.leave(conn);
     }
 
-    /// One fan-out pass at `now`: seals the cells, and sends every due viewer one message with
-    /// what changed in its view. Returns how many viewers got one.
-    pub fn tick(&mut self, now: Instant) -> u64 {
+    /// One fan-out pass: seals the cells, and sends every due viewer one message with what
+    /// changed in its view. Returns how many viewers got one.
+    ///
+    /// `scheduled` is the instant the pass was due on the world's timer, and the schedule (who
+    /// is due, and when next) runs on it; `now` is the clock, for the sessions' windows and
+    /// outboxes. A pass that runs late then does not shift a viewer's next due time past the
+    /// next pass, which would skip it there: the schedule sees passes exactly a tick apart.
+    pub fn tick(&mut self, scheduled: Instant, now: Instant) -> u64 {
         let mut changed = false;
         for cell in &mut self.cells {
             let before = cell.state.version();
@@ -336,7 +341,7 @@ impl World {
             }
         }
         let mut due = Vec::new();
-        schedule.due(now, *world_version, &mut due);
+        schedule.due(scheduled, *world_version, &mut due);
         // Each cell's update from each version, encoded once per pass as its entry of
         // `ChannelUpdates.updates` (tag, length, message) and shared by every viewer at that
         // version: a viewer's message is these entries end to end.
@@ -357,7 +362,7 @@ impl World {
                 viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].state.version()));
             if stale && let Err(hold) = viewer.handle.flow.room(now) {
                 figures.count_held_back(Some(hold));
-                schedule.record(conn, now, Outcome::Refused);
+                schedule.record(conn, scheduled, Outcome::Refused);
                 continue;
             }
             parts.clear();
@@ -408,7 +413,7 @@ impl World {
                 }
                 let outcome =
                     if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: *world_version } };
-                schedule.record(conn, now, outcome);
+                schedule.record(conn, scheduled, outcome);
                 continue;
             }
             let next = Vec::with_capacity(parts.len());
@@ -421,11 +426,11 @@ impl World {
                     figures.fanouts.fetch_add(1, Ordering::Relaxed);
                     figures.catch_up_snapshots.fetch_add(catch_up, Ordering::Relaxed);
                     sent += 1;
-                    schedule.record(conn, now, Outcome::Sent { to: *world_version });
+                    schedule.record(conn, scheduled, Outcome::Sent { to: *world_version });
                 }
                 Err(PushError::Full) => {
                     figures.count_held_back(None);
-                    schedule.record(conn, now, Outcome::Refused);
+                    schedule.record(conn, scheduled, Outcome::Refused);
                 }
                 Err(PushError::Closed) => gone.push(conn),
             }

@@ -132,7 +132,6 @@ impl World {
             })
             .collect();
         let [sx, sz] = layout.config().servers;
-        let tick = settings.tick;
         World {
             slots: vec![None; (sx * sz) as usize],
             publishes_since_pass: vec![0; (sx * sz) as usize],
@@ -145,9 +144,7 @@ impl World {
             controlled: HashMap::new(),
             next_entity: 0,
             viewers: HashMap::new(),
-            // Passes run on the world's timer: each viewer is served by the pass nearest its
-            // due time, so a pass late by less than half a tick does not make the next skip it.
-            schedule: Scheduler::with_pass_period(tick),
+            schedule: Scheduler::new(),
             world_version: 1,
             cell_schema_json,
             entity_schema_json,
