@@ -217,6 +217,19 @@ impl WorldHarness {
         codec: DeltaCodec,
         now: Instant,
     ) -> Result<u64, HarnessError> {
+        let options = SubscriptionOptions { codec: codec as i32, ..Default::default() };
+        self.spawn_player_with(position, value_json, radius, options, now)
+    }
+
+    /// [`WorldHarness::spawn_player`], with the client's area set with `options`.
+    pub fn spawn_player_with(
+        &mut self,
+        position: [f32; 3],
+        value_json: &str,
+        radius: f32,
+        options: SubscriptionOptions,
+        now: Instant,
+    ) -> Result<u64, HarnessError> {
         let conn = 1_000_000 + self.clients.len() as u64;
         let mut client = Sink::new(conn, Role::Player, &self.config);
         let Some(cell) = self.world.layout.cell_of(position) else {
@@ -240,7 +253,6 @@ impl WorldHarness {
             .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
             .entity_id;
         let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
-        let options = SubscriptionOptions { codec: codec as i32, ..Default::default() };
         let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
         let id = self.request_id();
         let r = self.world.set_interest(&client.handle, req, id, now);
@@ -476,6 +488,42 @@ mod tests {
         }
         // Each pass: the client and the server whose block holds its entity.
         assert_eq!(served, [2; 6]);
+    }
+
+    #[test]
+    fn a_client_with_a_long_interval_gets_one_merged_update_per_interval() {
+        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+        let start = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        h.keep_replicas();
+        // Two clients in one cell: one at the default interval (a pass, 20 ms), one at 200 ms
+        // (as `lofi`), joined 1 ms in.
+        let (fast, slow) = ([5.0, 0.0, 5.0], [8.0, 0.0, 5.0]);
+        h.spawn_player(fast, r#"{"yaw": 0}"#, 5.0, start).expect("spawned");
+        let lofi = SubscriptionOptions { fanout_interval_ms: 200, ..Default::default() };
+        h.spawn_player_with(slow, r#"{"yaw": 0}"#, 5.0, lofi, start + ms).expect("spawned");
+        let first: u64 = h.entity_ids().next().expect("spawned");
+        let mut got: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        // A second of frames, each changing both entities, a pass after each.
+        for frame in 1..=50u32 {
+            let at = |id: u64| if id == first { fast } else { slow };
+            h.publish_frame(|id| (at(id), format!(r#"{{"yaw": {frame}}}"#))).expect("published");
+            let now = start + ms * (20 * frame);
+            h.tick(now);
+            for (client, got) in got.iter_mut().enumerate() {
+                let (messages, _) = h.drain_clients(now, |i| i == client).expect("every update applies");
+                got.extend((0..messages).map(|_| 20 * frame));
+            }
+        }
+        assert_eq!(got[0], (1..=50).map(|f| 20 * f).collect::<Vec<_>>(), "one update a pass");
+        // The first at the first pass after the join (20 ms), then one every 200 ms: the due
+        // time counts from the previous due time (1 ms in), and each pass serves those due.
+        assert_eq!(got[1], [20, 220, 420, 620, 820], "one merged update per 200 ms");
+        // Every update applied to the slow client's replica: each was a delta from what it held.
+        h.tick(start + ms * 1020);
+        h.drain(start + ms * 1020).expect("every update applies");
+        assert_eq!(h.replicas_differ(), None);
     }
 
     /// 40 clients on a 6×6 world, their entities two by two in 20 cells, one in three reading
