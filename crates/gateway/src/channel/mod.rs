@@ -284,7 +284,6 @@ impl ChannelRouter {
         }
     }
 
-    /// Looks the channel up, checks `access` (if any) and queues `msg` for its actor.
     /// Looks the channel up, checks the access rule the request is under (if any), keeps the
     /// registry in step, and queues `msg` for the channel's actor.
     fn forward(&self, session: &SessionHandle, id: u64, channel_id: u64, msg: Msg) -> Option<Response> {
