@@ -258,9 +258,12 @@ async fn resuming_bot_session(
     send_input(&client, channel_id, &player, Input { forward: true, yaw: bot.yaw(), jump: false }).await?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     second.tick().await;
+    // Made once, as in `bot_session`.
+    let cancelled = tickwire_transport::when_woken(stop.cancelled());
+    tokio::pin!(cancelled);
     let result = loop {
         let input = tokio::select! {
-            () = stop.cancelled() => break Ok(()),
+            () = &mut cancelled => break Ok(()),
             _ = second.tick() => bot.every_second(),
             push = client.next_push() => {
                 let Some(push) = push else { break Err(anyhow::anyhow!("{player}: the session ended")) };
