@@ -17,8 +17,13 @@
 //! - A caller whose passes run on a timer gives [`Scheduler::due`] and [`Scheduler::record`]
 //!   the instant each pass was *due*, not the later one it ran at. Counted from a late pass, a
 //!   subscriber's next due time can fall just past the next pass, which then skips it. Counted
-//!   from the timer's instants, the bounds above hold between due instants; a late pass sends
-//!   its updates that much later, so in real time the next may come closer by that lateness.
+//!   from the timer's instants, the bounds above hold between the passes' due instants. In real
+//!   time a pass that ran `L` late sent its updates `L` later, so an update `j` after one `i`
+//!   sent by such a pass comes at least `(j - i - 1) * interval - L` after it. The first update
+//!   still comes no sooner than `delay` after the join, in real time too (a pass runs no
+//!   earlier than it was due). The spatial world does this; a channel's actor does not yet (its
+//!   passes after each patch run at the clock's instants between the timer's), so a channel's
+//!   timer pass that runs late can still make the next one skip a subscriber.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
@@ -186,8 +191,8 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
             Outcome::Sent { to } => sub.base = Some(to),
             Outcome::Refused => {}
         }
-        // Counted from the due time, so a late pass does not lower the rate; never later than
-        // one interval from now.
+        // Counted from the due time, so a late pass does not lower the rate (given the pass's
+        // due instant as `now`; see the module comment); never later than one interval from now.
         sub.next_due += sub.options.interval;
         if sub.next_due <= now {
             sub.next_due = now + sub.options.interval;
@@ -235,9 +240,10 @@ mod tests {
 
     #[test]
     fn a_late_pass_recorded_at_its_due_instant_does_not_make_the_next_one_skip() {
-        // Passes due every 20 ms; the one due at 80 ms runs at 85 ms. A subscriber due every
-        // pass, joined at 1 ms, and a change before every pass.
-        let passes = [(20, 20), (40, 40), (60, 60), (80, 85), (100, 100), (120, 120)];
+        // Passes due every 20 ms; the one due at 80 ms runs at 95 ms (later than half a period,
+        // which a subscriber counted due half a period early would not mend either). A
+        // subscriber due every pass, joined at 1 ms, and a change before every pass.
+        let passes = [(20, 20), (40, 40), (60, 60), (80, 95), (100, 100), (120, 120)];
         let served = |on_the_clock: bool| {
             let t = Instant::now();
             let mut s = Scheduler::new();
@@ -252,8 +258,8 @@ mod tests {
             }
             served
         };
-        // On the clock, the late pass sets the next due time to 105 ms, just after the pass
-        // due at 100 ms.
+        // On the clock, the late pass sets the next due time to 115 ms, after the pass due at
+        // 100 ms.
         assert_eq!(served(true), [20, 40, 60, 80, 120]);
         assert_eq!(served(false), [20, 40, 60, 80, 100, 120]);
     }

@@ -16,6 +16,13 @@
 //! A subscriber that skips the first full state starts with a replica of the state at its
 //! join, as its client would; the scheduler that lost patches made between the subscribe and
 //! the first pass fails the first check.
+//!
+//! Two ways of running passes are simulated. As a channel's actor: a pass on every tick, on
+//! time, and one right after every patch. As the spatial world: a pass on every tick only, each
+//! late by a random amount under a tick, and the scheduler given the instant the pass was due
+//! (its `now` for the oracle's checks of rate and freshness too); joins, patches and drains
+//! happen at the clock's instants in between. Given the clock's instants instead, a late pass
+//! makes the next one skip a subscriber, and the freshness check fails.
 
 mod common;
 
@@ -32,6 +39,8 @@ const KEYS: [&str; 4] = ["a", "b", "c", "d"];
 #[derive(Debug, Clone)]
 enum Op {
     Advance(u64),
+    /// The next tick's pass runs this late (in the spatial world's way of running passes).
+    Late(u64),
     /// Write these (key index, value) pairs, then run a pass (as the actor does after a patch).
     Patch(Vec<(usize, i64)>),
     Join {
@@ -61,6 +70,7 @@ fn op() -> impl Strategy<Value = Op> {
                 capacity
             }),
         1 => any::<prop::sample::Index>().prop_map(Op::Leave),
+        3 => (1u64..20).prop_map(Op::Late),
         5 => (any::<prop::sample::Index>(), 1usize..4).prop_map(|(i, n)| Op::Drain(i, n)),
     ]
 }
@@ -89,9 +99,26 @@ impl Sub {
     }
 }
 
+/// How passes run (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Passes {
+    /// A channel's actor: every tick, on time, and after every patch.
+    Channel,
+    /// The spatial world: every tick only, each late by [`World::late`], scheduled at its due
+    /// instant.
+    Timer,
+}
+
 struct World {
     t0: Instant,
+    /// The clock.
     now: Instant,
+    /// The instant the running pass counts as: its due instant with [`Passes::Timer`], else the
+    /// clock.
+    scheduled: Instant,
+    passes: Passes,
+    /// How late the next tick's pass runs ([`Passes::Timer`]): under a tick.
+    late: Duration,
     tick: Duration,
     next_tick: Instant,
     state: State,
@@ -103,12 +130,15 @@ struct World {
 }
 
 impl World {
-    fn new(tick_ms: u64) -> World {
+    fn new(tick_ms: u64, passes: Passes) -> World {
         let t0 = Instant::now();
         let schema = schema();
         World {
             t0,
             now: t0,
+            scheduled: t0,
+            passes,
+            late: Duration::ZERO,
             tick: Duration::from_millis(tick_ms),
             next_tick: t0,
             state: State::new(schema.clone()),
@@ -127,13 +157,23 @@ impl World {
     /// Moves time on, running a pass at every channel tick on the way.
     fn advance(&mut self, by: Duration) -> Result<(), TestCaseError> {
         let until = self.now + by;
-        while self.next_tick <= until {
-            self.now = self.now.max(self.next_tick);
+        while self.next_tick + self.late <= until {
+            let due = self.next_tick;
+            self.now = self.now.max(due + self.late);
             self.next_tick += self.tick;
+            self.late = Duration::ZERO;
+            self.scheduled = if self.passes == Passes::Timer { due } else { self.now };
             self.pass()?;
         }
         self.now = until;
         Ok(())
+    }
+
+    /// The next tick's pass runs `late` (under a tick) late.
+    fn make_late(&mut self, late: Duration) {
+        if self.passes == Passes::Timer {
+            self.late = late.min(self.tick - Duration::from_millis(1));
+        }
     }
 
     fn patch(&mut self, writes: &[(usize, i64)]) -> Result<(), TestCaseError> {
@@ -147,7 +187,13 @@ impl World {
                 self.state.set(&[Step::Field(1), Step::Key(&key)], Value::Int(v)).expect("an int entry");
             }
         }
-        self.pass()
+        match self.passes {
+            Passes::Channel => {
+                self.scheduled = self.now;
+                self.pass()
+            }
+            Passes::Timer => Ok(()),
+        }
     }
 
     fn join(&mut self, options: Options, capacity: usize) {
@@ -155,7 +201,10 @@ impl World {
         self.next_id += 1;
         let mut replica = Replica::new(self.schema.clone());
         if options.skip_first_full_state {
-            // The client already holds the state as of now (it got it some other way).
+            // The client already holds the state as of now (it got it some other way). With
+            // passes on the timer only, changes since the last pass are not sealed yet: sealed
+            // here, as of the join.
+            self.state.seal();
             let snapshot = self.state.prepare(0, Codec::Binary).expect("a snapshot");
             let bytes = snapshot.update_for(&self.state, &self.player, false).expect("an update").to_vec();
             replica.apply(&bytes).expect("a snapshot applies");
@@ -196,13 +245,15 @@ impl World {
         Ok(())
     }
 
-    /// One fan-out pass at `now`, as the channel actor runs it, then the oracle's checks.
+    /// One fan-out pass at `scheduled`, then the oracle's checks. With [`Passes::Timer`] the
+    /// offers are the passes' due instants: the rate holds between those; and a pass never runs
+    /// before it is due, so the delay holds in real time too.
     fn pass(&mut self) -> Result<(), TestCaseError> {
         let version = self.state.seal();
         let view = self.state.view_for(&self.player);
         let had_room: Vec<bool> = self.subs.iter().map(|s| s.outbox.len() < s.capacity).collect();
         let mut due: Vec<Due<u32>> = Vec::new();
-        self.scheduler.due(self.now, version, &mut due);
+        self.scheduler.due(self.scheduled, version, &mut due);
         for d in due {
             let sub = self.subs.iter_mut().find(|s| s.id == d.id).expect("the scheduler knows only members");
             let prepared = self.state.prepare(d.from.unwrap_or(0), Codec::Binary).expect("sealed state");
@@ -210,14 +261,14 @@ impl World {
             let outcome = if d.from.is_some() && !prepared.is_snapshot() && !update.has_changes() {
                 Outcome::Empty
             } else if sub.outbox.len() >= sub.capacity {
-                sub.offers.push(self.now);
+                sub.offers.push(self.scheduled);
                 Outcome::Refused
             } else {
-                sub.offers.push(self.now);
+                sub.offers.push(self.scheduled);
                 sub.outbox.push_back(Queued { bytes: update.to_vec(), view: view.clone() });
                 Outcome::Sent { to: prepared.to() }
             };
-            self.scheduler.record(d.id, self.now, outcome);
+            self.scheduler.record(d.id, self.scheduled, outcome);
         }
         let at = self.at();
         for (sub, had_room) in self.subs.iter().zip(had_room) {
@@ -243,8 +294,8 @@ impl World {
                 }
             }
             // Freshness: due by the oracle's own reckoning, with room: it holds the current view.
-            let due =
-                self.now >= start && sub.offers.last().is_none_or(|t| self.now >= *t + sub.options.interval);
+            let now = self.scheduled;
+            let due = now >= start && sub.offers.last().is_none_or(|t| now >= *t + sub.options.interval);
             if due && had_room {
                 prop_assert_eq!(
                     sub.latest_view(),
@@ -282,11 +333,12 @@ impl World {
     }
 }
 
-fn run(tick_ms: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut world = World::new(tick_ms);
+fn run(tick_ms: u64, passes: Passes, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut world = World::new(tick_ms, passes);
     for op in ops {
         match op {
             Op::Advance(ms) => world.advance(Duration::from_millis(ms))?,
+            Op::Late(ms) => world.make_late(Duration::from_millis(ms)),
             Op::Patch(writes) => world.patch(&writes)?,
             Op::Join { interval_ms, delay_ms, skip_first, capacity } => {
                 let options = Options {
@@ -321,7 +373,15 @@ proptest! {
         tick_ms in prop::sample::select(vec![10u64, 20, 50]),
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        run(tick_ms, ops)?;
+        run(tick_ms, Passes::Channel, ops)?;
+    }
+
+    #[test]
+    fn every_subscriber_converges_at_its_own_rate_with_late_timer_passes(
+        tick_ms in prop::sample::select(vec![10u64, 20, 50]),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        run(tick_ms, Passes::Timer, ops)?;
     }
 }
 
@@ -335,5 +395,5 @@ fn a_patch_between_a_skip_first_subscribe_and_its_first_pass_is_delivered() {
         Op::Patch(vec![(1, 2)]),
         Op::Advance(120),
     ];
-    run(20, ops).unwrap();
+    run(20, Passes::Channel, ops).unwrap();
 }

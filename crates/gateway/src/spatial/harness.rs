@@ -478,13 +478,15 @@ mod tests {
         // instant, and a frame comes before every pass.
         h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start + ms).expect("spawned");
         let mut served = Vec::new();
-        // The pass due at 80 ms runs at 85 ms. Had the schedule run on the clock, the client
-        // would next be due at 105 ms, and the pass at 100 ms would skip it.
+        // The pass due at 80 ms runs at 95 ms. Had the schedule run on the clock, the client
+        // would next be due at 115 ms, and the pass at 100 ms would skip it. Every client reads
+        // and acknowledges each pass's updates as it ends, so no window holds one back.
         for (yaw, (due, ran)) in
-            [(20, 20), (40, 40), (60, 60), (80, 85), (100, 100), (120, 120)].into_iter().enumerate()
+            [(20, 20), (40, 40), (60, 60), (80, 95), (100, 100), (120, 120)].into_iter().enumerate()
         {
             h.publish_frame(|_| (at, format!(r#"{{"yaw": {yaw}}}"#))).expect("published");
             served.push(h.tick_late(start + ms * due, start + ms * ran));
+            h.drain(start + ms * ran).expect("every update applies");
         }
         // Each pass: the client and the server whose block holds its entity.
         assert_eq!(served, [2; 6]);

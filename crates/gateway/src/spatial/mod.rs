@@ -377,9 +377,9 @@ impl Router for SpatialRouter {
 
 /// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
 /// or every sender is gone. Each pass is scheduled at the instant its tick was due on the timer,
-/// not at the (later) instant it ran: see [`World::tick`]. Each tick pass's wall-clock time goes into the channels'
-/// `channel_tick_duration_seconds` (the world is one channel actor there), and this thread's
-/// CPU time over the pass into `spatial_pass_cpu_seconds`.
+/// not at the (later) instant it ran: see [`World::tick`]. Each pass's wall-clock time goes into
+/// the channels' `channel_tick_duration_seconds` (the world is one channel actor there), and this
+/// thread's CPU time over the pass into `spatial_pass_cpu_seconds`.
 async fn run(
     mut world: World,
     mut inbox: mpsc::Receiver<Msg>,

@@ -317,7 +317,8 @@ impl World {
     /// `scheduled` is the instant the pass was due on the world's timer, and the schedule (who
     /// is due, and when next) runs on it; `now` is the clock, for the sessions' windows and
     /// outboxes. A pass that runs late then does not shift a viewer's next due time past the
-    /// next pass, which would skip it there: the schedule sees passes exactly a tick apart.
+    /// next pass, which would skip it there: the schedule sees passes a whole number of ticks
+    /// apart.
     pub fn tick(&mut self, scheduled: Instant, now: Instant) -> u64 {
         let mut changed = false;
         for cell in &mut self.cells {
