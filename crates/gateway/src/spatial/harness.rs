@@ -399,11 +399,16 @@ mod tests {
 
     use super::*;
 
+    /// A 6×6 world of 20 m cells over 2×2 servers, every server registered at `start`.
+    fn small_world(start: Instant) -> WorldHarness {
+        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+        WorldHarness::new(&overrides.map(String::from), start).expect("a harness")
+    }
+
     #[test]
     fn every_client_gets_one_message_per_pass_after_a_frame() {
-        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
-        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut h = small_world(start);
         let mut spawned = std::collections::HashMap::new();
         for i in 0..40 {
             let at = [5.0 + (i % 10) as f32 * 11.0, 0.0, 5.0 + (i / 10) as f32 * 27.0];
@@ -444,9 +449,8 @@ mod tests {
 
     #[test]
     fn frames_of_a_server_between_two_passes_after_the_first_count_as_merged() {
-        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
-        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut h = small_world(start);
         let at = [5.0, 0.0, 5.0];
         h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned");
         let frame = |h: &mut WorldHarness, yaw: u32| {
@@ -468,10 +472,9 @@ mod tests {
 
     #[test]
     fn a_pass_that_runs_late_does_not_make_the_next_one_skip_a_client() {
-        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
         let ms = Duration::from_millis(1);
-        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut h = small_world(start);
         let at = [5.0, 0.0, 5.0];
         assert_eq!(h.tick(start), 4, "the servers' first pass: a snapshot each");
         // The client joins 1 ms into the first tick, so it is due 1 ms after each pass's due
@@ -494,10 +497,9 @@ mod tests {
 
     #[test]
     fn a_client_with_a_long_interval_gets_one_merged_update_per_interval() {
-        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
         let ms = Duration::from_millis(1);
-        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut h = small_world(start);
         h.keep_replicas();
         // Two clients in one cell: one at the default interval (a pass, 20 ms), one at 200 ms
         // (as `lofi`), joined 1 ms in.
@@ -537,9 +539,8 @@ mod tests {
     /// holds a replica of each cell in its view, equal to the cell. Returns what the passes
     /// counted.
     fn clients_behind(value: impl Fn(usize, usize) -> String) -> PassCounts {
-        let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
         let start = Instant::now();
-        let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
+        let mut h = small_world(start);
         h.keep_replicas();
         let mut spawned = std::collections::HashMap::new();
         // Two by two: each of the 20 cells with an entity holds two.
