@@ -147,10 +147,11 @@ pub struct Window<C> {
     limits: WindowLimits,
     /// Oldest first: the order they were queued, which is the order they are sent.
     entries: VecDeque<Entry<C>>,
-    /// The front entry's `queued` and `alone`, copied here: [`Window::room`], which a fan-out
-    /// pass calls for every subscriber from its own thread, then reads no entry. (The front
+    /// The front entry's `queued` and `alone`, copied here ([`Window::front`]):
+    /// [`Window::room`], which a fan-out pass calls for every subscriber from its own thread,
+    /// then reads no entry (in release builds), only the window's own fields. The front
     /// entry's cache line was last written by the session's thread when it sent the update, so
-    /// reading it was most of `room`'s time in a profile of the spatial world's pass.)
+    /// reading it was most of `room`'s time in a profile of the spatial world's pass.
     oldest: Option<(Instant, bool)>,
     bytes: usize,
     /// Entries at the front that have a sequence number.
@@ -221,8 +222,7 @@ impl<C: Copy + Eq> Window<C> {
     /// [`Window::has_room`], saying which bound holds the update back when one does (the first
     /// that holds, in the order of [`Hold`]'s documentation).
     pub fn room(&mut self, now: Instant) -> Result<(), Hold> {
-        debug_assert_eq!(self.oldest, self.entries.front().map(|e| (e.queued, e.alone)));
-        let Some((oldest_queued, oldest_alone)) = self.oldest else { return Ok(()) };
+        let Some((oldest_queued, oldest_alone)) = self.front() else { return Ok(()) };
         // A window that holds updates back must rest on a recent base: once it is old, drain
         // until an update travels alone (then the measurement is under way, and those behind
         // it do not disturb it). A client the window never limits is never drained.
@@ -271,7 +271,14 @@ impl<C: Copy + Eq> Window<C> {
 
     /// When the oldest update in flight was queued.
     pub fn oldest(&self) -> Option<Instant> {
-        self.oldest.map(|(queued, _)| queued)
+        self.front().map(|(queued, _)| queued)
+    }
+
+    /// The oldest update in flight's `queued` and `alone`, from the copy kept beside the
+    /// entries (checked against them in debug builds).
+    fn front(&self) -> Option<(Instant, bool)> {
+        debug_assert_eq!(self.oldest, self.entries.front().map(|e| (e.queued, e.alone)));
+        self.oldest
     }
 
     /// The estimated delivery rate in bytes per second, once an acknowledgement gave one.

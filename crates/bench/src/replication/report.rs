@@ -35,7 +35,8 @@ fn us_to_ms(us: u64) -> f64 {
 impl Latency {
     /// The p50 and p99 of a histogram of microseconds, in milliseconds.
     pub fn of_us(h: &hdrhistogram::Histogram<u64>) -> Latency {
-        Latency { p50: us_to_ms(h.value_at_quantile(0.5)), p99: us_to_ms(h.value_at_quantile(0.99)) }
+        let (p50, p99) = crate::sim::ages::p50_p99_ms(h);
+        Latency { p50, p99 }
     }
 }
 

@@ -29,6 +29,12 @@ pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_AGE_US, 3).expect("valid bounds")
 }
 
+/// The p50 and p99 of a histogram of ages in µs, in milliseconds.
+pub(crate) fn p50_p99_ms(h: &Histogram<u64>) -> (f64, f64) {
+    let ms = |q| h.value_at_quantile(q) as f64 / 1e3;
+    (ms(0.5), ms(0.99))
+}
+
 /// The calling thread's shard: threads are numbered as they first record.
 fn shard_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);

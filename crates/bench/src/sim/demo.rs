@@ -184,8 +184,7 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         let bytes = served.bytes_out;
         let frames = frames();
         let ages = stats.latency_us.take();
-        let (p50, p99) =
-            (ages.value_at_quantile(0.5) as f64 / 1e3, ages.value_at_quantile(0.99) as f64 / 1e3);
+        let (p50, p99) = super::ages::p50_p99_ms(&ages);
         let figures = counters(&*router);
         let per_s = |i: usize, per: f64| (figures[i] - last_figures[i]) / elapsed / per.max(1.0);
         // The spatial world is one task: its ticks are the world's.
