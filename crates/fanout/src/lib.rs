@@ -21,9 +21,8 @@
 //!   time a pass that ran `L` late sent its updates `L` later, so an update `j` after one `i`
 //!   sent by such a pass comes at least `(j - i - 1) * interval - L` after it. The first update
 //!   still comes no sooner than `delay` after the join, in real time too (a pass runs no
-//!   earlier than it was due). The spatial world does this; a channel's actor does not yet (its
-//!   passes after each patch run at the clock's instants between the timer's), so a channel's
-//!   timer pass that runs late can still make the next one skip a subscriber.
+//!   earlier than it was due). The spatial world and a channel's actor both do this; the
+//!   actor's passes after a patch count as the instant the patch arrived.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a

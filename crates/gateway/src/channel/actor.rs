@@ -2,7 +2,8 @@
 //!
 //! A fan-out pass runs on every tick and right after every applied patch. Who is due and from
 //! which version is decided by the pure scheduler in `tickwire-fanout`, which this actor feeds
-//! with the time of each event; the actor does the I/O: it encodes each due subscriber's
+//! with the instant of each pass (a tick's due instant, or a patch's arrival); the actor does
+//! the I/O: it encodes each due subscriber's
 //! update and offers it to the subscriber's session.
 //!
 //! The actor never waits on a peer. An update is offered only while the session's window of
@@ -206,10 +207,10 @@ impl Channel {
                     Some(msg) => if batch(|| self.on_msg(Instant::now(), msg)) == Flow::Stop { break },
                     None => break,
                 },
-                _ = ticker.tick() => {
+                due = ticker.tick() => {
                     let now = Instant::now();
                     self.figures.ticks.fetch_add(1, Ordering::Relaxed);
-                    batch(|| self.on_tick(now));
+                    batch(|| self.on_tick(due.into_std(), now));
                     if self.orphan_expired(now) && self.expire() {
                         break;
                     }
@@ -292,7 +293,7 @@ impl Channel {
                     // Subscribers that are due get the change now instead of at the next tick;
                     // the others get it when they are due. Each still gets at most one update
                     // per fan-out interval.
-                    batch(|| self.on_tick(now));
+                    batch(|| self.on_tick(now, now));
                 }
             }
             Msg::Send { from, send, request_id } => {
@@ -493,9 +494,12 @@ impl Channel {
         }
     }
 
-    /// One fan-out pass at `now`: every subscriber the scheduler finds due, and whose session
-    /// has room in its window of updates in flight, gets one update from its own version.
-    fn on_tick(&mut self, now: Instant) {
+    /// One fan-out pass: every subscriber the scheduler finds due, and whose session has room in
+    /// its window of updates in flight, gets one update from its own version. The schedule runs
+    /// on `scheduled`: for a pass on the timer, the instant its tick was due, so a tick that runs
+    /// late does not make the next one skip a subscriber (`tickwire_fanout`'s module comment);
+    /// for a pass after a patch, the clock. The windows and outboxes get the clock, `now`.
+    fn on_tick(&mut self, scheduled: Instant, now: Instant) {
         let started = std::time::Instant::now();
         let to = self.state.seal();
         let Channel { id, state, subscribers, schedule, due, cache, figures, .. } = self;
@@ -506,7 +510,7 @@ impl Channel {
             }
         }
         due.clear();
-        schedule.due(now, to, due);
+        schedule.due(scheduled, to, due);
         let mut gone = Vec::new();
         let mut encoded: HashMap<(Version, i32, Option<FieldMask>), Bytes> = HashMap::new();
         for &Due { id: conn_id, from } in due.iter() {
@@ -517,7 +521,7 @@ impl Channel {
             if !sub.handle.flow.has_room(now) {
                 // Still reading what it has: this change merges into its next update.
                 figures.coalesced.fetch_add(1, Ordering::Relaxed);
-                schedule.record(conn_id, now, Outcome::Refused);
+                schedule.record(conn_id, scheduled, Outcome::Refused);
                 continue;
             }
             let codec = super::state_codec(sub.options.codec());
@@ -532,7 +536,7 @@ impl Channel {
                 continue;
             };
             if from.is_some() && !update.has_changes() {
-                schedule.record(conn_id, now, Outcome::Empty);
+                schedule.record(conn_id, scheduled, Outcome::Empty);
                 continue;
             }
             // Subscribers at the same version with nothing of their own (no private segment, no
@@ -568,7 +572,7 @@ impl Channel {
                     continue;
                 }
             };
-            schedule.record(conn_id, now, outcome);
+            schedule.record(conn_id, scheduled, outcome);
         }
         for conn_id in gone {
             self.remove_subscriber(conn_id);
