@@ -22,9 +22,10 @@
 //! tick's pass may run late by a random amount (mostly under a tick; the ticks a pass overruns
 //! are skipped, as tokio's `MissedTickBehavior::Skip` does), and the scheduler is given the
 //! instant the tick was due (its `now` for the oracle's checks of rate and freshness too); a
-//! pass after a patch, and joins and drains, happen at the clock's instants in between. Given
-//! the clock's instants for ticks instead, a late tick makes the next one skip a subscriber,
-//! and the freshness check fails.
+//! pass after a patch, and joins and drains, happen at the clock's instants in between. A
+//! scheduler given the clock's instants for ticks while the oracle keeps the due instants
+//! fails the checks (a late tick makes the next one skip a subscriber). The oracle cannot tell
+//! which convention the caller uses; a scheduler and oracle both on the clock pass.
 
 mod common;
 

@@ -2,9 +2,9 @@
 //!
 //! A fan-out pass runs on every tick and right after every applied patch. Who is due and from
 //! which version is decided by the pure scheduler in `tickwire-fanout`, which this actor feeds
-//! with the instant of each pass (a tick's due instant, or a patch's arrival); the actor does
-//! the I/O: it encodes each due subscriber's
-//! update and offers it to the subscriber's session.
+//! with the instant of each pass (a tick's due instant, or the clock when it handles a patch);
+//! the actor does the I/O: it encodes each due subscriber's update and offers it to the
+//! subscriber's session.
 //!
 //! The actor never waits on a peer. An update is offered only while the session's window of
 //! updates in flight (queued, or sent and not yet acknowledged: `tickwire_fanout::Window`) has
