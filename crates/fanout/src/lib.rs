@@ -18,15 +18,14 @@
 //!   the instant each pass was *due*, not the later one it ran at. Counted from a late pass, a
 //!   subscriber's next due time can fall just past the next pass, which then skips it. Counted
 //!   from the timer's instants, the bounds above hold between the instants the passes count as.
-//!   A caller that also runs passes at the clock's instants (a channel's actor, after a patch)
-//!   may then give instants that go back (an overdue tick after such a pass); that is safe, as
-//!   `record` at `t` leaves the subscriber's next due time after `t` (at `t` for interval 0),
-//!   so a pass at an earlier instant never serves it again. In real
-//!   time a pass that ran `L` late sent its updates `L` later, so an update `j` after one `i`
-//!   sent by such a pass comes at least `(j - i - 1) * interval - L` after it. The first update
-//!   still comes no sooner than `delay` after the join, in real time too (a pass runs no
+//!   In real time a pass that ran `L` late sent its updates `L` later, so an update `j` after
+//!   one `i` sent by such a pass comes at least `(j - i - 1) * interval - L` after it. The first
+//!   update still comes no sooner than `delay` after the join, in real time too (a pass runs no
 //!   earlier than it was due). The spatial world and a channel's actor both do this; the
-//!   actor's passes after a patch count as the clock when it handles the patch.
+//!   actor's passes after a patch count as the clock when it handles the patch. Its instants
+//!   may then go back (an overdue tick after such a pass); that is safe, as `record` at `t`
+//!   leaves the subscriber's next due time after `t` (at `t` for interval 0), so a pass at an
+//!   earlier instant never serves it again.
 //! - Each subscriber has a *base*: the version its replica holds. Without a base it gets a
 //!   snapshot. A subscriber that asked to skip the first full state holds the state as of the
 //!   moment it joined, so its base is the channel's version at [`Scheduler::join`], never a
