@@ -1,6 +1,7 @@
 //! The spatial world (docs/protocol.md section 14): the `spatial.*` methods, entity messages
 //! (`channel.send` to an entity) and areas of interest, served by one world task (`world.rs`
-//! for servers, entities and handovers; `view.rs` for what clients see). Present when the
+//! for the servers, `world/entities.rs` for entities and handovers, `view.rs` for what clients
+//! see). Present when the
 //! gateway's configuration has a `[spatial]` layout; [`SpatialRouter`] then sits in front of
 //! the channel router and passes it everything else.
 //!

@@ -1,0 +1,114 @@
+//! Areas of interest over real sockets, against a brute-force filter of the layout.
+
+use super::*;
+
+fn layout() -> tickwire_spatial::Layout {
+    tickwire_spatial::Layout::new(tickwire_spatial::LayoutConfig {
+        origin: [0.0, 0.0],
+        cell_size: 10.0,
+        cells: [4, 4],
+        servers: [2, 2],
+        server_interest_border: 0,
+    })
+    .unwrap()
+}
+
+fn random_area(rng: &mut SmallRng) -> (tickwire_spatial::Area, set_interest::Area) {
+    let p = [rng.random_range(-5.0..45.0), rng.random_range(-5.0..5.0), rng.random_range(-5.0..45.0)];
+    let size: f32 = rng.random_range(0.5..25.0);
+    match rng.random_range(0..3) {
+        0 => (
+            tickwire_spatial::Area::Sphere { center: p, radius: size },
+            set_interest::Area::Sphere(Sphere { center: v3(p), radius: size }),
+        ),
+        1 => {
+            let max = [p[0] + size, p[1] + size, p[2] + size * 0.5];
+            (
+                tickwire_spatial::Area::Box { min: p, max },
+                set_interest::Area::Box(AreaBox { min: v3(p), max: v3(max) }),
+            )
+        }
+        _ => {
+            let a: f32 = rng.random_range(0.0..std::f32::consts::TAU);
+            let direction = [a.cos(), 0.0, a.sin()];
+            let half_angle = rng.random_range(0.1..3.1);
+            (
+                tickwire_spatial::Area::Cone { apex: p, direction, half_angle, range: size },
+                set_interest::Area::Cone(tickwire_wire::proto::Cone {
+                    apex: v3(p),
+                    direction: v3(direction),
+                    half_angle,
+                    range: size,
+                }),
+            )
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches_and_no_area_none() {
+    let gw = start().await;
+    let mut servers = Vec::new();
+    for slot in 0..4 {
+        servers.push(server(&gw, &format!("s{slot}"), Some(slot)).await);
+    }
+    let layout = layout();
+    let mut rng = SmallRng::seed_from_u64(12);
+    // Entity id → its position.
+    let mut placed: BTreeMap<u64, [f32; 3]> = BTreeMap::new();
+    for _ in 0..80 {
+        let p = [rng.random_range(0.0..40.0), 0.0, rng.random_range(0.0..40.0)];
+        let spawn = SpawnEntity {
+            position: v3(p),
+            value_json: format!(r#"{{"pos":[{},0,{}]}}"#, p[0], p[2]),
+            ..SpawnEntity::default()
+        };
+        placed.insert(servers[slot_of(p) as usize].spatial_spawn(spawn).await.unwrap().entity_id, p);
+    }
+    let viewer = client(&gw, "viewer").await;
+    let mut view: Option<View> = None;
+    for round in 0..30 {
+        let (area, wire) = random_area(&mut rng);
+        let req = SetInterest { area: Some(wire), follow: Follow::Off as i32, options: None };
+        let result = viewer.spatial_interest(req).await.unwrap();
+        let view = view.get_or_insert_with(|| View::new(&result.cell_schema_json));
+        let cells: BTreeSet<[u32; 2]> = area.cells(&layout).into_iter().collect();
+        let got: BTreeSet<[u32; 2]> = result.cells.iter().map(|c| [c.column, c.row]).collect();
+        assert_eq!(got, cells, "round {round}: the cells of {area:?}");
+        // Brute force: every entity whose cell the area touches, and nothing else.
+        let expected: BTreeSet<u64> = placed
+            .iter()
+            .filter(|(_, p)| layout.cell_of(**p).is_some_and(|c| cells.contains(&c)))
+            .map(|(&id, _)| id)
+            .collect();
+        for (id, p) in &placed {
+            if area.contains(*p) {
+                assert!(expected.contains(id), "round {round}: entity {id} at {p:?} is inside {area:?}");
+            }
+        }
+        let ids: BTreeSet<u64> = result.cells.iter().map(|c| c.channel_id).collect();
+        view.until(&viewer, &format!("round {round} shows {} entities", expected.len()), |v, _| {
+            v.cells.keys().copied().collect::<BTreeSet<_>>() == ids
+                && v.entities().keys().copied().collect::<BTreeSet<_>>() == expected
+        })
+        .await;
+        for (id, p) in view.entities() {
+            let q = placed[&id];
+            assert!(
+                (p[0] - f64::from(q[0])).abs() < 1e-3 && (p[2] - f64::from(q[2])).abs() < 1e-3,
+                "{id}: {p:?} {q:?}"
+            );
+        }
+    }
+    // The whole world, then no area: every cell leaves the view, and the client is told
+    // (UNSUBSCRIBED per cell).
+    let view = view.as_mut().expect("a view after 30 rounds");
+    let all = AreaBox { min: v3([0.0, 0.0, 0.0]), max: v3([40.0, 0.0, 40.0]) };
+    let req =
+        SetInterest { area: Some(set_interest::Area::Box(all)), follow: Follow::Off as i32, options: None };
+    assert_eq!(viewer.spatial_interest(req).await.unwrap().cells.len(), 16);
+    view.until(&viewer, "all 16 cells in view", |v, _| v.cells.len() == 16).await;
+    let none = SetInterest { area: None, follow: Follow::Off as i32, options: None };
+    assert!(viewer.spatial_interest(none).await.unwrap().cells.is_empty());
+    view.until(&viewer, "every cell to leave the view", |v, _| v.cells.is_empty()).await;
+}

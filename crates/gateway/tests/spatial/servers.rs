@@ -1,0 +1,250 @@
+//! Spatial servers over real sockets: a lost server and its slot taken over, the block and
+//! border a server sees, values that do not fit, and shutdown.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_spatial_server_raises_its_event_and_another_takes_its_slot_over() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("session.resume_window=\"300ms\"");
+    let gw = common::start(&overrides).await;
+    let master = client(&gw, "server:master").await;
+    master.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
+    let player = client(&gw, "player").await;
+    // The doomed server: a bare connection, so that it can vanish without a goodbye.
+    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
+    opts.token = "server:doomed".into();
+    let mut doomed = tickwire_client::Connection::connect(opts).await.unwrap();
+    let call = |method: &str, body: Vec<u8>| (method.to_owned(), Bytes::from(body));
+    let (method, body) =
+        call("spatial.register", RegisterServer { slot: Some(0), observe_only: false }.encode_to_vec());
+    doomed.send_request(1, &method, body).unwrap();
+    let spawn = SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        controller_connection: player.connection_id(),
+    };
+    let (method, body) = call("spatial.spawn", spawn.encode_to_vec());
+    doomed.send_request(2, &method, body).unwrap();
+    doomed.flush().await;
+    let mut entity_id = 0;
+    while entity_id == 0 {
+        match doomed.next_event().await.unwrap() {
+            Some(tickwire_client::Event::Response(r)) if r.id == 2 => {
+                assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                entity_id = tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id;
+            }
+            Some(_) => {}
+            None => panic!("closed"),
+        }
+    }
+    player.send_to_entity(entity_id, Bytes::from_static(b"one")).await.unwrap();
+    // A client watching the doomed server's cell.
+    let viewer = client(&gw, "viewer").await;
+    let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
+    let result =
+        viewer.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let mut view = View::new(&result.cell_schema_json);
+    view.until(&viewer, "the entity shows", |v, _| v.entities().contains_key(&entity_id)).await;
+
+    // The server dies: its connection drops, and its session expires after the resume window.
+    drop(doomed);
+    let lost = |e: &SpatialEvent| e.kind() == SpatialEventKind::ServerLost && e.slot == 0;
+    let mut events = Vec::new();
+    while !events.iter().any(lost) {
+        events.push(SpatialEvent::decode(common::channels::next(&master, "spatial.event").await).unwrap());
+    }
+    // The master heard the doomed server join, then leave.
+    assert_eq!(
+        events.iter().map(|e| (e.kind(), e.slot)).collect::<Vec<_>>()[..],
+        [(SpatialEventKind::ServerJoined, 0), (SpatialEventKind::ServerLost, 0)]
+    );
+    view.until(&viewer, "the viewer hears of it", |_, events| events.iter().any(lost)).await;
+    // Nobody owns the entity now: its messages are refused, not lost.
+    assert_eq!(
+        status(player.send_to_entity(entity_id, Bytes::from_static(b"two")).await),
+        Status::Unavailable
+    );
+
+    // Another server takes slot 0: it acquires the entity, with the message the dead one never
+    // reported processed (delivery across a lost server is at least once).
+    let heir = server(&gw, "heir", Some(0)).await;
+    let h = Handover::decode(common::channels::next(&heir, "spatial.handover").await).unwrap();
+    assert_eq!((h.kind(), h.entity_id, h.from_slot, h.to_slot), (HandoverKind::Acquire, entity_id, 0, 0));
+    assert_eq!(h.controller_connection, player.connection_id());
+    assert_eq!(
+        h.messages.iter().map(|m| (m.seq, m.body.clone())).collect::<Vec<_>>(),
+        [(1, Bytes::from_static(b"one"))]
+    );
+    let joined = SpatialEvent::decode(common::channels::next(&master, "spatial.event").await).unwrap();
+    assert_eq!((joined.kind(), joined.slot), (SpatialEventKind::ServerJoined, 0));
+    // It simulates the entity: the viewer sees it move, and the player's messages reach it.
+    let moved = EntityState {
+        entity_id,
+        position: v3([6.0, 0.0, 6.0]),
+        value_json: r#"{"pos":[6,0,6]}"#.into(),
+        processed_seq: 1,
+    };
+    assert!(heir.spatial_publish(vec![moved]).await.unwrap().ignored.is_empty());
+    view.until(&viewer, "the entity moves again", |v, _| {
+        v.entities().get(&entity_id).is_some_and(|p| p[0] == 6.0)
+    })
+    .await;
+    player.send_to_entity(entity_id, Bytes::from_static(b"three")).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&heir, "spatial.message").await).unwrap();
+    assert_eq!(
+        (m.entity_id, m.seq, m.from_connection, &m.body[..]),
+        (entity_id, 2, player.connection_id(), &b"three"[..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spatial_server_sees_its_block_and_its_interest_border() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("spatial.server_interest_border=1");
+    let gw = common::start(&overrides).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let s1 = server(&gw, "s1", Some(1)).await;
+    let s3 = server(&gw, "s3", Some(3)).await;
+    let spawn = |x: f32, z: f32| SpawnEntity {
+        position: v3([x, 0.0, z]),
+        value_json: format!(r#"{{"pos":[{x},0,{z}]}}"#),
+        ..SpawnEntity::default()
+    };
+    // Cell [2, 0] is slot 1's, one cell beyond slot 0's block; cell [3, 3] is two cells away.
+    let near = s1.spatial_spawn(spawn(25.0, 5.0)).await.unwrap().entity_id;
+    let far = s3.spatial_spawn(spawn(35.0, 35.0)).await.unwrap().entity_id;
+    let own = s0.spatial_spawn(spawn(5.0, 5.0)).await.unwrap().entity_id;
+    let schema = SchemaDef::parse(
+        r#"{"fields": [{"name": "pos", "type": "vec3"}, {"name": "yaw", "type": "float"}, {"name": "data", "type": "string"}]}"#,
+        "e.json",
+    )
+    .unwrap();
+    let cell = SchemaDef::new([tickwire_state::Field::new(
+        "entities",
+        tickwire_state::Type::map(tickwire_state::KeyKind::Int, tickwire_state::Type::Struct(schema.fields)),
+    )]);
+    let mut view = View::new(&serde_json::to_string(&cell).unwrap());
+    view.until(&s0, "slot 0's server sees its own entity and the one across its border", |v, _| {
+        let seen = v.entities();
+        seen.contains_key(&own) && seen.contains_key(&near)
+    })
+    .await;
+    // 3 x 3 cells: its 2 x 2 block and a border of one, clipped to the 4 x 4 world.
+    assert_eq!(view.cells.len(), 9, "{:?}", view.cells.keys().collect::<Vec<_>>());
+    assert!(!view.entities().contains_key(&far), "two cells away is beyond the border");
+}
+
+/// Entity values are JSON in the entity schema's form; one that does not fit (not JSON, not an
+/// object, an unknown field, a wrong type, text after the object) is refused with
+/// INVALID_ARGUMENT by spawn, publish and release alike, and the world keeps what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entity_values_that_do_not_fit_the_schema_are_refused() {
+    let gw = start().await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    const BAD: [&str; 7] = [
+        "not json",
+        "[1]",
+        r#"{"nope": 1}"#,
+        r#"{"pos": "x"}"#,
+        r#"{"pos": [1, 2]}"#,
+        r#"{"data": "a"} {"data": "b"}"#,
+        r#"{"data": "a"},"path":"/entities/9""#,
+    ];
+    let spawn = |value: &str| SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: value.into(),
+        ..SpawnEntity::default()
+    };
+    for value in BAD {
+        let r = s0.spatial_spawn(spawn(value)).await;
+        assert_eq!(status(r), Status::InvalidArgument, "spawn {value}");
+    }
+    let entity_id = s0.spatial_spawn(spawn(r#" {"pos": [5, 0, 5], "data": "a"} "#)).await.unwrap().entity_id;
+    // A second entity in the same cell: a change to it carries the cell's state, the first
+    // entity's value included, at a version after everything sent before it.
+    let other = s0.spatial_spawn(spawn(r#"{"pos": [5, 0, 5], "data": "b0"}"#)).await.unwrap().entity_id;
+    let viewer = client(&gw, "viewer").await;
+    let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
+    let result =
+        viewer.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let mut view = View::new(&result.cell_schema_json);
+    let data_of = |v: &View, entity_id: u64| -> Option<String> {
+        v.cells.values().find_map(|replica| {
+            let key = Key::Int(entity_id as i64);
+            match replica.get(&[Step::Field(0), Step::Key(&key), Step::Field(2)]) {
+                Some(Value::Str(s)) => Some(s),
+                _ => None,
+            }
+        })
+    };
+    let data = |v: &View| data_of(v, entity_id);
+    view.until(&viewer, "the entity shows", |v, _| data(v).as_deref() == Some("a")).await;
+    for value in BAD {
+        let update = EntityState {
+            entity_id,
+            position: v3([6.0, 0.0, 5.0]),
+            value_json: value.into(),
+            processed_seq: 0,
+        };
+        match s0.spatial_publish(vec![update]).await {
+            Err(tickwire_client::ClientError::Status { status, message, .. }) => {
+                assert_eq!(status, Status::InvalidArgument, "publish {value}");
+                assert!(message.contains("value_json"), "{message}");
+            }
+            other => panic!("publish {value}: {other:?}"),
+        }
+    }
+    // No handover is under way: a release is refused, and its value (one that fits) is not
+    // taken either.
+    let release =
+        Release { entity_id, handover_id: 1, value_json: r#"{"data": "z"}"#.into(), ..Release::default() };
+    assert_eq!(status(s0.spatial_release(release).await), Status::FailedPrecondition);
+    let nudge = EntityState {
+        entity_id: other,
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos": [5, 0, 5], "data": "b1"}"#.into(),
+        processed_seq: 0,
+    };
+    assert!(s0.spatial_publish(vec![nudge]).await.unwrap().ignored.is_empty());
+    view.until(&viewer, "the other entity's change shows", |v, _| data_of(v, other).as_deref() == Some("b1"))
+        .await;
+    assert_eq!(data(&view).as_deref(), Some("a"), "nothing refused reached the cell");
+    // A value that fits goes through, and the viewer sees it; nothing refused got in between.
+    let good = EntityState {
+        entity_id,
+        position: v3([6.0, 0.0, 5.0]),
+        value_json: r#"{"pos": [6, 0, 5], "data": "c"}"#.into(),
+        processed_seq: 0,
+    };
+    assert!(s0.spatial_publish(vec![good]).await.unwrap().ignored.is_empty());
+    view.until(&viewer, "the good value shows", |v, _| {
+        let now = data(v);
+        let done = now.as_deref() == Some("c");
+        if !done {
+            assert_ne!(now.as_deref(), Some("z"), "a refused release's value showed");
+        }
+        done
+    })
+    .await;
+}
+
+/// Once the gateway's shutdown returns, the world has stopped (its inbox is closed), with a
+/// spatial server connected when it began. (That shutdown waits for what a router tracks is
+/// tests/shutdown.rs; that the world is tracked, the unit test in src/spatial/mod.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_once_the_world_has_stopped() {
+    use tickwire_gateway::{ChannelRouter, Gateway, GatewayConfig, Router, SpatialRouter};
+    let mut overrides = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[]".to_owned()];
+    overrides.extend(LAYOUT.iter().map(|s| s.to_string()));
+    let config = GatewayConfig::load(None, &overrides).unwrap();
+    let channels = ChannelRouter::for_gateway(&config).unwrap();
+    let layout = config.spatial.clone().unwrap();
+    let router = Arc::new(SpatialRouter::new(layout, &config, channels).unwrap());
+    let gw = Gateway::new(config).unwrap().with_router(router.clone()).start().await.unwrap();
+    let _server = server(&gw, "a", Some(0)).await;
+    let running = || router.gauges().into_iter().find(|g| g.name == "spatial_world_running").map(|g| g.value);
+    assert_eq!(running(), Some(1.0));
+    assert!(gw.shutdown(Duration::from_secs(10)).await, "everything stopped within the grace");
+    assert_eq!(running(), Some(0.0), "shutdown returned before the world had stopped");
+}
