@@ -137,6 +137,10 @@ pub struct LimitsConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     pub mode: AuthMode,
+    /// Dev mode lets anyone log in, as a game server too, so the gateway refuses to start
+    /// with it on an address other than loopback (127.0.0.0/8, ::1) unless this is set: a
+    /// try-out on a LAN, on purpose.
+    pub dev_beyond_loopback: bool,
     pub jwt_algorithm: JwtAlgorithm,
     /// HS256 shared secret.
     pub jwt_secret: Option<String>,
@@ -158,6 +162,7 @@ impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             mode: AuthMode::default(),
+            dev_beyond_loopback: false,
             jwt_algorithm: JwtAlgorithm::default(),
             jwt_secret: None,
             jwt_public_key_file: None,
@@ -288,6 +293,7 @@ impl GatewayConfig {
                  and session.max_unacked_messages: channel updates must never fill the session's window",
             );
         }
+        self.check_dev_exposure()?;
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some() {
             return invalid("tls.cert_file and tls.key_file go together");
@@ -308,6 +314,24 @@ impl GatewayConfig {
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+impl GatewayConfig {
+    /// Dev mode only on loopback listeners, unless `auth.dev_beyond_loopback` says otherwise.
+    fn check_dev_exposure(&self) -> Result<(), ConfigError> {
+        if self.auth.mode != AuthMode::Dev || self.auth.dev_beyond_loopback {
+            return Ok(());
+        }
+        let exposed = self.listen.tcp.iter().chain(&self.listen.ws).find(|a| !a.ip().is_loopback());
+        match exposed {
+            None => Ok(()),
+            Some(addr) => Err(ConfigError::Invalid(format!(
+                "auth.mode = \"dev\" lets anyone log in, as a game server too, and {addr} is not a \
+                 loopback address: set auth.mode = \"jwt\" (docs/security.md), listen on 127.0.0.1 or \
+                 ::1 only, or set auth.dev_beyond_loopback = true to expose dev mode on purpose"
+            ))),
+        }
     }
 }
 
@@ -375,6 +399,24 @@ mod tests {
         assert!(GatewayConfig::load(None, &["noequals".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat.x=1".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=0s".into()]).is_err());
+    }
+
+    #[test]
+    fn dev_mode_listens_on_loopback_only_unless_asked() {
+        let load = |extra: &[&str]| {
+            let o: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            GatewayConfig::load(None, &o)
+        };
+        assert!(load(&[]).is_ok(), "the defaults are loopback");
+        assert!(load(&["listen.tcp=[\"127.0.0.2:7400\"]", "listen.ws=[\"[::1]:7401\"]"]).is_ok());
+        let err = load(&["listen.ws=[\"0.0.0.0:7401\"]"]).unwrap_err().to_string();
+        assert!(err.contains("0.0.0.0:7401 is not a loopback address"), "{err}");
+        assert!(err.contains("auth.dev_beyond_loopback"), "{err}");
+        let err = load(&["listen.tcp=[\"127.0.0.1:7400\", \"[::]:7400\"]"]).unwrap_err().to_string();
+        assert!(err.contains("[::]:7400"), "{err}");
+        assert!(load(&["listen.tcp=[\"0.0.0.0:7400\"]", "auth.dev_beyond_loopback=true"]).is_ok());
+        let jwt = ["listen.tcp=[\"0.0.0.0:7400\"]", "auth.mode=jwt", "auth.jwt_secret=s"];
+        assert!(load(&jwt).is_ok(), "jwt may listen anywhere");
     }
 
     #[test]
