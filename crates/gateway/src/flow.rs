@@ -66,3 +66,17 @@ impl UpdateFlow {
         self.rewound.store(window.has_rewinds(), Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tickwire_fanout::WindowLimits;
+    use tickwire_session::SessionConfig;
+
+    /// The window's default acknowledgement delay is a literal in `tickwire-fanout`, which does
+    /// not depend on the session crate; the gateway always sets it from the session's
+    /// (`UpdateFlow::for_config`), but a window made with the defaults must agree too.
+    #[test]
+    fn the_window_and_the_session_default_to_the_same_ack_delay() {
+        assert_eq!(WindowLimits::default().ack_delay, SessionConfig::default().ack_delay);
+    }
+}
