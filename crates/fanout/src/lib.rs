@@ -173,6 +173,12 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
         self.subscribers.get(&id)?.base
     }
 
+    /// When a subscriber is next due (if it lacks the version then). A caller that prepares
+    /// a subscriber's update ahead of time asks it.
+    pub fn next_due(&self, id: K) -> Option<Instant> {
+        Some(self.subscribers.get(&id)?.next_due)
+    }
+
     /// Appends to `out` every subscriber that is due at `now` and lacks `version`, the
     /// channel's current (sealed) version. The caller tries to send each one an update from
     /// [`Due::from`] to `version` and reports the outcome with [`Scheduler::record`].
@@ -275,6 +281,8 @@ mod tests {
         // Due again at 20 ms (from the due time 0), not at 23 ms.
         assert_eq!(due(&s, t0 + 19 * MS, 2), vec![]);
         assert_eq!(due(&s, t0 + 20 * MS, 2), vec![Due { id: 1, from: Some(1) }]);
+        assert_eq!(s.next_due(1), Some(t0 + 20 * MS));
+        assert_eq!(s.next_due(2), None);
         // Nothing new for a while: it stays due and the next change goes at once ...
         assert_eq!(due(&s, t0 + 90 * MS, 1), vec![]);
         assert_eq!(due(&s, t0 + 95 * MS, 2).len(), 1);

@@ -58,6 +58,9 @@ pub struct SessionHandle {
     pub(crate) slow: Arc<AtomicBool>,
     /// Channel updates in flight to this session.
     pub(crate) flow: Arc<UpdateFlow>,
+    /// The I/O thread the session's task runs on (`tickwire_transport::wake_batch::io_thread`),
+    /// if any: work for the session can be done there.
+    pub(crate) io: Option<usize>,
 }
 
 /// A push could not be queued.
@@ -87,6 +90,7 @@ impl SessionHandle {
             outbox,
             slow: Arc::new(AtomicBool::new(false)),
             flow: Arc::new(UpdateFlow::for_config(config)),
+            io: None,
         };
         (handle, rx)
     }

@@ -122,6 +122,7 @@ impl SessionTask {
                 outbox: outbox_tx,
                 slow: Arc::new(AtomicBool::new(false)),
                 flow: Arc::new(UpdateFlow::for_config(&shared.config)),
+                io: tickwire_transport::wake_batch::io_thread(),
             },
             token,
             session: Session::new(tickwire_session::Role::Server, shared.session_config.clone(), now),

@@ -40,6 +40,11 @@ pub fn io_thread() -> Option<usize> {
     THIS_THREAD.get()
 }
 
+/// The runtime of I/O thread `io`, to run a task there.
+pub fn io_runtime(io: usize) -> Option<Handle> {
+    THREADS.lock().unwrap_or_else(PoisonError::into_inner).get(io).cloned()
+}
+
 /// `task`'s waker, in a form that a [`batch`] on another thread may hold back until it ends.
 /// Off an I/O thread it is `task` itself. Call it from the task's own poll: the waker is taken
 /// to belong to a task of the calling thread's runtime, which is where a held wake is sent.

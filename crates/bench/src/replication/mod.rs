@@ -531,6 +531,16 @@ async fn hold(
             let encodings = last.has(ENCODINGS).then(|| per_pass(ENCODINGS));
             (window, mean_ms, encodings)
         });
+    // The I/O threads' CPU time per delivery of a pass (one per I/O thread with viewers, per
+    // pass), and its exact mean (`None`: none recorded, or a gateway that has no deliveries).
+    let delivery_cpu = (args.scenario == Scenario::Spatial)
+        .then(|| TickWindow::of(scrape::DELIVERY_CPU_BUCKET, &first_totals, &last))
+        .filter(|window| window.passes() > 0.0)
+        .map(|window| {
+            let sum = last.get("spatial_delivery_cpu_seconds_sum")
+                - first_totals.get("spatial_delivery_cpu_seconds_sum");
+            (window.tick(), sum / window.passes() * 1e3)
+        });
     let channel_tick_hz = per_s("channel_ticks") / last.get("channel_num").max(1.0);
     // Every server frame changes every character, so a client can get at most one update per
     // frame: the rate to hold is the server's frame rate (the 50 Hz fan-out never throttles it).
@@ -594,6 +604,8 @@ async fn hold(
         pass_cpu_ms: pass_cpu.as_ref().map(|(window, ..)| window.tick()),
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean, _)| *mean),
         cell_encodings_per_pass: pass_cpu.as_ref().and_then(|(.., encodings)| *encodings),
+        delivery_cpu_ms: delivery_cpu.map(|(tick, _)| tick),
+        delivery_cpu_mean_ms: delivery_cpu.map(|(_, mean)| mean),
         frames_not_published,
         frames_merged_per_server_per_s: (args.scenario == Scenario::Spatial && last.has(FRAMES_MERGED))
             .then(|| per_s(FRAMES_MERGED) / f64::from(spatial_server::SERVERS * spatial_server::SERVERS)),

@@ -164,6 +164,15 @@ pub struct Step {
     /// learn its size). `None` if the gateway did not report it, or no pass was recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell_encodings_per_pass: Option<f64>,
+    /// Scenario `spatial`: an I/O thread's CPU time per delivery of a pass to the viewers of
+    /// its sessions, in ms (bucket bounds): the rest of a pass's work, done on the I/O threads
+    /// in parallel, one delivery per I/O thread with viewers per pass. `None` when none was
+    /// recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_cpu_ms: Option<Tick>,
+    /// The same deliveries' mean CPU time in ms (exact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_cpu_mean_ms: Option<f64>,
     /// Game-server frames of the hold that were simulated but not published, because the
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
@@ -286,6 +295,14 @@ pub(super) fn print_row(step: &Step) {
         ),
         _ if step.handovers_per_s.is_some() => println!("  world pass CPU time: no passes recorded"),
         _ => {}
+    }
+    if let (Some(cpu), Some(mean)) = (step.delivery_cpu_ms, step.delivery_cpu_mean_ms) {
+        println!(
+            "  delivery CPU time per I/O thread per pass: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the rest of the pass, on the I/O threads in parallel",
+            ms(cpu.p50),
+            ms(cpu.p99),
+            ms(cpu.max),
+        );
     }
     let merged = step
         .frames_merged_per_server_per_s

@@ -20,6 +20,9 @@ pub(super) const TICK_BUCKET: &str = "channel_tick_duration_seconds_bucket{le=\"
 /// The spatial world's CPU time per pass, in the same layout.
 pub(super) const PASS_CPU_BUCKET: &str = "spatial_pass_cpu_seconds_bucket{le=\"";
 
+/// An I/O thread's CPU time per delivery of a world pass, in the same layout.
+pub(super) const DELIVERY_CPU_BUCKET: &str = "spatial_delivery_cpu_seconds_bucket{le=\"";
+
 impl Scrape {
     pub(super) fn fetch(addr: SocketAddr) -> anyhow::Result<Scrape> {
         let text = ureq::get(&format!("http://{addr}/metrics"))

@@ -1,7 +1,8 @@
 //! The spatial world (docs/protocol.md section 14): the `spatial.*` methods, entity messages
 //! (`channel.send` to an entity) and areas of interest, served by one world task (`world.rs`
 //! for the servers, `world/entities.rs` for entities and handovers, `view.rs` for what clients
-//! see). Present when the
+//! see, `frame.rs` for what a pass encodes), and each pass delivered to the viewers on the I/O
+//! threads of their sessions (`delivery.rs`). Present when the
 //! gateway's configuration has a `[spatial]` layout; [`SpatialRouter`] then sits in front of
 //! the channel router and passes it everything else.
 //!
@@ -9,6 +10,8 @@
 //! `ENTITY_BASE + n`, both above any id `channel.create` gives out and below 2^53 (exact in
 //! JSON and JavaScript).
 
+mod delivery;
+mod frame;
 #[cfg(any(test, feature = "harness"))]
 pub(crate) mod harness;
 mod view;
@@ -136,6 +139,16 @@ pub(crate) struct SpatialFigures {
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
     /// for a core (which the wall-clock `channel_tick_duration_seconds` includes).
     pub pass_cpu: PassTimes,
+    /// An I/O thread's CPU time per delivery of a pass to the viewers of its sessions
+    /// (`delivery.rs`): the rest of a pass's work, one run per I/O thread with viewers.
+    pub delivery_cpu: PassTimes,
+    /// Passes an I/O thread's delivery dropped undelivered, having fallen
+    /// `delivery::MAX_WAITING_PASSES` behind: their changes reached its viewers merged into a
+    /// later pass.
+    pub passes_dropped: AtomicU64,
+    /// Passes a delivery found waiting behind another when it ran: its I/O thread got to it
+    /// a tick or more late.
+    pub passes_waited: AtomicU64,
 }
 
 /// What the router asks of the world.
@@ -317,11 +330,11 @@ impl Router for SpatialRouter {
         let Some((world, rx)) = self.world.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(());
         };
-        // Off the I/O threads: a pass at thousands of viewers takes milliseconds, and on an I/O
-        // thread every session there would wait for it, while from its own thread the pass
-        // wakes each I/O thread's sessions in one batch. (Requests to the world now cross
-        // threads, one wake each: a few thousand a second against 50 passes' worth of
-        // sessions.) Tracked, so the gateway's shutdown waits for the world to stop.
+        // Off the I/O threads: the world's publishes and passes would hold up every session of
+        // the thread they ran on. A pass only encodes the cells and hands them to one delivery
+        // per I/O thread (`delivery.rs`), which serves that thread's viewers there. (Requests
+        // to the world cross threads, one wake each: a few thousand a second.) Tracked, so the
+        // gateway's shutdown waits for the world to stop.
         let task = run(world, rx, self.channel_figures.clone(), startup.stop.clone());
         tickwire_transport::dedicated_thread("tickwire-world", startup.tracker.track_future(task))
     }
@@ -355,6 +368,8 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_frames_merged", get(&f.frames_merged)),
             Gauge::counter("spatial_cell_encodings", get(&f.encodings)),
             Gauge::counter("spatial_catch_up_snapshots", get(&f.catch_up_snapshots)),
+            Gauge::counter("spatial_delivery_passes_dropped", get(&f.passes_dropped)),
+            Gauge::counter("spatial_delivery_passes_waited", get(&f.passes_waited)),
             // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if
             // it died.
             Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),
@@ -363,6 +378,11 @@ impl Router for SpatialRouter {
             bucket: "spatial_pass_cpu_seconds_bucket",
             count: "spatial_pass_cpu_seconds_count",
             sum: "spatial_pass_cpu_seconds_sum",
+        }));
+        out.extend(f.delivery_cpu.gauges(Names {
+            bucket: "spatial_delivery_cpu_seconds_bucket",
+            count: "spatial_delivery_cpu_seconds_count",
+            sum: "spatial_delivery_cpu_seconds_sum",
         }));
         for (i, n) in f.held_back.iter().enumerate() {
             out.push(

@@ -1,116 +1,51 @@
-//! What clients see of the spatial world: each client's area of interest, the cells it
-//! touches, and the fan-out pass that sends every due client one `channel.updates` message with
-//! a delta (or a snapshot) of each cell in its view that changed since the version it holds.
+//! What clients see of the spatial world: each client's area of interest and the cells it
+//! touches, and the world's side of a fan-out pass: seal the cells, encode what the pass's
+//! viewers need ([`Frame`]), and hand it to the deliveries that send every due viewer one
+//! `channel.updates` message with a delta (or a snapshot) of each cell in its view that changed
+//! since the version it holds (`delivery.rs`).
 //!
 //! One message per client per pass, whatever the number of cells in view: a client near a
 //! corner of four cells costs the gateway one write, not four. When a client is due is decided
-//! by the pure scheduler of `tickwire-fanout` (fed `now`), and whether it may take more by its
-//! session's window of updates in flight, as for any channel: a slow reader gets merged deltas
-//! at its pace. A resume that dropped undelivered batches sends the client a snapshot of every
-//! cell in its view.
+//! by the pure scheduler of `tickwire-fanout`, and whether it may take more by its session's
+//! window of updates in flight, as for any channel: a slow reader gets merged deltas at its
+//! pace. A resume that dropped undelivered batches sends the client a snapshot of every cell in
+//! its view.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use prost::Message;
-use tickwire_fanout::{Due, Options, Outcome, Version};
+use tickwire_fanout::Options;
 use tickwire_spatial::Area;
-use tickwire_state::Key;
-use tickwire_wire::proto::{
-    ChannelEvent, ChannelEventKind, ChannelUpdate, DeltaCodec, Follow, InterestResult, Response, SetInterest,
-    Status, set_interest,
-};
+use tickwire_wire::proto::{DeltaCodec, Follow, InterestResult, Response, SetInterest, Status, set_interest};
 
-use super::world::{CellState, World};
-use super::{CELL_BASE, SpatialFigures, WORLD_KEY};
-use crate::channel::state_codec;
-use crate::router::{PushError, PushParts, SessionHandle, error_response, field_len};
+use super::delivery::{Delivery, Mailbox, View};
+use super::frame::{CellFrame, Frame, base_for, codec_index};
+use super::world::World;
+use crate::router::{SessionHandle, error_response};
 
-/// One cell's update from a version in one codec (`i32`, as the proto): its `ChannelUpdates`
-/// entry and the version it leads to, or `None` if it cannot be built (a snapshot is due).
-type Encoded = (Version, i32, Option<(Bytes, Version)>);
-
-/// The tag of `ChannelUpdates.updates` (field 1, length-delimited).
-const UPDATES_TAG: u8 = 0x0a;
-
-/// A viewer whose version of a cell predates the cell's latest change gets the cell's snapshot
-/// instead of a delta of its own when the latest change's delta is at least this fraction
-/// (NUM/DEN) of the snapshot's size. A delta from an older version carries at least what the
-/// latest change touched, so the snapshot is then at most about twice the bytes of the delta
-/// it replaces, and the pass encodes one snapshot per cell instead of one delta per version
-/// held. Half, not more: a set sends only the fields that differ (docs/protocol.md 13.4), so
-/// characters that all move every frame make deltas well under a snapshot: 54% in binary and
-/// 74% in JSON in the harness test of such a world (`..._whose_every_entity_moved`).
-const SNAPSHOT_INSTEAD_NUM: usize = 1;
-const SNAPSHOT_INSTEAD_DEN: usize = 2;
-
-/// A codec's index in the per-codec arrays of [`CellState`].
-pub(super) fn codec_index(codec: DeltaCodec) -> usize {
-    match codec {
-        DeltaCodec::Binary => 0,
-        DeltaCodec::Json => 1,
-    }
-}
-
-/// The index in `cache` (a cell's entries of this pass) of the cell's update from `base` in
-/// `codec`, encoded now if no viewer needed it yet this pass.
-fn entry(
-    cache: &mut Vec<Encoded>,
-    c: &mut CellState,
-    cell: u32,
-    base: Version,
-    codec: DeltaCodec,
-    figures: &SpatialFigures,
-) -> usize {
-    if let Some(at) = cache.iter().position(|(b, k, _)| *b == base && *k == codec as i32) {
-        return at;
-    }
-    figures.encodings.fetch_add(1, Ordering::Relaxed);
-    let no_player = Key::Int(0);
-    let encoded = c.cache.get(&c.state, base, state_codec(codec)).ok().and_then(|prepared| {
-        let update = prepared.update_for(&c.state, &no_player, false).ok()?;
-        // Sent even when nothing visible changed: the client's replica must move to the new
-        // version, or the next delta would not apply.
-        let message = ChannelUpdate {
-            channel_id: CELL_BASE + u64::from(cell),
-            codec: codec as i32,
-            update: update.to_vec().into(),
-        };
-        // At its exact size: queued updates hold it, and the window counts only its length.
-        let mut field = Vec::with_capacity(field_len(message.encoded_len()));
-        field.push(UPDATES_TAG);
-        message.encode_length_delimited(&mut field).ok()?;
-        Some((Bytes::from(field), prepared.to()))
-    });
-    if let Some((field, _)) = &encoded {
-        if base == 0 {
-            c.snapshot_len[codec_index(codec)] = field.len();
-        } else if base == c.previous {
-            c.latest_len[codec_index(codec)] = (base, field.len());
-        }
-    }
-    cache.push((base, codec as i32, encoded));
-    cache.len() - 1
-}
-
+/// A viewer, as the world keeps it: its area, and the cells and codec the cells' viewer counts
+/// hold it under. What it holds of each cell is its delivery's.
 pub(super) struct Viewer {
     handle: SessionHandle,
     /// As last set (not re-centred).
     area: Area,
     follow: Follow,
     codec: DeltaCodec,
-    /// The cells in view, sorted, and the version of each the client holds (`None`: it needs a
-    /// snapshot). A few cells (at most `spatial.max_view_cells`), walked on every pass: a
-    /// sorted vector, updated in place.
-    held: Vec<(u32, Option<Version>)>,
+    options: Options,
+    /// The cells in view, sorted (at most `spatial.max_view_cells`).
+    cells: Vec<u32>,
+    /// When it became a viewer.
+    joined: Instant,
+    mailbox: Arc<Mailbox>,
 }
 
 impl Viewer {
     /// The cells in view, in order.
     #[cfg(any(test, feature = "harness"))]
     pub(super) fn cells(&self) -> impl Iterator<Item = u32> + '_ {
-        self.held.iter().map(|&(cell, _)| cell)
+        self.cells.iter().copied()
     }
 }
 
@@ -144,7 +79,9 @@ impl World {
         let conn = client.conn_id();
         let Some(area) = area_of(&req) else {
             // Every cell leaves the view, and the client is told so (section 14.2).
-            self.show(conn, &[]);
+            if let Some(viewer) = self.viewers.get(&conn) {
+                viewer.mailbox.clear(conn);
+            }
             self.leave_view(conn);
             let result =
                 InterestResult { cells: Vec::new(), cell_schema_json: self.cell_schema_json.to_string() };
@@ -186,29 +123,56 @@ impl World {
             delay: Duration::from_millis(u64::from(options.fanout_delay_ms)),
             skip_first_full_state: false,
         };
-        let viewer = self.viewers.entry(conn).or_insert_with(|| Viewer {
-            handle: client.clone(),
-            area,
-            follow,
-            codec: options.codec(),
-            held: Vec::new(),
-        });
-        let codec_changed = viewer.codec != options.codec();
+        self.ensure_viewer(client, area, follow, now);
+        let viewer = self.viewers.get_mut(&conn).expect("just made");
         viewer.area = area;
         viewer.follow = follow;
-        viewer.codec = options.codec();
-        if codec_changed {
-            viewer.held.iter_mut().for_each(|(_, held)| *held = None);
-        }
-        if !self.schedule.set_options(conn, schedule, false) {
-            self.schedule.join(conn, schedule, now, self.world_version);
-        }
-        self.show(conn, &cells);
+        viewer.options = schedule;
+        self.show_in(conn, &cells, options.codec());
         let result = InterestResult {
             cells: cells.iter().map(|&c| self.cell_info(c)).collect(),
             cell_schema_json: self.cell_schema_json.to_string(),
         };
         Response { id, status: Status::Ok as i32, body: result.encode_to_vec().into(), error: String::new() }
+    }
+
+    /// Makes `client` a viewer (with no cells yet) unless it is one.
+    fn ensure_viewer(&mut self, client: &SessionHandle, area: Area, follow: Follow, now: Instant) {
+        let conn = client.conn_id();
+        if self.viewers.contains_key(&conn) {
+            return;
+        }
+        let mailbox = self.mailbox_for(client);
+        let options =
+            Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
+        let viewer = Viewer {
+            handle: client.clone(),
+            area,
+            follow,
+            codec: DeltaCodec::Binary,
+            options,
+            cells: Vec::new(),
+            joined: now,
+            mailbox,
+        };
+        self.viewers.insert(conn, viewer);
+    }
+
+    /// The mailbox of the delivery for `client`'s I/O thread, started if it is the first viewer
+    /// there; the world's own delivery for a session on no I/O thread.
+    fn mailbox_for(&mut self, client: &SessionHandle) -> Arc<Mailbox> {
+        let Some(io) = client.io else { return self.inline.mailbox().clone() };
+        if let Some(mailbox) = self.deliveries.get(&io) {
+            return mailbox.clone();
+        }
+        let Some(runtime) = tickwire_transport::wake_batch::io_runtime(io) else {
+            return self.inline.mailbox().clone();
+        };
+        let delivery = Delivery::new(self.figures.clone());
+        let mailbox = delivery.mailbox().clone();
+        drop(runtime.spawn(delivery.serve()));
+        self.deliveries.insert(io, mailbox.clone());
+        mailbox
     }
 
     fn cells_of_area(&self, area: &Area) -> Vec<u32> {
@@ -220,32 +184,40 @@ impl World {
         self.controlled.get(&conn).and_then(|id| self.entities.get(id)).map(|e| e.position)
     }
 
-    /// Makes `cells` the viewer's view: cells it leaves get an UNSUBSCRIBED event (the client
-    /// drops their entities), cells it enters get a snapshot at its next update.
-    fn show(&mut self, conn: u64, cells: &[u32]) {
-        let Some(viewer) = self.viewers.get_mut(&conn) else { return };
-        let wanted: std::collections::BTreeSet<u32> = cells.iter().copied().collect();
-        let left: Vec<u32> = viewer.held.iter().map(|&(c, _)| c).filter(|c| !wanted.contains(c)).collect();
-        viewer.held.retain(|(c, _)| wanted.contains(c));
-        for cell in &left {
-            let event = ChannelEvent {
-                channel_id: CELL_BASE + u64::from(*cell),
-                kind: ChannelEventKind::Unsubscribed as i32,
-                reason: "left the area of interest".into(),
-            };
-            let _ = viewer.handle.push("channel.event", event.encode_to_vec().into());
+    /// Makes `cells` the viewer's view in `codec`: its delivery tells the client of the cells
+    /// it leaves (an UNSUBSCRIBED event; the client drops their entities), and the next pass
+    /// encodes a snapshot of each cell it enters.
+    fn show_in(&mut self, conn: u64, cells: &[u32], codec: DeltaCodec) {
+        let World { viewers, view_count, wanted, .. } = self;
+        let Some(viewer) = viewers.get_mut(&conn) else { return };
+        let mut cells = cells.to_vec();
+        cells.sort_unstable();
+        cells.dedup();
+        let (old, new) = (codec_index(viewer.codec), codec_index(codec));
+        for &cell in &viewer.cells {
+            view_count[cell as usize][old] -= 1;
         }
-        let mut entered = false;
-        for &cell in cells {
-            if let Err(at) = viewer.held.binary_search_by_key(&cell, |&(c, _)| c) {
-                viewer.held.insert(at, (cell, None));
-                entered = true;
+        for &cell in &cells {
+            view_count[cell as usize][new] += 1;
+            if old != new || viewer.cells.binary_search(&cell).is_err() {
+                wanted.insert((cell, new));
             }
         }
-        if entered {
-            // Due again even if nothing in the world changed: the new cells need snapshots.
-            self.schedule.resnapshot(conn);
-        }
+        viewer.codec = codec;
+        viewer.cells = cells;
+        let view = View {
+            handle: viewer.handle.clone(),
+            codec,
+            options: viewer.options,
+            cells: viewer.cells.clone(),
+            at: viewer.joined,
+        };
+        viewer.mailbox.show(conn, view);
+    }
+
+    fn show(&mut self, conn: u64, cells: &[u32]) {
+        let Some(codec) = self.viewers.get(&conn).map(|v| v.codec) else { return };
+        self.show_in(conn, cells, codec);
     }
 
     /// After entity `entity_id` moved: the area of the client controlling it follows, if it
@@ -263,7 +235,7 @@ impl World {
             return;
         }
         let cells = self.cells_of_area(&viewer.area.centred_at(position));
-        if cells.len() <= self.settings.max_view_cells {
+        if cells.len() <= self.settings.max_view_cells && cells != viewer.cells {
             self.show(conn, &cells);
         }
     }
@@ -278,167 +250,100 @@ impl World {
         let (lo, _) = self.layout.bounds(received[0]);
         let (_, hi) = self.layout.bounds(received[received.len() - 1]);
         let area = Area::Box { min: [lo[0], f32::MIN, lo[1]], max: [hi[0], f32::MAX, hi[1]] };
-        let conn = server.conn_id();
-        self.viewers.insert(
-            conn,
-            Viewer {
-                handle: server.clone(),
-                area,
-                follow: Follow::Off,
-                codec: DeltaCodec::Binary,
-                held: Vec::new(),
-            },
-        );
-        let schedule =
-            Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
-        self.schedule.join(conn, schedule, now, self.world_version);
-        self.show(conn, &cells);
+        self.ensure_viewer(server, area, Follow::Off, now);
+        self.show_in(server.conn_id(), &cells, DeltaCodec::Binary);
     }
 
     /// The clients that see at least one cell for which `shown` holds.
     pub fn viewers_of(&self, shown: impl Fn(u32) -> bool) -> Vec<SessionHandle> {
         self.viewers
             .values()
-            .filter(|v| v.held.iter().any(|&(c, _)| shown(c)))
+            .filter(|v| v.cells.iter().any(|&c| shown(c)))
             .map(|v| v.handle.clone())
             .collect()
     }
 
+    /// `conn` is no longer a viewer; its delivery forgets it.
     pub fn leave_view(&mut self, conn: u64) {
-        if let Some(viewer) = self.viewers.remove(&conn) {
-            viewer.handle.flow.lock().forget(WORLD_KEY);
+        if let Some(viewer) = self.forget_viewer(conn) {
+            viewer.mailbox.gone(conn);
         }
-        self.schedule.leave(conn);
     }
 
-    /// One fan-out pass: seals the cells, and sends every due viewer one message with what
-    /// changed in its view. Returns how many viewers got one.
+    /// Removes the world's record of a viewer, and its cells from the viewer counts.
+    fn forget_viewer(&mut self, conn: u64) -> Option<Viewer> {
+        let viewer = self.viewers.remove(&conn)?;
+        let k = codec_index(viewer.codec);
+        for &cell in &viewer.cells {
+            self.view_count[cell as usize][k] -= 1;
+        }
+        Some(viewer)
+    }
+
+    /// One fan-out pass: seals the cells, encodes what the viewers need, and hands the pass to
+    /// every delivery, running the world's own. Returns how many viewers the world's own
+    /// delivery (sessions on no I/O thread) queued a message; the others count in the figures.
     ///
-    /// `scheduled` is the instant the pass was due on the world's timer, and the schedule (who
-    /// is due, and when next) runs on it; `now` is the clock, for the sessions' windows and
-    /// outboxes. A pass that runs late then does not shift a viewer's next due time past the
-    /// next pass, which would skip it there: the schedule sees passes a whole number of ticks
-    /// apart.
+    /// `scheduled` is the instant the pass was due on the world's timer, and the viewers'
+    /// schedules (who is due, and when next) run on it; `now` is the clock, for the sessions'
+    /// windows and outboxes. A pass that runs late then does not shift a viewer's next due time
+    /// past the next pass, which would skip it there: the schedules see passes a whole number
+    /// of ticks apart.
     pub fn tick(&mut self, scheduled: Instant, now: Instant) -> u64 {
-        let mut changed = false;
-        for cell in &mut self.cells {
+        let mut changed = Vec::new();
+        for (index, cell) in self.cells.iter_mut().enumerate() {
             let before = cell.state.version();
             if cell.state.seal() != before {
                 cell.previous = before;
-                changed = true;
+                changed.push(index as u32);
             }
         }
-        if changed {
+        if !changed.is_empty() {
             self.world_version += 1;
         }
         let merged: u32 =
             self.publishes_since_pass.iter_mut().map(|n| std::mem::take(n).saturating_sub(1)).sum();
         self.figures.frames_merged.fetch_add(u64::from(merged), Ordering::Relaxed);
-        let World { cells, viewers, schedule, figures, world_version, .. } = self;
-        for (&conn, viewer) in viewers.iter_mut() {
-            if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
-                viewer.held.iter_mut().for_each(|(_, held)| *held = None);
-                schedule.rewind(conn, None);
+        // What the deliveries found missing at the last pass, and the sessions they found gone.
+        let mut wants = hashbrown::HashSet::new();
+        let mailboxes: Vec<Arc<Mailbox>> =
+            std::iter::once(self.inline.mailbox()).chain(self.deliveries.values()).cloned().collect();
+        for mailbox in &mailboxes {
+            let report = mailbox.take_report();
+            wants.extend(report.wants);
+            for conn in report.gone {
+                self.forget_viewer(conn);
             }
         }
-        let mut due = Vec::new();
-        schedule.due(scheduled, *world_version, &mut due);
-        // Each cell's update from each version, encoded once per pass as its entry of
-        // `ChannelUpdates.updates` (tag, length, message) and shared by every viewer at that
-        // version: a viewer's message is these entries end to end.
-        let mut encoded: Vec<Vec<Encoded>> = vec![Vec::new(); cells.len()];
-        let mut gone = Vec::new();
-        let mut sent = 0;
-        let mut parts: Vec<Bytes> = Vec::new();
-        // (index in `held`, version reached; `None`: a snapshot is due). A cell no entity has
-        // touched is at version 0, and a viewer that got its snapshot holds `Some(0)`.
-        let mut advanced: Vec<(usize, Option<Version>)> = Vec::new();
-        for Due { id: conn, from } in due {
-            let Some(viewer) = viewers.get_mut(&conn) else { continue };
-            // The window is asked only when a cell in view moved on: a pass finds nothing new
-            // for a viewer in about a third of passes (50 Hz passes, 30 fps servers), and the
-            // window's lock is shared with the viewer's session on an I/O thread. A viewer
-            // without room is refused before any of its deltas is encoded.
-            let stale =
-                viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].state.version()));
-            if stale && let Err(hold) = viewer.handle.flow.room(now) {
-                figures.count_held_back(Some(hold));
-                schedule.record(conn, scheduled, Outcome::Refused);
-                continue;
-            }
-            parts.clear();
-            advanced.clear();
-            // Cells this viewer gets the snapshot of in place of its own delta, counted once sent.
-            let mut catch_up = 0;
-            for (at_held, &(cell, held)) in viewer.held.iter().enumerate() {
+        let World { cells, view_count, wanted, figures, .. } = self;
+        let mut frame: Vec<CellFrame> = cells.iter().map(CellFrame::of).collect();
+        let viewed = |cell: u32, k: usize| view_count[cell as usize][k] > 0;
+        // The latest change of each cell, for the viewers that keep up.
+        for &cell in &changed {
+            for k in (0..2).filter(|&k| viewed(cell, k)) {
                 let c = &mut cells[cell as usize];
-                let version = c.state.version();
-                if held == Some(version) {
-                    continue;
-                }
-                let cache = &mut encoded[cell as usize];
-                // A viewer whose version predates the cell's latest change (its window held it
-                // back, or it is due less often than the cell changes) would need a delta of its
-                // own, from that version. When the latest change alone was at least half a
-                // snapshot (characters that all move every frame), such a delta would be at
-                // least that large: the viewer gets the cell's snapshot, which every such viewer
-                // shares. So catching up costs one encoding per cell and pass, however many
-                // versions the viewers behind hold. The latest change's size is known once its
-                // delta was encoded (for the viewers that keep up); until then, and when no
-                // viewer keeps up, a viewer behind gets its own delta.
-                let mut base = held.unwrap_or(0);
-                let k = codec_index(viewer.codec);
-                if base != 0 && base < c.previous && c.latest_len[k].0 == c.previous {
-                    if c.snapshot_len[k] == 0 {
-                        entry(cache, c, cell, 0, viewer.codec, figures);
-                    }
-                    let full = c.snapshot_len[k];
-                    if full > 0 && c.latest_len[k].1 * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM {
-                        base = 0;
-                        catch_up += 1;
-                    }
-                }
-                let at = entry(cache, c, cell, base, viewer.codec, figures);
-                match &cache[at].2 {
-                    Some((field, to)) => {
-                        parts.push(field.clone());
-                        advanced.push((at_held, Some(*to)));
-                    }
-                    // The history for a delta from `held` is gone: a snapshot next pass.
-                    None => advanced.push((at_held, None)),
-                }
-            }
-            if parts.is_empty() {
-                for &(at, to) in &advanced {
-                    viewer.held[at].1 = to;
-                }
-                let outcome =
-                    if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: *world_version } };
-                schedule.record(conn, scheduled, outcome);
-                continue;
-            }
-            let next = Vec::with_capacity(parts.len());
-            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut parts, next) };
-            match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
-                Ok(()) => {
-                    for &(at, to) in &advanced {
-                        viewer.held[at].1 = to;
-                    }
-                    figures.fanouts.fetch_add(1, Ordering::Relaxed);
-                    figures.catch_up_snapshots.fetch_add(catch_up, Ordering::Relaxed);
-                    sent += 1;
-                    schedule.record(conn, scheduled, Outcome::Sent { to: *world_version });
-                }
-                Err(PushError::Full) => {
-                    figures.count_held_back(None);
-                    schedule.record(conn, scheduled, Outcome::Refused);
-                }
-                Err(PushError::Closed) => gone.push(conn),
+                frame[cell as usize].add(c, cell, c.previous, k, figures);
             }
         }
-        for conn in gone {
-            self.leave_view(conn);
+        // Snapshots of the cells viewers entered, and what the deliveries asked for, chosen
+        // as they will choose (after the latest changes above, whose lengths guide it).
+        let asked = wanted.drain().map(|(cell, k)| (cell, None, k)).chain(wants);
+        for (cell, held, k) in asked.filter(|&(cell, _, k)| viewed(cell, k)) {
+            let (base, _) = base_for(held, &frame[cell as usize], k);
+            frame[cell as usize].add(&mut cells[cell as usize], cell, base, k, figures);
         }
-        sent
+        let frame = Arc::new(Frame {
+            scheduled,
+            tick: self.settings.tick,
+            world_version: self.world_version,
+            cells: frame,
+        });
+        let mut dropped = 0;
+        for mailbox in self.deliveries.values() {
+            dropped += u64::from(mailbox.pass(frame.clone()));
+        }
+        self.inline.mailbox().pass(frame);
+        self.figures.passes_dropped.fetch_add(dropped, Ordering::Relaxed);
+        self.inline.run(now)
     }
 }

@@ -17,7 +17,6 @@ use bytes::Bytes;
 // and there are at most `max_entities` of those.
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
-use tickwire_fanout::{Hold, Scheduler};
 use tickwire_spatial::handover::{Action, Route};
 use tickwire_spatial::{Cell, Layout};
 use tickwire_state::{PreparedCache, Schema, State, Version};
@@ -26,8 +25,9 @@ use tickwire_wire::proto::{
     SpatialEventKind, Status, Vec3,
 };
 
+use super::delivery::{Delivery, Mailbox};
 use super::view::Viewer;
-use super::{CELL_BASE, HELD_BACK_QUEUE, SpatialFigures, SpatialSettings};
+use super::{CELL_BASE, SpatialFigures, SpatialSettings};
 use crate::router::{SessionHandle, error_response};
 
 mod entities;
@@ -89,8 +89,14 @@ pub(super) struct World {
     pub controlled: HashMap<u64, u64>,
     next_entity: u64,
     pub viewers: HashMap<u64, Viewer>,
-    /// When each viewer is due; its version is `world_version`.
-    pub schedule: Scheduler<u64>,
+    /// Per cell, per codec (`frame::codec_index`): how many viewers see it.
+    pub view_count: Vec<[u32; 2]>,
+    /// Cells (and codec) a viewer entered since the last pass: the next encodes their snapshot.
+    pub wanted: HashSet<(u32, usize)>,
+    /// The delivery of each I/O thread that has viewers, by thread (`delivery.rs`).
+    pub deliveries: HashMap<usize, Arc<Mailbox>>,
+    /// The delivery of the viewers on no I/O thread, run by the world at the end of each pass.
+    pub inline: Delivery,
     /// Bumped whenever any cell changes: a viewer holding it has nothing to receive.
     pub world_version: u64,
     pub cell_schema_json: Arc<str>,
@@ -123,6 +129,7 @@ impl World {
         figures: Arc<SpatialFigures>,
     ) -> World {
         let limits = settings.limits;
+        let cell_count = layout.cell_count() as usize;
         let cells = (0..layout.cell_count())
             .map(|_| CellState {
                 state: State::with_limits(cell_schema.clone(), limits),
@@ -145,8 +152,11 @@ impl World {
             entities: HashMap::new(),
             controlled: HashMap::new(),
             next_entity: 0,
+            view_count: vec![[0; 2]; cell_count],
+            wanted: HashSet::new(),
+            deliveries: HashMap::new(),
+            inline: Delivery::new(figures.clone()),
             viewers: HashMap::new(),
-            schedule: Scheduler::new(),
             world_version: 1,
             cell_schema_json,
             entity_schema_json,
@@ -345,15 +355,16 @@ impl World {
     }
 }
 
-impl SpatialFigures {
-    /// A due viewer's update was held back by `hold`, a bound of its window (`None`: the
-    /// session's queue refused it).
-    pub(super) fn count_held_back(&self, hold: Option<Hold>) {
-        self.coalesced.fetch_add(1, Ordering::Relaxed);
-        let at = hold.map_or(HELD_BACK_QUEUE, Hold::index);
-        self.held_back[at].fetch_add(1, Ordering::Relaxed);
+impl Drop for World {
+    /// The deliveries' tasks end with the world.
+    fn drop(&mut self) {
+        for mailbox in self.deliveries.values() {
+            mailbox.close();
+        }
     }
+}
 
+impl SpatialFigures {
     fn publish(&self, slot: u32) {
         if let Some(n) = self.publishes.get(slot as usize) {
             n.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,443 @@
+//! Delivering the spatial world's passes, on the I/O thread of the sessions they go to.
+//!
+//! Why apart from the world: per viewer, a pass asks the session's window of updates in flight
+//! whether it has room, gathers the cells' entries into one message, and queues it in the
+//! session's outbox. Done on the world's thread, each of those touches memory the session's I/O
+//! thread writes (the window on every acknowledgement, the outbox's queue and waker on every
+//! read), and that waiting was most of a pass at thousands of viewers. So each I/O thread has a
+//! [`Delivery`] that owns what the viewers of its sessions hold (the cells in view, the version
+//! of each, the schedule) and runs every pass for them there, from the [`Frame`] the world
+//! encoded: the world's pass encodes and hands over one frame per I/O thread; the viewers'
+//! windows, outboxes and wake-ups stay on the thread that owns them. Sessions on no I/O thread
+//! (tests, the harness) share a delivery the world runs itself, at the end of its pass.
+//!
+//! The world and a delivery talk through two bounded mailboxes: the world posts each viewer's
+//! latest view (cells, codec, schedule) and the latest pass; the delivery posts the entries its
+//! viewers will need at the next pass that this one did not have (for a viewer behind, or one
+//! due less often than every pass), and the viewers whose session has gone. A view change and
+//! a pass are applied in the order the world made them when the delivery keeps up; when it does
+//! not, it applies the latest view and then the latest pass, and an entry that pass lacks is
+//! asked for and sent one pass later. Nothing is lost either way: a viewer's version of a cell
+//! changes only when an update for it is queued.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hashbrown::{HashMap, HashSet};
+use prost::Message;
+use tickwire_fanout::{Due, Options, Outcome, Scheduler, Version};
+use tickwire_wire::proto::{ChannelEvent, ChannelEventKind, DeltaCodec};
+use tokio::sync::Notify;
+
+use super::frame::{Frame, base_for, codec_index};
+use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
+use crate::router::{PushError, PushParts, SessionHandle};
+
+/// A viewer as the world last set it.
+#[derive(Debug, Clone)]
+pub(super) struct View {
+    pub handle: SessionHandle,
+    pub codec: DeltaCodec,
+    pub options: Options,
+    /// The cells in view, sorted.
+    pub cells: Vec<u32>,
+    /// When the world set it: a new viewer's first update waits `options.delay` from then.
+    pub at: Instant,
+}
+
+/// What the world asks of a viewer, kept until the delivery's next run. Bounded: a viewer's
+/// latest view, and whether its cells were cleared before it.
+#[derive(Debug, Default)]
+struct Change {
+    /// Every cell left the view (the client is told) before `then`.
+    cleared: bool,
+    then: Option<Then>,
+}
+
+#[derive(Debug)]
+enum Then {
+    Show(View),
+    /// The session is gone: forget the viewer, telling it nothing.
+    Gone,
+}
+
+/// An entry a viewer will need at the next pass: (cell, the version the viewer holds (`None`:
+/// it needs a snapshot), codec index). The world chooses the entry with [`base_for`] at that
+/// pass, as the delivery will.
+pub(super) type Want = (u32, Option<Version>, usize);
+
+/// What a delivery tells the world after a run.
+#[derive(Debug, Default)]
+pub(super) struct Report {
+    /// Entries its viewers need that the pass did not have.
+    pub wants: HashSet<Want>,
+    /// Viewers whose session ended.
+    pub gone: Vec<u64>,
+}
+
+/// Passes a delivery may have waiting. An I/O thread that gets no core for a while (the world's
+/// tick is 20 ms; a loaded machine's scheduler can keep a thread waiting longer) delivers the
+/// passes it missed in order when it runs, as the sessions' outboxes held them before; past
+/// this many, the oldest are dropped and their changes reach the viewers merged into the next.
+const MAX_WAITING_PASSES: usize = 8;
+
+#[derive(Debug, Default)]
+struct Inbox {
+    passes: VecDeque<Arc<Frame>>,
+    changes: HashMap<u64, Change>,
+}
+
+/// The mailboxes between the world and one delivery.
+#[derive(Debug, Default)]
+pub(super) struct Mailbox {
+    inbox: Mutex<Inbox>,
+    report: Mutex<Report>,
+    wake: Notify,
+    closed: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing that holds these locks panics or waits; a poisoned one is still consistent.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Mailbox {
+    /// The viewer `conn` sees `view` from now on.
+    pub fn show(&self, conn: u64, view: View) {
+        lock(&self.inbox).changes.entry(conn).or_default().then = Some(Then::Show(view));
+    }
+
+    /// Every cell leaves `conn`'s view, and it is told so; it stays a viewer until shown again
+    /// or gone.
+    pub fn clear(&self, conn: u64) {
+        let mut inbox = lock(&self.inbox);
+        let change = inbox.changes.entry(conn).or_default();
+        change.cleared = true;
+        change.then = None;
+    }
+
+    /// `conn`'s session has gone.
+    pub fn gone(&self, conn: u64) {
+        lock(&self.inbox).changes.entry(conn).or_default().then = Some(Then::Gone);
+    }
+
+    /// A pass to deliver, and a wake for the delivery. Returns whether an older pass had to
+    /// be dropped to make room (`MAX_WAITING_PASSES`).
+    pub fn pass(&self, frame: Arc<Frame>) -> bool {
+        let dropped = {
+            let mut inbox = lock(&self.inbox);
+            let full = inbox.passes.len() >= MAX_WAITING_PASSES;
+            if full {
+                inbox.passes.pop_front();
+            }
+            inbox.passes.push_back(frame);
+            full
+        };
+        self.wake.notify_one();
+        dropped
+    }
+
+    /// What the delivery reported since the last call.
+    pub fn take_report(&self) -> Report {
+        std::mem::take(&mut *lock(&self.report))
+    }
+
+    /// The world has stopped: the delivery's task ends.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+}
+
+/// A viewer, as its delivery keeps it.
+struct Viewer {
+    handle: SessionHandle,
+    codec: usize,
+    /// The cells in view, sorted, and the version of each the client holds (`None`: it needs
+    /// a snapshot).
+    held: Vec<(u32, Option<Version>)>,
+}
+
+/// What one run counted, added to the world's figures once per run.
+#[derive(Default)]
+struct Counts {
+    fanouts: u64,
+    catch_up: u64,
+    held_back: [u64; HELD_BACK_REASONS],
+}
+
+/// The viewers of one I/O thread's sessions (or of the sessions on none), and their passes.
+pub(super) struct Delivery {
+    mailbox: Arc<Mailbox>,
+    figures: Arc<SpatialFigures>,
+    viewers: HashMap<u64, Viewer>,
+    schedule: Scheduler<u64>,
+    /// Viewers whose interval is longer than the world's tick, or that wait a delay: their
+    /// entries are asked for a pass before they are due.
+    slow: HashSet<u64>,
+    /// New viewers not yet sent anything: the same, as the pass that encoded the snapshots of
+    /// their cells may come before they are due.
+    fresh: HashSet<u64>,
+    due: Vec<Due<u64>>,
+}
+
+impl Delivery {
+    pub fn new(figures: Arc<SpatialFigures>) -> Delivery {
+        Delivery {
+            mailbox: Arc::default(),
+            figures,
+            viewers: HashMap::new(),
+            schedule: Scheduler::new(),
+            slow: HashSet::new(),
+            fresh: HashSet::new(),
+            due: Vec::new(),
+        }
+    }
+
+    pub fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.mailbox
+    }
+
+    /// The delivery's task on an I/O thread: a run whenever the world posts a pass, until the
+    /// world closes the mailbox. Each run's CPU time goes into `spatial_delivery_cpu_seconds`.
+    pub async fn serve(mut self) {
+        loop {
+            self.mailbox.wake.notified().await;
+            if self.mailbox.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let cpu = tickwire_transport::thread_cpu_time();
+            tickwire_transport::wake_batch::batch(|| self.run(Instant::now()));
+            if let (Some(before), Some(after)) = (cpu, tickwire_transport::thread_cpu_time()) {
+                self.figures.delivery_cpu.record(after.saturating_sub(before));
+            }
+        }
+    }
+
+    /// Applies the views the world posted, then delivers the latest pass, if any, at `now`.
+    /// Returns how many viewers were queued a message.
+    pub fn run(&mut self, now: Instant) -> u64 {
+        let (passes, changes) = {
+            let mut inbox = lock(&self.mailbox.inbox);
+            (std::mem::take(&mut inbox.passes), std::mem::take(&mut inbox.changes))
+        };
+        let mut report = Report::default();
+        let tick = passes.front().map(|f| f.tick);
+        for (conn, change) in changes {
+            self.apply(conn, change, tick);
+        }
+        let waited = passes.len().saturating_sub(1) as u64;
+        self.figures.passes_waited.fetch_add(waited, Ordering::Relaxed);
+        let mut sent = 0;
+        for frame in &passes {
+            sent += self.deliver(frame, now, &mut report);
+        }
+        if !report.wants.is_empty() || !report.gone.is_empty() {
+            let mut out = lock(&self.mailbox.report);
+            out.wants.extend(report.wants);
+            out.gone.extend(report.gone);
+        }
+        sent
+    }
+
+    fn forget(&mut self, conn: u64) {
+        if let Some(viewer) = self.viewers.remove(&conn) {
+            viewer.handle.flow.lock().forget(WORLD_KEY);
+        }
+        self.schedule.leave(conn);
+        self.slow.remove(&conn);
+        self.fresh.remove(&conn);
+    }
+
+    fn apply(&mut self, conn: u64, change: Change, tick: Option<std::time::Duration>) {
+        if change.cleared
+            && let Some(viewer) = self.viewers.get_mut(&conn)
+        {
+            for (cell, _) in viewer.held.drain(..) {
+                unsubscribed(&viewer.handle, cell);
+            }
+        }
+        match change.then {
+            None => {}
+            Some(Then::Gone) => self.forget(conn),
+            Some(Then::Show(view)) => {
+                let codec = codec_index(view.codec);
+                let viewer = self.viewers.entry(conn).or_insert_with(|| {
+                    self.fresh.insert(conn);
+                    Viewer { handle: view.handle.clone(), codec, held: Vec::new() }
+                });
+                if viewer.codec != codec {
+                    viewer.codec = codec;
+                    viewer.held.iter_mut().for_each(|(_, held)| *held = None);
+                }
+                // Cells that left the view: the client drops their entities (section 14.2).
+                viewer.held.retain(|&(cell, _)| {
+                    let keep = view.cells.binary_search(&cell).is_ok();
+                    if !keep {
+                        unsubscribed(&viewer.handle, cell);
+                    }
+                    keep
+                });
+                let mut entered = false;
+                for &cell in &view.cells {
+                    if let Err(at) = viewer.held.binary_search_by_key(&cell, |&(c, _)| c) {
+                        viewer.held.insert(at, (cell, None));
+                        entered = true;
+                    }
+                }
+                if !self.schedule.set_options(conn, view.options, false) {
+                    self.schedule.join(conn, view.options, view.at, 0);
+                }
+                if entered {
+                    // Due again even if nothing in the world changed: the new cells need
+                    // snapshots.
+                    self.schedule.resnapshot(conn);
+                }
+                if !view.options.delay.is_zero() || tick.is_none_or(|t| view.options.interval > t) {
+                    self.slow.insert(conn);
+                } else {
+                    self.slow.remove(&conn);
+                }
+            }
+        }
+    }
+
+    /// Delivers `frame` to every due viewer.
+    fn deliver(&mut self, frame: &Frame, now: Instant, report: &mut Report) -> u64 {
+        let Delivery { viewers, schedule, due, slow, fresh, .. } = self;
+        for (&conn, viewer) in viewers.iter_mut() {
+            if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
+                viewer.held.iter_mut().for_each(|(_, held)| *held = None);
+                schedule.rewind(conn, None);
+            }
+        }
+        due.clear();
+        schedule.due(frame.scheduled, frame.world_version, due);
+        let mut counts = Counts::default();
+        let mut sent = 0;
+        let mut parts: Vec<Bytes> = Vec::new();
+        // (index in `held`, version reached).
+        let mut advanced: Vec<(usize, Version)> = Vec::new();
+        // Viewers due at the next pass whose entries this one lacked.
+        let mut behind: Vec<u64> = Vec::new();
+        for &Due { id: conn, from } in due.iter() {
+            let Some(viewer) = viewers.get_mut(&conn) else { continue };
+            let cells = &frame.cells;
+            let stale = viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].version));
+            if !stale {
+                let outcome =
+                    if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: frame.world_version } };
+                schedule.record(conn, frame.scheduled, outcome);
+                continue;
+            }
+            // A viewer without room is refused before its message is gathered.
+            if let Err(hold) = viewer.handle.flow.room(now) {
+                counts.held_back[hold.index()] += 1;
+                schedule.record(conn, frame.scheduled, Outcome::Refused);
+                behind.push(conn);
+                continue;
+            }
+            parts.clear();
+            advanced.clear();
+            let mut missing = false;
+            let mut catch_up = 0;
+            for (at, &(cell, held)) in viewer.held.iter().enumerate() {
+                let c = &cells[cell as usize];
+                if held == Some(c.version) {
+                    continue;
+                }
+                let (base, instead) = base_for(held, c, viewer.codec);
+                // A snapshot the pass has serves anyone whose own entry it lacks.
+                let entry = c.find(base, viewer.codec).or_else(|| c.find(0, viewer.codec));
+                match entry {
+                    Some(entry) => {
+                        parts.push(entry.field.clone());
+                        advanced.push((at, entry.to));
+                        if held.is_some() && (instead || entry.from != base) {
+                            catch_up += 1;
+                        }
+                    }
+                    None => {
+                        report.wants.insert((cell, held, viewer.codec));
+                        missing = true;
+                    }
+                }
+            }
+            if parts.is_empty() {
+                // Nothing this pass had: the next has it (asked for above).
+                schedule.record(conn, frame.scheduled, Outcome::Refused);
+                continue;
+            }
+            let next = Vec::with_capacity(parts.len());
+            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut parts, next) };
+            match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
+                Ok(()) => {
+                    for &(at, to) in &advanced {
+                        viewer.held[at].1 = Some(to);
+                    }
+                    counts.fanouts += 1;
+                    counts.catch_up += catch_up;
+                    fresh.remove(&conn);
+                    sent += 1;
+                    // A viewer still missing a cell is not at the world's version: due again.
+                    let to = if missing { 0 } else { frame.world_version };
+                    schedule.record(conn, frame.scheduled, Outcome::Sent { to });
+                }
+                Err(PushError::Full) => {
+                    counts.held_back[HELD_BACK_QUEUE] += 1;
+                    schedule.record(conn, frame.scheduled, Outcome::Refused);
+                    behind.push(conn);
+                }
+                Err(PushError::Closed) => report.gone.push(conn),
+            }
+        }
+        // Ask now for what the next pass's due viewers will need and would not find: the
+        // entries of viewers refused now, of those due less often, and of new ones not yet
+        // due, from the versions they hold. The world encodes them at the next pass's versions.
+        let next = frame.scheduled + frame.tick;
+        let soon = slow
+            .iter()
+            .chain(fresh.iter())
+            .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next));
+        for conn in behind.iter().chain(soon) {
+            let Some(viewer) = viewers.get(conn) else { continue };
+            for &(cell, held) in &viewer.held {
+                let c = &frame.cells[cell as usize];
+                if held != Some(c.version) {
+                    report.wants.insert((cell, held, viewer.codec));
+                }
+            }
+        }
+        for &conn in &report.gone {
+            self.forget(conn);
+        }
+        self.count(&counts);
+        sent
+    }
+
+    fn count(&self, counts: &Counts) {
+        let f = &self.figures;
+        f.fanouts.fetch_add(counts.fanouts, Ordering::Relaxed);
+        f.catch_up_snapshots.fetch_add(counts.catch_up, Ordering::Relaxed);
+        let held_back: u64 = counts.held_back.iter().sum();
+        if held_back > 0 {
+            f.coalesced.fetch_add(held_back, Ordering::Relaxed);
+            for (n, &k) in f.held_back.iter().zip(&counts.held_back) {
+                n.fetch_add(k, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Tells a viewer's client that a cell left its view.
+fn unsubscribed(handle: &SessionHandle, cell: u32) {
+    let event = ChannelEvent {
+        channel_id: CELL_BASE + u64::from(cell),
+        kind: ChannelEventKind::Unsubscribed as i32,
+        reason: "left the area of interest".into(),
+    };
+    let _ = handle.push("channel.event", event.encode_to_vec().into());
+}
