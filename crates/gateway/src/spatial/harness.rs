@@ -139,6 +139,9 @@ pub struct PassCounts {
     /// Server frames that went out in one pass with the frame of the same server before them
     /// (`spatial_frames_merged`).
     pub frames_merged: u64,
+    /// Passes a delivery dropped undelivered, having too many waiting
+    /// (`spatial_delivery_passes_dropped`).
+    pub passes_dropped: u64,
 }
 
 /// Why the harness could not be set up or driven, or a client could not read what it got.
@@ -315,6 +318,18 @@ impl WorldHarness {
         self.world.tick(scheduled, now)
     }
 
+    /// The world's side of a pass due at `scheduled`: encoded and handed to the deliveries,
+    /// but not delivered yet, as when the I/O threads get to it late. [`WorldHarness::deliver`]
+    /// delivers what is waiting.
+    pub fn pass_without_delivery(&mut self, scheduled: Instant) {
+        self.world.post_pass(scheduled);
+    }
+
+    /// Delivers the passes waiting (in order) at `now`; how many viewers got a message.
+    pub fn deliver(&mut self, now: Instant) -> u64 {
+        self.world.inline.run(now)
+    }
+
     /// Reads every session's outbox, as clients that keep up would, acknowledging each update
     /// at `now`. Returns the messages and bytes the clients (not the servers) received, or
     /// the first update a kept replica could not apply.
@@ -389,6 +404,7 @@ impl WorldHarness {
             held_back_by: std::array::from_fn(|i| f.held_back[i].load(Ordering::Relaxed)),
             catch_up_snapshots: f.catch_up_snapshots.load(Ordering::Relaxed),
             frames_merged: f.frames_merged.load(Ordering::Relaxed),
+            passes_dropped: f.passes_dropped.load(Ordering::Relaxed),
         }
     }
 }
@@ -527,6 +543,82 @@ mod tests {
         // Every update applied to the slow client's replica: each was a delta from what it held.
         h.tick(start + ms * 1020);
         h.drain(start + ms * 1020).expect("every update applies");
+        assert_eq!(h.replicas_differ(), None);
+    }
+
+    /// A world whose 12 clients (each seeing a 30 m sphere) keep replicas, with a frame
+    /// changing every entity published before each of `passes` passes, the world's side of
+    /// each due 20 ms apart from `start`, none delivered yet.
+    fn passes_waiting(passes: u32) -> (WorldHarness, Instant) {
+        let start = Instant::now();
+        let mut h = small_world(start);
+        h.keep_replicas();
+        let mut spawned = HashMap::new();
+        for i in 0..12 {
+            // Two rows, both in the blocks of servers 0 and 1.
+            let at = [5.0 + (i % 6) as f32 * 19.0, 0.0, 5.0 + (i / 6) as f32 * 50.0];
+            spawned.insert(h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start).expect("spawned"), at);
+        }
+        let ms = Duration::from_millis(1);
+        for pass in 1..=passes {
+            h.publish_frame(|id| (spawned[&id], format!(r#"{{"yaw": {pass}}}"#))).expect("published");
+            h.pass_without_delivery(start + ms * (20 * pass));
+        }
+        (h, start)
+    }
+
+    #[test]
+    fn a_delivery_that_runs_late_delivers_the_passes_waiting_in_order() {
+        let (mut h, start) = passes_waiting(3);
+        let now = start + Duration::from_millis(65);
+        // Every viewer was due at each of the 3 passes: the first gives the 12 clients and the
+        // 4 servers their snapshots, the others a delta to the clients and the 2 servers whose
+        // blocks hold the entities.
+        assert_eq!(h.deliver(now), 16 + 2 * 14);
+        let (messages, _) = h.drain(now).expect("every update applies, in order");
+        assert_eq!(messages, 3 * 12, "a message per client per pass");
+        assert_eq!(h.replicas_differ(), None);
+        assert_eq!(h.counts().passes_dropped, 0);
+    }
+
+    #[test]
+    fn passes_past_what_a_delivery_holds_are_dropped_and_their_changes_merge_into_the_next() {
+        let (mut h, start) = passes_waiting(11);
+        let now = start + Duration::from_millis(225);
+        // 8 passes wait at most; the 3 oldest went, the snapshots of the first among them.
+        assert_eq!(h.counts().passes_dropped, 3);
+        // So the 8 left have nothing a client can apply: nothing is sent, and the snapshots are
+        // asked for ...
+        assert_eq!(h.deliver(now), 0);
+        assert_eq!(h.drain(now).expect("read").0, 0);
+        // ... and come with the next pass.
+        let later = start + Duration::from_millis(240);
+        h.tick(later);
+        h.drain(later).expect("every update applies");
+        assert_eq!(h.replicas_differ(), None);
+    }
+
+    #[test]
+    fn a_new_client_due_after_the_pass_that_encoded_its_snapshots_gets_them_all_at_once() {
+        let start = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut h = small_world(start);
+        h.keep_replicas();
+        h.spawn_player([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 5.0, start).expect("spawned");
+        // The pass due at 20 ms runs at 22 ms and encodes the snapshots of the cells of two
+        // new clients, neither due at it: one joined at 1 ms with a 30 ms delay, the other at
+        // 21 ms, after the pass's due instant. Both are first due at the pass at 40 ms, which
+        // would encode no snapshot of its own.
+        let delayed = SubscriptionOptions { fanout_delay_ms: 30, ..Default::default() };
+        h.spawn_player_with([30.0, 0.0, 30.0], r#"{"yaw": 0}"#, 25.0, delayed, start + ms).expect("spawned");
+        h.spawn_player([90.0, 0.0, 90.0], r#"{"yaw": 0}"#, 25.0, start + ms * 21).expect("spawned");
+        let new = |i: usize| i > 0;
+        h.tick_late(start + ms * 20, start + ms * 22);
+        assert_eq!(h.drain_clients(start + ms * 22, new).expect("read").0, 0, "not due yet");
+        h.tick(start + ms * 40);
+        assert_eq!(h.drain_clients(start + ms * 40, new).expect("read").0, 2, "a message each");
+        // Each held every cell in view: the replicas match.
+        h.drain(start + ms * 40).expect("read");
         assert_eq!(h.replicas_differ(), None);
     }
 

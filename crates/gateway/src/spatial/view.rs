@@ -235,6 +235,8 @@ impl World {
             return;
         }
         let cells = self.cells_of_area(&viewer.area.centred_at(position));
+        let mut cells = cells;
+        cells.sort_unstable();
         if cells.len() <= self.settings.max_view_cells && cells != viewer.cells {
             self.show(conn, &cells);
         }
@@ -290,6 +292,13 @@ impl World {
     /// past the next pass, which would skip it there: the schedules see passes a whole number
     /// of ticks apart.
     pub fn tick(&mut self, scheduled: Instant, now: Instant) -> u64 {
+        self.post_pass(scheduled);
+        self.inline.run(now)
+    }
+
+    /// [`World::tick`] but for the world's own delivery: the pass, encoded and handed to every
+    /// delivery, the world's own included, which has not run it yet.
+    pub fn post_pass(&mut self, scheduled: Instant) {
         let mut changed = Vec::new();
         for (index, cell) in self.cells.iter_mut().enumerate() {
             let before = cell.state.version();
@@ -342,8 +351,7 @@ impl World {
         for mailbox in self.deliveries.values() {
             dropped += u64::from(mailbox.pass(frame.clone()));
         }
-        self.inline.mailbox().pass(frame);
+        dropped += u64::from(self.inline.mailbox().pass(frame));
         self.figures.passes_dropped.fetch_add(dropped, Ordering::Relaxed);
-        self.inline.run(now)
     }
 }
