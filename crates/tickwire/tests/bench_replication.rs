@@ -61,6 +61,7 @@ fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
     assert!(step["fanout_hz"]["p5"].as_f64().unwrap() > 25.0, "{step}");
     assert!(step.get("held_back_per_client_per_s").is_none(), "a spatial figure: {step}");
     assert!(step.get("cell_encodings_per_pass").is_none(), "a spatial figure: {step}");
+    assert!(step.get("delivery_cpu_mean_ms").is_none(), "a spatial figure: {step}");
 }
 
 #[test]
@@ -75,4 +76,7 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     // 30 characters walk: on average at least one cell changes per pass, and each changed cell
     // is encoded at least once for the clients that keep up.
     assert!(step["cell_encodings_per_pass"].as_f64().is_some_and(|e| e >= 1.0), "{step}");
+    // The gateway's sessions run on its I/O threads, so each pass was delivered there, with no
+    // gap or repeat (checked above) across the handover of work from the world's thread.
+    assert!(step["delivery_cpu_mean_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{step}");
 }
