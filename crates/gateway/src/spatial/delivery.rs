@@ -202,7 +202,8 @@ impl Delivery {
     }
 
     /// The delivery's task on an I/O thread: a run whenever the world posts a pass, until the
-    /// world closes the mailbox. Each run's CPU time goes into `spatial_delivery_cpu_seconds`.
+    /// world closes the mailbox. The CPU time of each run that had viewers goes into
+    /// `spatial_delivery_cpu_seconds`.
     pub async fn serve(mut self) {
         loop {
             self.mailbox.wake.notified().await;
@@ -211,7 +212,10 @@ impl Delivery {
             }
             let cpu = tickwire_transport::thread_cpu_time();
             tickwire_transport::wake_batch::batch(|| self.run(Instant::now()));
-            if let (Some(before), Some(after)) = (cpu, tickwire_transport::thread_cpu_time()) {
+            // Runs of a delivery left with no viewers are not deliveries of a pass to anyone.
+            if let (Some(before), Some(after), false) =
+                (cpu, tickwire_transport::thread_cpu_time(), self.viewers.is_empty())
+            {
                 self.figures.delivery_cpu.record(after.saturating_sub(before));
             }
         }

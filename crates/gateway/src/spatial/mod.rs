@@ -11,6 +11,8 @@
 //! JSON and JavaScript).
 
 mod delivery;
+#[cfg(test)]
+mod delivery_simulation;
 mod frame;
 #[cfg(any(test, feature = "harness"))]
 pub(crate) mod harness;

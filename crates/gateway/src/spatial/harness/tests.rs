@@ -1,0 +1,298 @@
+//! The harness's own tests: what the world's passes send, counted and replayed into replicas.
+
+use std::time::Duration;
+
+use super::*;
+
+/// A 6×6 world of 20 m cells over 2×2 servers, every server registered at `start`.
+fn small_world(start: Instant) -> WorldHarness {
+    let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+    WorldHarness::new(&overrides.map(String::from), start).expect("a harness")
+}
+
+#[test]
+fn every_client_gets_one_message_per_pass_after_a_frame() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    let mut spawned = std::collections::HashMap::new();
+    for i in 0..40 {
+        let at = [5.0 + (i % 10) as f32 * 11.0, 0.0, 5.0 + (i / 10) as f32 * 27.0];
+        spawned.insert(h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned"), at);
+    }
+    let mut now = start;
+    // The first pass gives every viewer its snapshots (the 4 servers see their blocks);
+    // every later one a delta.
+    for frame in 1..=3 {
+        let ignored = h
+            .publish_frame(|id| {
+                let at = spawned[&id];
+                ([at[0] + frame as f32 * 0.1, 0.0, at[2]], format!(r#"{{"yaw": {frame}}}"#))
+            })
+            .expect("published");
+        assert_eq!(ignored, 0, "every entity is its server's");
+        now += Duration::from_millis(20);
+        assert_eq!(h.tick(now), 44, "frame {frame}: every viewer changed");
+        let (messages, bytes) = h.drain(now).expect("read");
+        assert_eq!(messages, 40, "frame {frame}: one message per client");
+        assert!(bytes > 40 * 10, "frame {frame}: {bytes} bytes");
+    }
+    now += Duration::from_millis(20);
+    assert_eq!(h.tick(now), 0, "nothing changed, nothing sent");
+    assert_eq!(h.drain(now).expect("read").0, 0);
+    // Frame 3's values published again change nothing either (docs/protocol.md 13.4).
+    h.publish_frame(|id| {
+        let at = spawned[&id];
+        ([at[0] + 0.3, 0.0, at[2]], r#"{"yaw": 3}"#.into())
+    })
+    .expect("published");
+    now += Duration::from_millis(20);
+    assert_eq!(h.tick(now), 0, "the same values again: nothing sent");
+    // A value that does not fit the schema is refused, not counted as ignored.
+    let refused = h.publish_frame(|id| (spawned[&id], r#"{"yaw": "north"}"#.into()));
+    assert!(matches!(refused, Err(HarnessError::Refused { what: "a publish", .. })), "{refused:?}");
+}
+
+#[test]
+fn frames_of_a_server_between_two_passes_after_the_first_count_as_merged() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    let at = [5.0, 0.0, 5.0];
+    h.spawn_player(at, r#"{"yaw": 0.5}"#, 30.0, start).expect("spawned");
+    let frame = |h: &mut WorldHarness, yaw: u32| {
+        h.publish_frame(|_| (at, format!(r#"{{"yaw": {yaw}}}"#))).expect("published")
+    };
+    frame(&mut h, 1);
+    h.tick(start + Duration::from_millis(20));
+    assert_eq!(h.counts().frames_merged, 0, "one frame per server and pass");
+    for yaw in 2..=4 {
+        frame(&mut h, yaw);
+    }
+    h.tick(start + Duration::from_millis(40));
+    // Each of the 4 servers published 3 frames since the last pass: 2 merged each (3 of
+    // them own no entity; their empty publishes count too).
+    assert_eq!(h.counts().frames_merged, 8);
+    h.tick(start + Duration::from_millis(60));
+    assert_eq!(h.counts().frames_merged, 8, "a pass with no frame merges none");
+}
+
+#[test]
+fn a_pass_that_runs_late_does_not_make_the_next_one_skip_a_client() {
+    let start = Instant::now();
+    let ms = Duration::from_millis(1);
+    let mut h = small_world(start);
+    let at = [5.0, 0.0, 5.0];
+    assert_eq!(h.tick(start), 4, "the servers' first pass: a snapshot each");
+    // The client joins 1 ms into the first tick, so it is due 1 ms after each pass's due
+    // instant, and a frame comes before every pass.
+    h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start + ms).expect("spawned");
+    let mut served = Vec::new();
+    // The pass due at 80 ms runs at 95 ms. Had the schedule run on the clock, the client
+    // would next be due at 115 ms, and the pass at 100 ms would skip it. Every client reads
+    // and acknowledges each pass's updates as it ends, so no window holds one back.
+    for (yaw, (due, ran)) in
+        [(20, 20), (40, 40), (60, 60), (80, 95), (100, 100), (120, 120)].into_iter().enumerate()
+    {
+        h.publish_frame(|_| (at, format!(r#"{{"yaw": {yaw}}}"#))).expect("published");
+        served.push(h.tick_late(start + ms * due, start + ms * ran));
+        h.drain(start + ms * ran).expect("every update applies");
+    }
+    // Each pass: the client and the server whose block holds its entity.
+    assert_eq!(served, [2; 6]);
+}
+
+#[test]
+fn a_client_with_a_long_interval_gets_one_merged_update_per_interval() {
+    let start = Instant::now();
+    let ms = Duration::from_millis(1);
+    let mut h = small_world(start);
+    h.keep_replicas();
+    // Two clients in one cell: one at the default interval (a pass, 20 ms), one at 200 ms
+    // (as `lofi`), joined 1 ms in.
+    let (fast, slow) = ([5.0, 0.0, 5.0], [8.0, 0.0, 5.0]);
+    h.spawn_player(fast, r#"{"yaw": 0}"#, 5.0, start).expect("spawned");
+    let lofi = SubscriptionOptions { fanout_interval_ms: 200, ..Default::default() };
+    h.spawn_player_with(slow, r#"{"yaw": 0}"#, 5.0, lofi, start + ms).expect("spawned");
+    let first: u64 = h.entity_ids().next().expect("spawned");
+    let mut got: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    // A second of frames, each changing both entities, a pass after each.
+    for frame in 1..=50u32 {
+        let at = |id: u64| if id == first { fast } else { slow };
+        h.publish_frame(|id| (at(id), format!(r#"{{"yaw": {frame}}}"#))).expect("published");
+        let now = start + ms * (20 * frame);
+        h.tick(now);
+        for (client, got) in got.iter_mut().enumerate() {
+            let (messages, _) = h.drain_clients(now, |i| i == client).expect("every update applies");
+            got.extend((0..messages).map(|_| 20 * frame));
+        }
+    }
+    assert_eq!(got[0], (1..=50).map(|f| 20 * f).collect::<Vec<_>>(), "one update a pass");
+    // The first at the first pass after the join (20 ms), then one every 200 ms: the due
+    // time counts from the previous due time (1 ms in), and each pass serves those due.
+    assert_eq!(got[1], [20, 220, 420, 620, 820], "one merged update per 200 ms");
+    // Every update applied to the slow client's replica: each was a delta from what it held.
+    h.tick(start + ms * 1020);
+    h.drain(start + ms * 1020).expect("every update applies");
+    assert_eq!(h.replicas_differ(), None);
+}
+
+/// A world whose 12 clients (each seeing a 30 m sphere) keep replicas, with a frame
+/// changing every entity published before each of `passes` passes, the world's side of
+/// each due 20 ms apart from `start`, none delivered yet.
+fn passes_waiting(passes: u32) -> (WorldHarness, Instant) {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let mut spawned = HashMap::new();
+    for i in 0..12 {
+        // Two rows, both in the blocks of servers 0 and 1.
+        let at = [5.0 + (i % 6) as f32 * 19.0, 0.0, 5.0 + (i / 6) as f32 * 50.0];
+        spawned.insert(h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start).expect("spawned"), at);
+    }
+    let ms = Duration::from_millis(1);
+    for pass in 1..=passes {
+        h.publish_frame(|id| (spawned[&id], format!(r#"{{"yaw": {pass}}}"#))).expect("published");
+        h.pass_without_delivery(start + ms * (20 * pass));
+    }
+    (h, start)
+}
+
+#[test]
+fn a_delivery_that_runs_late_delivers_the_passes_waiting_in_order() {
+    let (mut h, start) = passes_waiting(3);
+    let now = start + Duration::from_millis(65);
+    // Every viewer was due at each of the 3 passes: the first gives the 12 clients and the
+    // 4 servers their snapshots, the others a delta to the clients and the 2 servers whose
+    // blocks hold the entities.
+    assert_eq!(h.deliver(now), 16 + 2 * 14);
+    let (messages, _) = h.drain(now).expect("every update applies, in order");
+    assert_eq!(messages, 3 * 12, "a message per client per pass");
+    assert_eq!(h.replicas_differ(), None);
+    assert_eq!(h.counts().passes_dropped, 0);
+}
+
+#[test]
+fn passes_past_what_a_delivery_holds_are_dropped_and_their_changes_merge_into_the_next() {
+    let (mut h, start) = passes_waiting(11);
+    let now = start + Duration::from_millis(225);
+    // 8 passes wait at most; the 3 oldest went, the snapshots of the first among them.
+    assert_eq!(h.counts().passes_dropped, 3);
+    // So the 8 left have nothing a client can apply: nothing is sent, and the snapshots are
+    // asked for ...
+    assert_eq!(h.deliver(now), 0);
+    assert_eq!(h.drain(now).expect("read").0, 0);
+    // ... and come with the next pass.
+    let later = start + Duration::from_millis(240);
+    h.tick(later);
+    h.drain(later).expect("every update applies");
+    assert_eq!(h.replicas_differ(), None);
+}
+
+#[test]
+fn a_new_client_due_after_the_pass_that_encoded_its_snapshots_gets_them_all_at_once() {
+    let start = Instant::now();
+    let ms = Duration::from_millis(1);
+    let mut h = small_world(start);
+    h.keep_replicas();
+    h.spawn_player([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 5.0, start).expect("spawned");
+    // The pass due at 20 ms runs at 22 ms and encodes the snapshots of the cells of two
+    // new clients, neither due at it: one joined at 1 ms with a 30 ms delay, the other at
+    // 21 ms, after the pass's due instant. Both are first due at the pass at 40 ms, which
+    // would encode no snapshot of its own.
+    let delayed = SubscriptionOptions { fanout_delay_ms: 30, ..Default::default() };
+    h.spawn_player_with([30.0, 0.0, 30.0], r#"{"yaw": 0}"#, 25.0, delayed, start + ms).expect("spawned");
+    h.spawn_player([90.0, 0.0, 90.0], r#"{"yaw": 0}"#, 25.0, start + ms * 21).expect("spawned");
+    let new = |i: usize| i > 0;
+    h.tick_late(start + ms * 20, start + ms * 22);
+    assert_eq!(h.drain_clients(start + ms * 22, new).expect("read").0, 0, "not due yet");
+    h.tick(start + ms * 40);
+    assert_eq!(h.drain_clients(start + ms * 40, new).expect("read").0, 2, "a message each");
+    // Each held every cell in view: the replicas match.
+    h.drain(start + ms * 40).expect("read");
+    assert_eq!(h.replicas_differ(), None);
+}
+
+/// 40 clients on a 6×6 world, their entities two by two in 20 cells, one in three reading
+/// JSON updates and the others binary ones. One client in four
+/// reads once every 20 passes (400 ms: its window fills and holds updates back), in 10
+/// phases, so they fall behind from different versions. Every frame publishes
+/// `value(frame, i)` for every entity (`i` in spawn order). Checks that every update read
+/// applies to the client's replica of its cell, and that once everyone reads, every client
+/// holds a replica of each cell in its view, equal to the cell. Returns what the passes
+/// counted.
+fn clients_behind(value: impl Fn(usize, usize) -> String) -> PassCounts {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let mut spawned = std::collections::HashMap::new();
+    // Two by two: each of the 20 cells with an entity holds two.
+    for i in 0..40 {
+        let x = 5.0 + (i % 10 / 2) as f32 * 20.0 + (i % 2) as f32 * 8.0;
+        let at = [x, 0.0, 5.0 + (i / 10) as f32 * 27.0];
+        let codec = if i % 3 == 0 { DeltaCodec::Json } else { DeltaCodec::Binary };
+        let id = h.spawn_player_in(at, &value(0, i), 30.0, codec, start).expect("spawned");
+        spawned.insert(id, (at, i));
+    }
+    let reads = |frame: usize| move |i: usize| !i.is_multiple_of(4) || (frame + i / 4).is_multiple_of(20);
+    let mut now = start;
+    for frame in 1..=100usize {
+        h.publish_frame(|id| (spawned[&id].0, value(frame, spawned[&id].1))).expect("published");
+        now += Duration::from_millis(20);
+        h.tick(now);
+        h.drain_clients(now, reads(frame)).expect("every update applies to its replica");
+    }
+    let counts = h.counts();
+    assert!(counts.held_back > 0, "the clients behind were held back: {counts:?}");
+    // Reading every 400 ms, these clients show a low delivery rate: their windows hold by
+    // bytes. Their sessions' queues never refuse an update.
+    assert!(counts.held_back_by[tickwire_fanout::Hold::Bytes.index()] > 0, "{counts:?}");
+    assert_eq!(counts.held_back_by[super::super::HELD_BACK_QUEUE], 0, "{counts:?}");
+    for _ in 0..3 {
+        now += Duration::from_millis(20);
+        h.tick(now);
+        h.drain(now).expect("every update applies to its replica");
+    }
+    assert_eq!(h.replicas_differ(), None);
+    // And the check sees a replica that has not read the latest pass.
+    h.publish_frame(|id| (spawned[&id].0, value(1000, spawned[&id].1))).expect("published");
+    h.tick(now + Duration::from_millis(20));
+    assert!(h.replicas_differ().is_some());
+    counts
+}
+
+#[test]
+fn clients_behind_get_the_snapshot_of_a_cell_whose_every_entity_changed() {
+    // Every entity changes every frame: a delta is about a snapshot's size.
+    let counts = clients_behind(|frame, _| {
+        let f = frame as f32;
+        format!(r#"{{"pos": [{f}, {}, 1.5], "yaw": {}, "data": "d{frame}"}}"#, f * 0.5, f * 0.01)
+    });
+    assert!(counts.catch_up_snapshots > 0, "{counts:?}");
+}
+
+#[test]
+fn clients_behind_get_the_snapshot_of_a_cell_whose_every_entity_moved() {
+    // The B3 bots' shape: every entity moves every frame, its other fields stay. Only the
+    // position is sent (docs/protocol.md 13.4), so a delta is under 3/4 of a snapshot's
+    // size but over half of it: a viewer behind would need a delta of its own nearly as
+    // large as the snapshot that every viewer behind shares.
+    let counts = clients_behind(|frame, i| {
+        let f = frame as f32;
+        format!(r#"{{"pos": [{f}, 0, {}], "yaw": 1.25, "data": "bot-{i:04}-run"}}"#, f * 0.5)
+    });
+    assert!(counts.catch_up_snapshots > 0, "{counts:?}");
+}
+
+#[test]
+fn clients_behind_get_a_merged_delta_of_a_cell_that_changed_a_little() {
+    // One entity in eight changes each frame, never both of a cell's two; the others publish
+    // their position only (an empty value), which changes nothing: a delta is well under
+    // half the cell's snapshot (about a fifth).
+    let counts = clients_behind(|frame, i| {
+        if frame == 0 || (frame + i).is_multiple_of(8) {
+            format!(r#"{{"yaw": {}, "data": "{}"}}"#, frame % 6, "x".repeat(50))
+        } else {
+            String::new()
+        }
+    });
+    assert_eq!(counts.catch_up_snapshots, 0, "{counts:?}");
+}
