@@ -55,9 +55,9 @@ fn run(ops: &[Op], radii: &[u8]) -> Result<(), TestCaseError> {
     let mut h = WorldHarness::new(&overrides.map(String::from), start).expect("a harness");
     h.keep_replicas();
     let mut blocks = HashMap::new();
-    for k in 0..CLIENTS {
+    for (k, &radius) in radii.iter().enumerate() {
         let block = [(k % 2) as u32, ((k / 2) % 2) as u32];
-        let radius = 5.0 + f32::from(radii[k] % 30);
+        let radius = 5.0 + f32::from(radius % 30);
         // One client in three reads JSON, one in four at a 60 ms interval.
         let options = SubscriptionOptions {
             codec: if k % 3 == 0 { DeltaCodec::Json } else { DeltaCodec::Binary } as i32,
