@@ -306,6 +306,10 @@ const HELD_BACK_BY: &str = "spatial_updates_held_back{reason=\"";
 /// The world's count of server frames that went out in one pass with the frame before them:
 /// `frames_merged_per_server_per_s`.
 const FRAMES_MERGED: &str = "spatial_frames_merged";
+/// Passes a delivery found waiting behind another (its I/O thread a tick or more late), and
+/// passes it dropped: `deliveries_late_per_s`, `passes_dropped`.
+const PASSES_WAITED: &str = "spatial_delivery_passes_waited";
+const PASSES_DROPPED: &str = "spatial_delivery_passes_dropped";
 
 /// The world's counter of cell updates encoded (one per cell, version sent from and codec, per
 /// pass): `cell_encodings_per_pass`.
@@ -605,6 +609,10 @@ async fn hold(
         pass_cpu_mean_ms: pass_cpu.as_ref().map(|(_, mean, _)| *mean),
         cell_encodings_per_pass: pass_cpu.as_ref().and_then(|(.., encodings)| *encodings),
         delivery_cpu_ms: delivery_cpu.map(|(tick, _)| tick),
+        deliveries_late_per_s: (args.scenario == Scenario::Spatial && last.has(PASSES_WAITED))
+            .then(|| per_s(PASSES_WAITED)),
+        passes_dropped: (args.scenario == Scenario::Spatial && last.has(PASSES_DROPPED))
+            .then(|| (last.get(PASSES_DROPPED) - first_totals.get(PASSES_DROPPED)) as u64),
         delivery_cpu_mean_ms: delivery_cpu.map(|(_, mean)| mean),
         frames_not_published,
         frames_merged_per_server_per_s: (args.scenario == Scenario::Spatial && last.has(FRAMES_MERGED))

@@ -173,6 +173,15 @@ pub struct Step {
     /// The same deliveries' mean CPU time in ms (exact).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery_cpu_mean_ms: Option<f64>,
+    /// Scenario `spatial`: passes per second that a delivery found waiting behind another
+    /// when it ran, its I/O thread a tick or more late (`spatial_delivery_passes_waited` over the
+    /// hold). Each is still delivered, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_late_per_s: Option<f64>,
+    /// Scenario `spatial`: passes a delivery dropped over the hold, having 8 waiting
+    /// (`spatial_delivery_passes_dropped`); their changes reached its viewers merged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passes_dropped: Option<u64>,
     /// Game-server frames of the hold that were simulated but not published, because the
     /// gateway refused them as busy (`spatial`) or three earlier ones were unanswered (the
     /// servers' frame rate counts only frames the gateway took).
@@ -298,10 +307,12 @@ pub(super) fn print_row(step: &Step) {
     }
     if let (Some(cpu), Some(mean)) = (step.delivery_cpu_ms, step.delivery_cpu_mean_ms) {
         println!(
-            "  delivery CPU time per I/O thread per pass: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the rest of the pass, on the I/O threads in parallel",
+            "  delivery CPU time per I/O thread per pass: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the rest of the pass, on the I/O threads in parallel; {:.2} passes a second delivered a tick or more late, {} dropped",
             ms(cpu.p50),
             ms(cpu.p99),
             ms(cpu.max),
+            step.deliveries_late_per_s.unwrap_or(0.0),
+            step.passes_dropped.unwrap_or(0),
         );
     }
     let merged = step
