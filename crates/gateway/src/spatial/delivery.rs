@@ -16,14 +16,14 @@
 //! viewers will need at the next pass that this one did not have (for a viewer behind, or one
 //! due less often than every pass), and the viewers whose session has gone. A view change and
 //! a pass are applied in the order the world made them when the delivery keeps up; when it does
-//! not, it applies the latest view and then the latest pass, and an entry that pass lacks is
-//! asked for and sent one pass later. Nothing is lost either way: a viewer's version of a cell
-//! changes only when an update for it is queued.
+//! not, it applies the latest views and then every waiting pass in order, and an entry a pass
+//! lacks is asked for and sent with a later one. Nothing is lost either way: a viewer's version
+//! of a cell changes only when an update for it is queued.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hashbrown::{HashMap, HashSet};
@@ -72,7 +72,7 @@ pub(super) type Want = (u32, Option<Version>, usize);
 /// What a delivery tells the world after a run.
 #[derive(Debug, Default)]
 pub(super) struct Report {
-    /// Entries its viewers need that the pass did not have.
+    /// Entries its viewers need that its passes did not have, as of its latest run.
     pub wants: HashSet<Want>,
     /// Viewers whose session ended.
     pub gone: Vec<u64>,
@@ -81,7 +81,8 @@ pub(super) struct Report {
 /// Passes a delivery may have waiting. An I/O thread that gets no core for a while (the world's
 /// tick is 20 ms; a loaded machine's scheduler can keep a thread waiting longer) delivers the
 /// passes it missed in order when it runs, as the sessions' outboxes held them before; past
-/// this many, the oldest are dropped and their changes reach the viewers merged into the next.
+/// this many, the oldest are dropped, and viewers that needed them catch up from later passes
+/// (the world keeps encoding what a delivery asked for until it reports again).
 const MAX_WAITING_PASSES: usize = 8;
 
 #[derive(Debug, Default)]
@@ -140,9 +141,12 @@ impl Mailbox {
         dropped
     }
 
-    /// What the delivery reported since the last call.
+    /// What the delivery reported since the last call: its latest wants (kept, so that a
+    /// delivery that has not run since still gets them encoded in the next pass) and the
+    /// sessions it found gone (taken).
     pub fn take_report(&self) -> Report {
-        std::mem::take(&mut *lock(&self.report))
+        let mut report = lock(&self.report);
+        Report { wants: report.wants.clone(), gone: std::mem::take(&mut report.gone) }
     }
 
     /// The world has stopped: the delivery's task ends.
@@ -159,6 +163,15 @@ struct Viewer {
     /// The cells in view, sorted, and the version of each the client holds (`None`: it needs
     /// a snapshot).
     held: Vec<(u32, Option<Version>)>,
+}
+
+/// What a [`Delivery::run`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Run {
+    /// Viewers queued a message, over all its passes.
+    pub sent: u64,
+    /// Passes delivered.
+    pub passes: usize,
 }
 
 /// What one run counted, added to the world's figures once per run.
@@ -178,6 +191,8 @@ pub(super) struct Delivery {
     /// Viewers whose interval is longer than the world's tick, or that wait a delay: their
     /// entries are asked for a pass before they are due.
     slow: HashSet<u64>,
+    /// The world's tick: a viewer due less often is `slow`.
+    tick: Duration,
     /// New viewers not yet sent anything: the same, as the pass that encoded the snapshots of
     /// their cells may come before they are due.
     fresh: HashSet<u64>,
@@ -185,8 +200,9 @@ pub(super) struct Delivery {
 }
 
 impl Delivery {
-    pub fn new(figures: Arc<SpatialFigures>) -> Delivery {
+    pub fn new(figures: Arc<SpatialFigures>, tick: Duration) -> Delivery {
         Delivery {
+            tick,
             mailbox: Arc::default(),
             figures,
             viewers: HashMap::new(),
@@ -201,6 +217,12 @@ impl Delivery {
         &self.mailbox
     }
 
+    /// How many viewers it serves.
+    #[cfg(any(test, feature = "harness"))]
+    pub fn viewer_count(&self) -> usize {
+        self.viewers.len()
+    }
+
     /// The delivery's task on an I/O thread: a run whenever the world posts a pass, until the
     /// world closes the mailbox. The CPU time of each run that had viewers goes into
     /// `spatial_delivery_cpu_seconds`.
@@ -211,27 +233,27 @@ impl Delivery {
                 return;
             }
             let cpu = tickwire_transport::thread_cpu_time();
-            tickwire_transport::wake_batch::batch(|| self.run(Instant::now()));
-            // Runs of a delivery left with no viewers are not deliveries of a pass to anyone.
-            if let (Some(before), Some(after), false) =
-                (cpu, tickwire_transport::thread_cpu_time(), self.viewers.is_empty())
+            let run = tickwire_transport::wake_batch::batch(|| self.run(Instant::now()));
+            // Only runs that delivered a pass to someone: not a delivery left with no viewers,
+            // nor a run woken by a wake its previous run already served.
+            if let (Some(before), Some(after), true) =
+                (cpu, tickwire_transport::thread_cpu_time(), run.passes > 0 && !self.viewers.is_empty())
             {
                 self.figures.delivery_cpu.record(after.saturating_sub(before));
             }
         }
     }
 
-    /// Applies the views the world posted, then delivers the latest pass, if any, at `now`.
-    /// Returns how many viewers were queued a message.
-    pub fn run(&mut self, now: Instant) -> u64 {
+    /// Applies the views the world posted, then delivers every pass waiting, in order, at
+    /// `now`.
+    pub fn run(&mut self, now: Instant) -> Run {
         let (passes, changes) = {
             let mut inbox = lock(&self.mailbox.inbox);
             (std::mem::take(&mut inbox.passes), std::mem::take(&mut inbox.changes))
         };
         let mut report = Report::default();
-        let tick = passes.front().map(|f| f.tick);
         for (conn, change) in changes {
-            self.apply(conn, change, tick);
+            self.apply(conn, change);
         }
         let waited = passes.len().saturating_sub(1) as u64;
         self.figures.passes_waited.fetch_add(waited, Ordering::Relaxed);
@@ -239,12 +261,16 @@ impl Delivery {
         for frame in &passes {
             sent += self.deliver(frame, now, &mut report);
         }
-        if !report.wants.is_empty() || !report.gone.is_empty() {
+        // The latest run's wants replace the earlier ones (each run asks again for all it still
+        // lacks); a run with no pass asks for nothing new and leaves them.
+        if !passes.is_empty() || !report.gone.is_empty() {
             let mut out = lock(&self.mailbox.report);
-            out.wants.extend(report.wants);
+            if !passes.is_empty() {
+                out.wants = report.wants;
+            }
             out.gone.extend(report.gone);
         }
-        sent
+        Run { sent, passes: passes.len() }
     }
 
     fn forget(&mut self, conn: u64) {
@@ -256,7 +282,7 @@ impl Delivery {
         self.fresh.remove(&conn);
     }
 
-    fn apply(&mut self, conn: u64, change: Change, tick: Option<std::time::Duration>) {
+    fn apply(&mut self, conn: u64, change: Change) {
         if change.cleared
             && let Some(viewer) = self.viewers.get_mut(&conn)
         {
@@ -273,7 +299,9 @@ impl Delivery {
                     self.fresh.insert(conn);
                     Viewer { handle: view.handle.clone(), codec, held: Vec::new() }
                 });
-                if viewer.codec != codec {
+                // A new codec: every cell again from a snapshot, due even if nothing changed.
+                let mut entered = viewer.codec != codec;
+                if entered {
                     viewer.codec = codec;
                     viewer.held.iter_mut().for_each(|(_, held)| *held = None);
                 }
@@ -285,7 +313,6 @@ impl Delivery {
                     }
                     keep
                 });
-                let mut entered = false;
                 for &cell in &view.cells {
                     if let Err(at) = viewer.held.binary_search_by_key(&cell, |&(c, _)| c) {
                         viewer.held.insert(at, (cell, None));
@@ -300,7 +327,7 @@ impl Delivery {
                     // snapshots.
                     self.schedule.resnapshot(conn);
                 }
-                if !view.options.delay.is_zero() || tick.is_none_or(|t| view.options.interval > t) {
+                if !view.options.delay.is_zero() || view.options.interval > self.tick {
                     self.slow.insert(conn);
                 } else {
                     self.slow.remove(&conn);

@@ -327,7 +327,31 @@ impl WorldHarness {
 
     /// Delivers the passes waiting (in order) at `now`; how many viewers got a message.
     pub fn deliver(&mut self, now: Instant) -> u64 {
-        self.world.inline.run(now)
+        self.world.inline.run(now).sent
+    }
+
+    /// Client `index` (in spawn order) sends `spatial.interest` with `req` at `now`; the world's
+    /// answer.
+    pub fn set_interest(
+        &mut self,
+        index: usize,
+        req: SetInterest,
+        now: Instant,
+    ) -> tickwire_wire::proto::Response {
+        let id = self.request_id();
+        self.world.set_interest(&self.clients[index].handle, req, id, now)
+    }
+
+    /// Client `index`'s session ends: its outbox closes, so what is offered to it fails. The
+    /// world hears of it only through the world's own delivery.
+    pub fn close_client(&mut self, index: usize) {
+        self.clients[index].outbox.close();
+    }
+
+    /// How many viewers (servers included) the world and its own delivery each hold.
+    #[cfg(test)]
+    fn viewers(&self) -> (usize, usize) {
+        (self.world.viewers.len(), self.world.inline.viewer_count())
     }
 
     /// Reads every session's outbox, as clients that keep up would, acknowledging each update

@@ -135,7 +135,7 @@ pub(crate) struct SpatialFigures {
     /// Cell updates encoded by passes: one per cell, version sent from and codec, per pass.
     pub encodings: AtomicU64,
     /// Cell updates queued to a viewer whose version predated the cell's latest change as the
-    /// cell's snapshot, instead of a delta of its own (`World::tick`).
+    /// cell's snapshot, instead of a delta of its own (`frame::base_for`).
     pub catch_up_snapshots: AtomicU64,
     pub viewers: AtomicU64,
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
@@ -145,8 +145,7 @@ pub(crate) struct SpatialFigures {
     /// (`delivery.rs`): the rest of a pass's work, one run per I/O thread with viewers.
     pub delivery_cpu: PassTimes,
     /// Passes an I/O thread's delivery dropped undelivered, having fallen
-    /// `delivery::MAX_WAITING_PASSES` behind: their changes reached its viewers merged into a
-    /// later pass.
+    /// `delivery::MAX_WAITING_PASSES` behind: its viewers catch up from later passes.
     pub passes_dropped: AtomicU64,
     /// Passes a delivery found waiting behind another when it ran: its I/O thread got to it
     /// a tick or more late.
@@ -400,9 +399,11 @@ impl Router for SpatialRouter {
 
 /// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
 /// or every sender is gone. Each pass is scheduled at the instant its tick was due on the timer,
-/// not at the (later) instant it ran: see [`World::tick`]. Each pass's wall-clock time goes into
-/// the channels' `channel_tick_duration_seconds` (the world is one channel actor there), and this
-/// thread's CPU time over the pass into `spatial_pass_cpu_seconds`.
+/// not at the (later) instant it ran: see [`World::tick`]. The world's part of each pass
+/// (encoding it and handing it to the deliveries, plus the inline delivery of sessions on no
+/// I/O thread) goes into the channels' `channel_tick_duration_seconds` as wall-clock time (the
+/// world is one channel actor there) and into `spatial_pass_cpu_seconds` as this thread's CPU
+/// time; the deliveries on the I/O threads record theirs in `spatial_delivery_cpu_seconds`.
 async fn run(
     mut world: World,
     mut inbox: mpsc::Receiver<Msg>,

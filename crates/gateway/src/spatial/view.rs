@@ -168,7 +168,7 @@ impl World {
         let Some(runtime) = tickwire_transport::wake_batch::io_runtime(io) else {
             return self.inline.mailbox().clone();
         };
-        let delivery = Delivery::new(self.figures.clone());
+        let delivery = Delivery::new(self.figures.clone(), self.settings.tick);
         let mailbox = delivery.mailbox().clone();
         drop(runtime.spawn(delivery.serve()));
         self.deliveries.insert(io, mailbox.clone());
@@ -253,6 +253,16 @@ impl World {
         let (_, hi) = self.layout.bounds(received[received.len() - 1]);
         let area = Area::Box { min: [lo[0], f32::MIN, lo[1]], max: [hi[0], f32::MAX, hi[1]] };
         self.ensure_viewer(server, area, Follow::Off, now);
+        // Whatever the session set before it registered, a server sees its block.
+        if let Some(viewer) = self.viewers.get_mut(&server.conn_id()) {
+            viewer.area = area;
+            viewer.follow = Follow::Off;
+            viewer.options = Options {
+                interval: self.settings.fanout,
+                delay: Duration::ZERO,
+                skip_first_full_state: false,
+            };
+        }
         self.show_in(server.conn_id(), &cells, DeltaCodec::Binary);
     }
 
@@ -293,7 +303,7 @@ impl World {
     /// of ticks apart.
     pub fn tick(&mut self, scheduled: Instant, now: Instant) -> u64 {
         self.post_pass(scheduled);
-        self.inline.run(now)
+        self.inline.run(now).sent
     }
 
     /// [`World::tick`] but for the world's own delivery: the pass, encoded and handed to every
@@ -320,8 +330,10 @@ impl World {
         for mailbox in &mailboxes {
             let report = mailbox.take_report();
             wants.extend(report.wants);
+            // Through the mailbox too: a view change posted since the delivery found the
+            // session gone must not bring the viewer back there.
             for conn in report.gone {
-                self.forget_viewer(conn);
+                self.leave_view(conn);
             }
         }
         let World { cells, view_count, wanted, figures, .. } = self;

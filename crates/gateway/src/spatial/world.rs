@@ -40,10 +40,10 @@ pub(super) struct CellState {
     /// The version before the state's latest change, sealed by a pass: what a viewer that
     /// keeps up holds until its next update.
     pub previous: Version,
-    /// Per codec (`view::codec_index`): the length of the cell's latest snapshot entry encoded (0:
-    /// none yet), whatever version it was of. A guide for sending a viewer behind the snapshot
-    /// instead of a delta of its own (`World::tick`): a cell's size moves slowly, and a wrong
-    /// guess sends one of two valid updates where the other would have been smaller.
+    /// Per codec (`frame::codec_index`): the length of the cell's latest snapshot entry encoded
+    /// (0: none yet), whatever version it was of. A guide for sending a viewer behind the
+    /// snapshot instead of a delta of its own (`frame::base_for`): a cell's size moves slowly,
+    /// and a wrong guess sends one of two valid updates where the other would have been smaller.
     pub snapshot_len: [usize; 2],
     /// Per codec: the length of the cell's delta entry from `previous` (its latest change), with
     /// the `previous` it was encoded from; valid only while that is still `previous`.
@@ -155,7 +155,7 @@ impl World {
             view_count: vec![[0; 2]; cell_count],
             wanted: HashSet::new(),
             deliveries: HashMap::new(),
-            inline: Delivery::new(figures.clone()),
+            inline: Delivery::new(figures.clone(), settings.tick),
             viewers: HashMap::new(),
             world_version: 1,
             cell_schema_json,

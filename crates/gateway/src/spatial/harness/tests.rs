@@ -135,25 +135,106 @@ fn a_client_with_a_long_interval_gets_one_merged_update_per_interval() {
     assert_eq!(h.replicas_differ(), None);
 }
 
-/// A world whose 12 clients (each seeing a 30 m sphere) keep replicas, with a frame
-/// changing every entity published before each of `passes` passes, the world's side of
-/// each due 20 ms apart from `start`, none delivered yet.
+/// A world of 12 clients (each seeing a 30 m sphere, keeping replicas), whose passes are due
+/// every 20 ms from `start` and run by the world without being delivered.
+struct Lagging {
+    h: WorldHarness,
+    start: Instant,
+    spawned: HashMap<u64, [f32; 3]>,
+    passes: u32,
+}
+
+impl Lagging {
+    fn new() -> Lagging {
+        let start = Instant::now();
+        let mut h = small_world(start);
+        h.keep_replicas();
+        let mut spawned = HashMap::new();
+        for i in 0..12 {
+            // Two rows, both in the blocks of servers 0 and 1.
+            let at = [5.0 + (i % 6) as f32 * 19.0, 0.0, 5.0 + (i / 6) as f32 * 50.0];
+            spawned.insert(h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start).expect("spawned"), at);
+        }
+        Lagging { h, start, spawned, passes: 0 }
+    }
+
+    /// `n` more passes, each after a frame that changes every entity, none delivered.
+    fn passes(&mut self, n: u32) {
+        for _ in 0..n {
+            self.passes += 1;
+            let (pass, spawned) = (self.passes, &self.spawned);
+            self.h.publish_frame(|id| (spawned[&id], format!(r#"{{"yaw": {pass}}}"#))).expect("published");
+            self.h.pass_without_delivery(self.start + Duration::from_millis(u64::from(20 * pass)));
+        }
+    }
+
+    /// A little after the last pass.
+    fn now(&self) -> Instant {
+        self.start + Duration::from_millis(u64::from(20 * self.passes + 5))
+    }
+}
+
 fn passes_waiting(passes: u32) -> (WorldHarness, Instant) {
+    let mut lagging = Lagging::new();
+    lagging.passes(passes);
+    (lagging.h, lagging.start)
+}
+
+#[test]
+fn a_session_found_gone_by_its_delivery_is_forgotten_even_if_its_view_changed_meanwhile() {
     let start = Instant::now();
+    let ms = Duration::from_millis(1);
+    let mut h = small_world(start);
+    let at = [5.0, 0.0, 5.0];
+    // In JSON, which no one else reads: once the world forgets it, nothing is encoded for it.
+    h.spawn_player_in(at, r#"{"yaw": 0}"#, 5.0, DeltaCodec::Json, start).expect("spawned");
+    h.tick(start + ms * 20);
+    assert_eq!(h.viewers(), (5, 5), "4 servers and the client");
+    // The session ends; the next pass's offer to it fails and its delivery reports it gone...
+    h.close_client(0);
+    h.publish_frame(|_| (at, r#"{"yaw": 1}"#.into())).expect("published");
+    h.tick(start + ms * 40);
+    // ... and before the world reads that report, its entity walks into the next cell, which
+    // moves its area (a new view posted to the delivery).
+    h.publish_frame(|_| ([25.0, 0.0, 5.0], r#"{"yaw": 2}"#.into())).expect("published");
+    h.tick(start + ms * 60);
+    h.tick(start + ms * 80);
+    assert_eq!(h.viewers(), (4, 4), "the client is gone from both");
+}
+
+#[test]
+fn a_client_that_changes_codec_gets_its_cells_again_in_the_new_one_in_a_quiet_world() {
+    let start = Instant::now();
+    let ms = Duration::from_millis(1);
     let mut h = small_world(start);
     h.keep_replicas();
-    let mut spawned = HashMap::new();
-    for i in 0..12 {
-        // Two rows, both in the blocks of servers 0 and 1.
-        let at = [5.0 + (i % 6) as f32 * 19.0, 0.0, 5.0 + (i / 6) as f32 * 50.0];
-        spawned.insert(h.spawn_player(at, r#"{"yaw": 0}"#, 30.0, start).expect("spawned"), at);
+    let at = [5.0, 0.0, 5.0];
+    h.spawn_player(at, r#"{"yaw": 0}"#, 25.0, start).expect("spawned");
+    h.tick(start + ms * 20);
+    assert_eq!(h.drain(start + ms * 20).expect("read").0, 1);
+    // The same area in JSON; nothing in the world changes from now on.
+    let area = set_interest::Area::Sphere(Sphere { center: v3(at), radius: 25.0 });
+    let options = SubscriptionOptions { codec: DeltaCodec::Json as i32, ..Default::default() };
+    let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
+    assert_eq!(h.set_interest(0, req, start + ms * 30).status, Status::Ok as i32);
+    h.tick(start + ms * 40);
+    assert_eq!(h.drain(start + ms * 40).expect("every snapshot applies").0, 1, "its cells in JSON");
+    assert_eq!(h.replicas_differ(), None);
+}
+
+#[test]
+fn a_delivery_always_more_than_eight_passes_behind_still_brings_every_replica_up_to_date() {
+    // Every cell changes every pass, and the delivery runs once every 11 passes: each time, the
+    // 3 oldest of the 11 waiting were dropped, among them the first after its last run.
+    let mut l = Lagging::new();
+    for _ in 0..5 {
+        l.passes(11);
+        let now = l.now();
+        l.h.deliver(now);
+        l.h.drain(now).expect("every update applies");
     }
-    let ms = Duration::from_millis(1);
-    for pass in 1..=passes {
-        h.publish_frame(|id| (spawned[&id], format!(r#"{{"yaw": {pass}}}"#))).expect("published");
-        h.pass_without_delivery(start + ms * (20 * pass));
-    }
-    (h, start)
+    assert_eq!(l.h.counts().passes_dropped, 15);
+    assert_eq!(l.h.replicas_differ(), None);
 }
 
 #[test]
