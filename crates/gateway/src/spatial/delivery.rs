@@ -218,7 +218,7 @@ impl Delivery {
     }
 
     /// How many viewers it serves.
-    #[cfg(any(test, feature = "harness"))]
+    #[cfg(test)]
     pub fn viewer_count(&self) -> usize {
         self.viewers.len()
     }
