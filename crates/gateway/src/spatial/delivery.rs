@@ -78,11 +78,24 @@ pub(super) struct Report {
     pub gone: Vec<u64>,
 }
 
+/// The report as the mailbox keeps it.
+#[derive(Debug, Default)]
+struct Reported {
+    /// The latest run's wants.
+    wants: HashSet<Want>,
+    gone: Vec<u64>,
+    /// The wants have not been taken since the delivery wrote them.
+    fresh: bool,
+    /// A pass was dropped since the wants were last taken: the one that carried them may have
+    /// been it.
+    dropped: bool,
+}
+
 /// Passes a delivery may have waiting. An I/O thread that gets no core for a while (the world's
 /// tick is 20 ms; a loaded machine's scheduler can keep a thread waiting longer) delivers the
 /// passes it missed in order when it runs, as the sessions' outboxes held them before; past
 /// this many, the oldest are dropped, and viewers that needed them catch up from later passes
-/// (the world keeps encoding what a delivery asked for until it reports again).
+/// (the world encodes again what a delivery last asked for whenever it drops one of its passes).
 const MAX_WAITING_PASSES: usize = 8;
 
 #[derive(Debug, Default)]
@@ -95,7 +108,7 @@ struct Inbox {
 #[derive(Debug, Default)]
 pub(super) struct Mailbox {
     inbox: Mutex<Inbox>,
-    report: Mutex<Report>,
+    report: Mutex<Reported>,
     wake: Notify,
     closed: AtomicBool,
 }
@@ -137,16 +150,22 @@ impl Mailbox {
             inbox.passes.push_back(frame);
             full
         };
+        if dropped {
+            lock(&self.report).dropped = true;
+        }
         self.wake.notify_one();
         dropped
     }
 
-    /// What the delivery reported since the last call: its latest wants (kept, so that a
-    /// delivery that has not run since still gets them encoded in the next pass) and the
-    /// sessions it found gone (taken).
+    /// What the delivery reported since the last call: the sessions it found gone, and its
+    /// latest wants if they are new, or if a pass was dropped since they were last taken (a
+    /// delivery that stays 8 passes behind must find them in a pass it keeps).
     pub fn take_report(&self) -> Report {
         let mut report = lock(&self.report);
-        Report { wants: report.wants.clone(), gone: std::mem::take(&mut report.gone) }
+        let wants = if report.fresh || report.dropped { report.wants.clone() } else { HashSet::new() };
+        report.fresh = false;
+        report.dropped = false;
+        Report { wants, gone: std::mem::take(&mut report.gone) }
     }
 
     /// The world has stopped: the delivery's task ends.
@@ -267,6 +286,7 @@ impl Delivery {
             let mut out = lock(&self.mailbox.report);
             if !passes.is_empty() {
                 out.wants = report.wants;
+                out.fresh = true;
             }
             out.gone.extend(report.gone);
         }
