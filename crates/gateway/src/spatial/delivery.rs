@@ -16,8 +16,9 @@
 //! viewers will need at the next pass that this one did not have (for a viewer behind, or one
 //! due less often than every pass), and the viewers whose session has gone. A view change and
 //! a pass are applied in the order the world made them when the delivery keeps up; when it does
-//! not, it applies the latest views and then every waiting pass in order, and an entry a pass
-//! lacks is asked for and sent with a later one. Nothing is lost either way: a viewer's version
+//! not, it applies the latest views and then every waiting pass in order. A viewer whose
+//! message would lack an entry the pass did not have gets nothing until a pass has them all: the
+//! entries are asked for, and it stays due. Nothing is lost either way: a viewer's version
 //! of a cell changes only when an update for it is queued.
 
 use std::collections::VecDeque;
@@ -158,11 +159,15 @@ impl Mailbox {
     }
 
     /// What the delivery reported since the last call: the sessions it found gone, and its
-    /// latest wants if they are new, or if a pass was dropped since they were last taken (a
-    /// delivery that stays 8 passes behind must find them in a pass it keeps).
+    /// latest wants if they are new, if a pass was dropped since they were last taken, or if
+    /// the next pass posted will drop one (a delivery that stays 8 or more passes behind must
+    /// find them in a pass it keeps).
     pub fn take_report(&self) -> Report {
+        // Full: the pass about to be posted drops one, maybe the one that carried them.
+        let full = lock(&self.inbox).passes.len() >= MAX_WAITING_PASSES;
         let mut report = lock(&self.report);
-        let wants = if report.fresh || report.dropped { report.wants.clone() } else { HashSet::new() };
+        let wants =
+            if report.fresh || report.dropped || full { report.wants.clone() } else { HashSet::new() };
         report.fresh = false;
         report.dropped = false;
         Report { wants, gone: std::mem::take(&mut report.gone) }
@@ -243,8 +248,8 @@ impl Delivery {
     }
 
     /// The delivery's task on an I/O thread: a run whenever the world posts a pass, until the
-    /// world closes the mailbox. The CPU time of each run that had viewers goes into
-    /// `spatial_delivery_cpu_seconds`.
+    /// world closes the mailbox. The CPU time of each run that had a pass to deliver and
+    /// viewers to deliver it to goes into `spatial_delivery_cpu_seconds`.
     pub async fn serve(mut self) {
         loop {
             self.mailbox.wake.notified().await;
@@ -278,10 +283,23 @@ impl Delivery {
         self.figures.passes_waited.fetch_add(waited, Ordering::Relaxed);
         let mut sent = 0;
         for frame in &passes {
+            // Only the last pass's wants go to the world: an earlier pass's may have been met
+            // by a later one, and what is still lacking the last asks for again.
+            report.wants.clear();
             sent += self.deliver(frame, now, &mut report);
         }
-        // The latest run's wants replace the earlier ones (each run asks again for all it still
-        // lacks); a run with no pass asks for nothing new and leaves them.
+        if passes.len() >= MAX_WAITING_PASSES {
+            // So far behind that the pass after this run's last is likely dropped before the
+            // next run: every viewer will need every cell from the version it holds now, and
+            // the world encodes that in the passes it posts to a full mailbox.
+            for viewer in self.viewers.values() {
+                for &(cell, held) in &viewer.held {
+                    report.wants.insert((cell, held, viewer.codec));
+                }
+            }
+        }
+        // The latest run's wants replace the earlier ones (its last pass asked again for all its
+        // due viewers still lack); a run with no pass asks for nothing new and leaves them.
         if !passes.is_empty() || !report.gone.is_empty() {
             let mut out = lock(&self.mailbox.report);
             if !passes.is_empty() {
@@ -417,9 +435,16 @@ impl Delivery {
                     }
                 }
             }
-            if parts.is_empty() {
-                // Nothing this pass had: the next has it (asked for above).
-                schedule.record(conn, frame.scheduled, Outcome::Refused);
+            if missing {
+                // All or nothing: a message carries every cell in view that changed. The viewer
+                // asks for all of it, what this pass had too (a later pass may not have it), and
+                // stays due, base and schedule as they were, until a pass has it all.
+                for &(cell, held) in &viewer.held {
+                    if held != Some(cells[cell as usize].version) {
+                        report.wants.insert((cell, held, viewer.codec));
+                    }
+                }
+                schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;
             }
             let next = Vec::with_capacity(parts.len());
@@ -433,9 +458,7 @@ impl Delivery {
                     counts.catch_up += catch_up;
                     fresh.remove(&conn);
                     sent += 1;
-                    // A viewer still missing a cell is not at the world's version: due again.
-                    let to = if missing { 0 } else { frame.world_version };
-                    schedule.record(conn, frame.scheduled, Outcome::Sent { to });
+                    schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
                 }
                 Err(PushError::Full) => {
                     counts.held_back[HELD_BACK_QUEUE] += 1;

@@ -226,15 +226,46 @@ fn a_client_that_changes_codec_gets_its_cells_again_in_the_new_one_in_a_quiet_wo
 fn a_delivery_always_more_than_eight_passes_behind_still_brings_every_replica_up_to_date() {
     // Every cell changes every pass, and the delivery runs once every 11 passes: each time, the
     // 3 oldest of the 11 waiting were dropped, among them the first after its last run.
-    let mut l = Lagging::new();
-    for _ in 0..5 {
-        l.passes(11);
-        let now = l.now();
-        l.h.deliver(now);
-        l.h.drain(now).expect("every update applies");
+    // 9 is the cadence at which the pass that carries them is the one the next post drops.
+    for behind in [9, 10, 11] {
+        let mut l = Lagging::new();
+        for _ in 0..5 {
+            l.passes(behind);
+            let now = l.now();
+            l.h.deliver(now);
+            l.h.drain(now).expect("every update applies");
+        }
+        assert_eq!(l.h.counts().passes_dropped, u64::from(5 * (behind - 8)), "{behind} behind");
+        assert_eq!(l.h.replicas_differ(), None, "{behind} behind");
     }
-    assert_eq!(l.h.counts().passes_dropped, 15);
-    assert_eq!(l.h.replicas_differ(), None);
+}
+
+#[test]
+fn a_client_due_every_few_ticks_gets_every_cell_when_its_delivery_runs_every_other_pass() {
+    let start = Instant::now();
+    let ms = Duration::from_millis(1);
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let at = [30.0, 0.0, 30.0];
+    let every_four = SubscriptionOptions { fanout_interval_ms: 80, ..Default::default() };
+    h.spawn_player_with(at, r#"{"yaw": 0}"#, 25.0, every_four, start).expect("spawned");
+    let mut got = 0;
+    // 40 passes whose frames change its entity, then 12 quiet ones; the delivery runs after
+    // every second pass.
+    for pass in 1..=52u32 {
+        if pass <= 40 {
+            h.publish_frame(|_| (at, format!(r#"{{"yaw": {pass}}}"#))).expect("published");
+        }
+        h.pass_without_delivery(start + ms * (20 * pass));
+        if pass % 2 == 0 {
+            let now = start + ms * (20 * pass + 5);
+            h.deliver(now);
+            got += h.drain(now).expect("every update applies").0;
+        }
+    }
+    // One every 4 passes at most (80 ms), in runs that come every 2: about 12 over 52 passes.
+    assert!((10..=13).contains(&got), "{got} messages");
+    assert_eq!(h.replicas_differ(), None);
 }
 
 #[test]
