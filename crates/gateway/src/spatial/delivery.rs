@@ -12,9 +12,10 @@
 //! (tests, the harness) share a delivery the world runs itself, at the end of its pass.
 //!
 //! The world and a delivery talk through two bounded mailboxes: the world posts each viewer's
-//! latest view (cells, codec, schedule) and the latest pass; the delivery posts the entries its
-//! viewers will need at the next pass that this one did not have (for a viewer behind, or one
-//! due less often than every pass), and the viewers whose session has gone. A view change and
+//! latest view (cells, codec, schedule) and each pass (up to 8 waiting); the delivery posts the
+//! entries its viewers will need that its last pass did not have (for a viewer behind, one due
+//! less often than every pass, or a new one not yet due), and the viewers whose session has
+//! gone. A view change and
 //! a pass are applied in the order the world made them when the delivery keeps up; when it does
 //! not, it applies the latest views and then every waiting pass in order. A viewer whose
 //! message would lack an entry the pass did not have gets nothing until a pass has them all: the
@@ -418,14 +419,22 @@ impl Delivery {
                 if held == Some(c.version) {
                     continue;
                 }
-                let (base, instead) = base_for(held, c, viewer.codec);
-                // A snapshot the pass has serves anyone whose own entry it lacks.
-                let entry = c.find(base, viewer.codec).or_else(|| c.find(0, viewer.codec));
+                let (base, _) = base_for(held, c, viewer.codec);
+                // Any entry that applies to what the viewer holds will do when the one the rule
+                // chose is not there: a delta from its version (the world chose by the lengths
+                // it knew while encoding the pass, which may differ from the pass's last), or a
+                // snapshot, which applies to anything.
+                let k = viewer.codec;
+                let entry = c
+                    .find(base, k)
+                    .or_else(|| held.filter(|&h| h != base).and_then(|h| c.find(h, k)))
+                    .or_else(|| c.find(0, k));
                 match entry {
                     Some(entry) => {
                         parts.push(entry.field.clone());
                         advanced.push((at, entry.to));
-                        if held.is_some() && (instead || entry.from != base) {
+                        // A snapshot in place of a delta of its own.
+                        if held.is_some_and(|h| h != 0) && entry.from == 0 {
                             catch_up += 1;
                         }
                     }
