@@ -524,27 +524,29 @@ async fn hold(
     let fewest_rate = hold_rates.first().copied().unwrap_or(0.0);
     let per_s = |name: &str| (last.get(name) - first_totals.get(name)) / seconds;
     let tick_ms = TickWindow::between(&first_totals, &last).tick();
-    // The world's CPU time per pass over the hold, its exact mean, and the cell updates a pass
-    // encoded on average (`None`: no passes).
-    let pass_cpu = (args.scenario == Scenario::Spatial)
-        .then(|| TickWindow::of(scrape::PASS_CPU_BUCKET, &first_totals, &last))
-        .filter(|window| window.passes() > 0.0)
-        .map(|window| {
-            let per_pass = |name: &str| (last.get(name) - first_totals.get(name)) / window.passes();
-            let mean_ms = per_pass("spatial_pass_cpu_seconds_sum") * 1e3;
-            let encodings = last.has(ENCODINGS).then(|| per_pass(ENCODINGS));
+    // A CPU-time histogram of the spatial world over the hold, with its exact mean in ms (from
+    // the series' sum and count; `None`: nothing recorded, or not the spatial scenario).
+    let cpu_window = |bucket: &str, sum: &str| {
+        (args.scenario == Scenario::Spatial)
+            .then(|| TickWindow::of(bucket, &first_totals, &last))
+            .filter(|window| window.passes() > 0.0)
+            .map(|window| {
+                let mean_ms = (last.get(sum) - first_totals.get(sum)) / window.passes() * 1e3;
+                (window, mean_ms)
+            })
+    };
+    // The world's CPU time per pass, and the cell updates a pass encoded on average.
+    let pass_cpu =
+        cpu_window(scrape::PASS_CPU_BUCKET, "spatial_pass_cpu_seconds_sum").map(|(window, mean_ms)| {
+            let encodings = last
+                .has(ENCODINGS)
+                .then(|| (last.get(ENCODINGS) - first_totals.get(ENCODINGS)) / window.passes());
             (window, mean_ms, encodings)
         });
-    // The I/O threads' CPU time per delivery of a pass (one per I/O thread with viewers, per
-    // pass), and its exact mean (`None`: none recorded, or a gateway that has no deliveries).
-    let delivery_cpu = (args.scenario == Scenario::Spatial)
-        .then(|| TickWindow::of(scrape::DELIVERY_CPU_BUCKET, &first_totals, &last))
-        .filter(|window| window.passes() > 0.0)
-        .map(|window| {
-            let sum = last.get("spatial_delivery_cpu_seconds_sum")
-                - first_totals.get("spatial_delivery_cpu_seconds_sum");
-            (window.tick(), sum / window.passes() * 1e3)
-        });
+    // The I/O threads' CPU time per delivery run (each run delivers the passes waiting on its
+    // thread: one, unless the thread was a tick late; `None` for a gateway with no deliveries).
+    let delivery_cpu = cpu_window(scrape::DELIVERY_CPU_BUCKET, "spatial_delivery_cpu_seconds_sum")
+        .map(|(window, mean_ms)| (window.tick(), mean_ms));
     let passes_dropped = (last.get(PASSES_DROPPED) - first_totals.get(PASSES_DROPPED)).max(0.0) as u64;
     let channel_tick_hz = per_s("channel_ticks") / last.get("channel_num").max(1.0);
     // Every server frame changes every character, so a client can get at most one update per

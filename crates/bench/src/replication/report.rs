@@ -164,10 +164,10 @@ pub struct Step {
     /// learn its size). `None` if the gateway did not report it, or no pass was recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cell_encodings_per_pass: Option<f64>,
-    /// Scenario `spatial`: an I/O thread's CPU time per delivery of a pass to the viewers of
-    /// its sessions, in ms (bucket bounds): the rest of a pass's work, done on the I/O threads
-    /// in parallel, one delivery per I/O thread with viewers per pass. `None` when none was
-    /// recorded.
+    /// Scenario `spatial`: an I/O thread's CPU time per delivery run to the viewers of its
+    /// sessions, in ms (bucket bounds): the rest of a pass's work, done on the I/O threads. A run
+    /// delivers every pass waiting on its thread: one, unless the thread got to it a tick or
+    /// more late (`deliveries_late_per_s`). `None` when none was recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery_cpu_ms: Option<Tick>,
     /// The same deliveries' mean CPU time in ms (exact).
@@ -307,7 +307,7 @@ pub(super) fn print_row(step: &Step) {
     }
     if let (Some(cpu), Some(mean)) = (step.delivery_cpu_ms, step.delivery_cpu_mean_ms) {
         println!(
-            "  delivery CPU time per I/O thread per pass: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the rest of the pass, on the I/O threads in parallel; {:.2} passes a second delivered a tick or more late, {} dropped",
+            "  delivery CPU time per I/O thread per run: mean {mean:.2} ms, p50 / p99 / max {} / {} / {} ms (bucket bounds); the rest of the pass, on the I/O threads; {:.2} passes a second delivered a tick or more late, {} dropped",
             ms(cpu.p50),
             ms(cpu.p99),
             ms(cpu.max),

@@ -88,16 +88,14 @@ struct Reported {
     gone: Vec<u64>,
     /// The wants have not been taken since the delivery wrote them.
     fresh: bool,
-    /// A pass was dropped since the wants were last taken: the one that carried them may have
-    /// been it.
-    dropped: bool,
 }
 
 /// Passes a delivery may have waiting. An I/O thread that gets no core for a while (the world's
 /// tick is 20 ms; a loaded machine's scheduler can keep a thread waiting longer) delivers the
 /// passes it missed in order when it runs, as the sessions' outboxes held them before; past
 /// this many, the oldest are dropped, and viewers that needed them catch up from later passes
-/// (the world encodes again what a delivery last asked for whenever it drops one of its passes).
+/// (the world encodes again what a delivery last asked for in each pass it posts to a full
+/// mailbox).
 const MAX_WAITING_PASSES: usize = 8;
 
 #[derive(Debug, Default)]
@@ -152,25 +150,20 @@ impl Mailbox {
             inbox.passes.push_back(frame);
             full
         };
-        if dropped {
-            lock(&self.report).dropped = true;
-        }
         self.wake.notify_one();
         dropped
     }
 
     /// What the delivery reported since the last call: the sessions it found gone, and its
-    /// latest wants if they are new, if a pass was dropped since they were last taken, or if
-    /// the next pass posted will drop one (a delivery that stays 8 or more passes behind must
-    /// find them in a pass it keeps).
+    /// latest wants if they are new or if the next pass posted will drop one (a delivery that
+    /// stays 8 or more passes behind must find them in a pass it keeps; once it has dropped
+    /// one, its mailbox stays full until it runs, and a run that delivers reports anew).
     pub fn take_report(&self) -> Report {
         // Full: the pass about to be posted drops one, maybe the one that carried them.
         let full = lock(&self.inbox).passes.len() >= MAX_WAITING_PASSES;
         let mut report = lock(&self.report);
-        let wants =
-            if report.fresh || report.dropped || full { report.wants.clone() } else { HashSet::new() };
+        let wants = if report.fresh || full { report.wants.clone() } else { HashSet::new() };
         report.fresh = false;
-        report.dropped = false;
         Report { wants, gone: std::mem::take(&mut report.gone) }
     }
 
@@ -188,6 +181,17 @@ struct Viewer {
     /// The cells in view, sorted, and the version of each the client holds (`None`: it needs
     /// a snapshot).
     held: Vec<(u32, Option<Version>)>,
+}
+
+impl Viewer {
+    /// Asks for every cell in view that `frame` has moved past, from the version held.
+    fn want_stale(&self, frame: &Frame, wants: &mut HashSet<Want>) {
+        for &(cell, held) in &self.held {
+            if held != Some(frame.cells[cell as usize].version) {
+                wants.insert((cell, held, self.codec));
+            }
+        }
+    }
 }
 
 /// What a [`Delivery::run`] did.
@@ -419,7 +423,7 @@ impl Delivery {
                 if held == Some(c.version) {
                     continue;
                 }
-                let (base, _) = base_for(held, c, viewer.codec);
+                let base = base_for(held, c, viewer.codec);
                 // Any entry that applies to what the viewer holds will do when the one the rule
                 // chose is not there: a delta from its version (the world chose by the lengths
                 // it knew while encoding the pass, which may differ from the pass's last), or a
@@ -439,8 +443,8 @@ impl Delivery {
                         }
                     }
                     None => {
-                        report.wants.insert((cell, held, viewer.codec));
                         missing = true;
+                        break;
                     }
                 }
             }
@@ -448,11 +452,7 @@ impl Delivery {
                 // All or nothing: a message carries every cell in view that changed. The viewer
                 // asks for all of it, what this pass had too (a later pass may not have it), and
                 // stays due, base and schedule as they were, until a pass has it all.
-                for &(cell, held) in &viewer.held {
-                    if held != Some(cells[cell as usize].version) {
-                        report.wants.insert((cell, held, viewer.codec));
-                    }
-                }
+                viewer.want_stale(frame, &mut report.wants);
                 schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;
             }
@@ -486,12 +486,8 @@ impl Delivery {
             .chain(fresh.iter())
             .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next));
         for conn in behind.iter().chain(soon) {
-            let Some(viewer) = viewers.get(conn) else { continue };
-            for &(cell, held) in &viewer.held {
-                let c = &frame.cells[cell as usize];
-                if held != Some(c.version) {
-                    report.wants.insert((cell, held, viewer.codec));
-                }
+            if let Some(viewer) = viewers.get(conn) {
+                viewer.want_stale(frame, &mut report.wants);
             }
         }
         for &conn in &report.gone {

@@ -81,16 +81,16 @@ impl CellFrame {
 }
 
 /// The version a viewer holding `held` of a cell should get an update from: its own, or 0 for
-/// the snapshot (`SNAPSHOT_INSTEAD_*`). Returns whether a snapshot replaces a delta of its own.
-pub(super) fn base_for(held: Option<Version>, cell: &CellFrame, codec: usize) -> (Version, bool) {
-    let Some(held) = held else { return (0, false) };
+/// the snapshot (`SNAPSHOT_INSTEAD_*`).
+pub(super) fn base_for(held: Option<Version>, cell: &CellFrame, codec: usize) -> Version {
+    let Some(held) = held else { return 0 };
     if held == cell.previous || held == 0 {
-        return (held, false);
+        return held;
     }
     let full = cell.snapshot_len[codec];
     match cell.latest_len[codec] {
-        Some(latest) if full > 0 && latest * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM => (0, true),
-        _ => (held, false),
+        Some(latest) if full > 0 && latest * SNAPSHOT_INSTEAD_DEN >= full * SNAPSHOT_INSTEAD_NUM => 0,
+        _ => held,
     }
 }
 
@@ -109,7 +109,7 @@ pub(super) struct Frame {
 /// Encodes cell `cell`'s update from `base` in `codec` as its `ChannelUpdates` entry, at the
 /// cell's version; a snapshot if `base` is 0 or if the cell's history no longer reaches `base`.
 /// `None` only if the update cannot be encoded at all.
-pub(super) fn encode(
+fn encode(
     c: &mut CellState,
     cell: u32,
     base: Version,
@@ -143,46 +143,38 @@ pub(super) fn encode(
     Some(entry)
 }
 
+/// Per codec, the length of cell `c`'s latest change's entry, if the one encoded last is from
+/// its current `previous`.
+fn latest_len(c: &CellState) -> [Option<usize>; 2] {
+    std::array::from_fn(|k| (c.latest_len[k].0 == c.previous).then_some(c.latest_len[k].1))
+}
+
 impl CellFrame {
     /// Cell `c` as a pass finds it, with no entries yet.
     pub fn of(c: &CellState) -> CellFrame {
-        let latest = |k: usize| (c.latest_len[k].0 == c.previous).then_some(c.latest_len[k].1);
         CellFrame {
             version: c.state.version(),
             previous: c.previous,
-            latest_len: [latest(0), latest(1)],
+            latest_len: latest_len(c),
             snapshot_len: c.snapshot_len,
             entries: Vec::new(),
         }
     }
 
-    /// Adds the entry from `base` in `codec`, unless the pass has it already. Returns whether
-    /// the frame has it now.
-    pub fn add(
-        &mut self,
-        c: &mut CellState,
-        cell: u32,
-        base: Version,
-        codec: usize,
-        f: &SpatialFigures,
-    ) -> bool {
+    /// Adds the entry from `base` in `codec`, unless the pass has it already (an entry that
+    /// cannot be encoded at all is left out; a viewer that needs it asks again).
+    pub fn add(&mut self, c: &mut CellState, cell: u32, base: Version, codec: usize, f: &SpatialFigures) {
         if self.find(base, codec).is_some() {
-            return true;
+            return;
         }
-        match encode(c, cell, base, codec, f) {
-            Some(entry) => {
-                // A delta the history could not reach came out as a snapshot; that one may
-                // be here already.
-                if self.find(entry.from, codec).is_none() {
-                    self.entries.push(entry);
-                }
-                // The lengths may have changed with it.
-                let fresh = CellFrame::of(c);
-                self.latest_len = fresh.latest_len;
-                self.snapshot_len = fresh.snapshot_len;
-                true
-            }
-            None => false,
+        let Some(entry) = encode(c, cell, base, codec, f) else { return };
+        // A delta the history could not reach came out as a snapshot; that one may be here
+        // already.
+        if self.find(entry.from, codec).is_none() {
+            self.entries.push(entry);
         }
+        // The lengths may have changed with it.
+        self.latest_len = latest_len(c);
+        self.snapshot_len = c.snapshot_len;
     }
 }

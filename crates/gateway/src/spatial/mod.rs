@@ -141,8 +141,9 @@ pub(crate) struct SpatialFigures {
     /// The world thread's CPU time per tick pass: the pass's work, without the time it waited
     /// for a core (which the wall-clock `channel_tick_duration_seconds` includes).
     pub pass_cpu: PassTimes,
-    /// An I/O thread's CPU time per delivery of a pass to the viewers of its sessions
-    /// (`delivery.rs`): the rest of a pass's work, one run per I/O thread with viewers.
+    /// An I/O thread's CPU time per delivery run to the viewers of its sessions (`delivery.rs`):
+    /// the rest of a pass's work. A run delivers every pass waiting (one, unless its thread
+    /// got to it a tick or more late); runs with no pass or no viewer are not recorded.
     pub delivery_cpu: PassTimes,
     /// Passes an I/O thread's delivery dropped undelivered, having fallen
     /// `delivery::MAX_WAITING_PASSES` behind: its viewers catch up from later passes.

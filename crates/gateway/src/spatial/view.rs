@@ -123,11 +123,7 @@ impl World {
             delay: Duration::from_millis(u64::from(options.fanout_delay_ms)),
             skip_first_full_state: false,
         };
-        self.ensure_viewer(client, area, follow, now);
-        let viewer = self.viewers.get_mut(&conn).expect("just made");
-        viewer.area = area;
-        viewer.follow = follow;
-        viewer.options = schedule;
+        self.set_view(client, area, follow, schedule, now);
         self.show_in(conn, &cells, options.codec());
         let result = InterestResult {
             cells: cells.iter().map(|&c| self.cell_info(c)).collect(),
@@ -136,15 +132,24 @@ impl World {
         Response { id, status: Status::Ok as i32, body: result.encode_to_vec().into(), error: String::new() }
     }
 
-    /// Makes `client` a viewer (with no cells yet) unless it is one.
-    fn ensure_viewer(&mut self, client: &SessionHandle, area: Area, follow: Follow, now: Instant) {
+    /// Makes `client` a viewer (with no cells yet) unless it is one, with `area`, `follow` and
+    /// `options` from now on.
+    fn set_view(
+        &mut self,
+        client: &SessionHandle,
+        area: Area,
+        follow: Follow,
+        options: Options,
+        now: Instant,
+    ) {
         let conn = client.conn_id();
-        if self.viewers.contains_key(&conn) {
+        if let Some(viewer) = self.viewers.get_mut(&conn) {
+            viewer.area = area;
+            viewer.follow = follow;
+            viewer.options = options;
             return;
         }
         let mailbox = self.mailbox_for(client);
-        let options =
-            Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
         let viewer = Viewer {
             handle: client.clone(),
             area,
@@ -252,17 +257,10 @@ impl World {
         let (lo, _) = self.layout.bounds(received[0]);
         let (_, hi) = self.layout.bounds(received[received.len() - 1]);
         let area = Area::Box { min: [lo[0], f32::MIN, lo[1]], max: [hi[0], f32::MAX, hi[1]] };
-        self.ensure_viewer(server, area, Follow::Off, now);
         // Whatever the session set before it registered, a server sees its block.
-        if let Some(viewer) = self.viewers.get_mut(&server.conn_id()) {
-            viewer.area = area;
-            viewer.follow = Follow::Off;
-            viewer.options = Options {
-                interval: self.settings.fanout,
-                delay: Duration::ZERO,
-                skip_first_full_state: false,
-            };
-        }
+        let options =
+            Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
+        self.set_view(server, area, Follow::Off, options, now);
         self.show_in(server.conn_id(), &cells, DeltaCodec::Binary);
     }
 
@@ -350,7 +348,7 @@ impl World {
         // as they will choose (after the latest changes above, whose lengths guide it).
         let asked = wanted.drain().map(|(cell, k)| (cell, None, k)).chain(wants);
         for (cell, held, k) in asked.filter(|&(cell, _, k)| viewed(cell, k)) {
-            let (base, _) = base_for(held, &frame[cell as usize], k);
+            let base = base_for(held, &frame[cell as usize], k);
             frame[cell as usize].add(&mut cells[cell as usize], cell, base, k, figures);
         }
         let frame = Arc::new(Frame {
