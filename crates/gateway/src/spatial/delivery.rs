@@ -225,6 +225,11 @@ pub(super) struct Delivery {
     /// New viewers not yet sent anything: the same, as the pass that encoded the snapshots of
     /// their cells may come before they are due.
     fresh: HashSet<u64>,
+    /// Viewers refused at their last due pass (window or outbox full). Only a viewer's first
+    /// refusal in a row asks a pass ahead for its entries: one refused again (a client that
+    /// stopped reading or acknowledging) would leave them unused pass after pass, and when it
+    /// has room it asks for them then, one pass before its message.
+    refused: HashSet<u64>,
     due: Vec<Due<u64>>,
 }
 
@@ -238,6 +243,7 @@ impl Delivery {
             schedule: Scheduler::new(),
             slow: HashSet::new(),
             fresh: HashSet::new(),
+            refused: HashSet::new(),
             due: Vec::new(),
         }
     }
@@ -323,6 +329,7 @@ impl Delivery {
         self.schedule.leave(conn);
         self.slow.remove(&conn);
         self.fresh.remove(&conn);
+        self.refused.remove(&conn);
     }
 
     fn apply(&mut self, conn: u64, change: Change) {
@@ -381,7 +388,7 @@ impl Delivery {
 
     /// Delivers `frame` to every due viewer.
     fn deliver(&mut self, frame: &Frame, now: Instant, report: &mut Report) -> u64 {
-        let Delivery { viewers, schedule, due, slow, fresh, .. } = self;
+        let Delivery { viewers, schedule, due, slow, fresh, refused, .. } = self;
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
                 viewer.held.iter_mut().for_each(|(_, held)| *held = None);
@@ -411,7 +418,9 @@ impl Delivery {
             if let Err(hold) = viewer.handle.flow.room(now) {
                 counts.held_back[hold.index()] += 1;
                 schedule.record(conn, frame.scheduled, Outcome::Refused);
-                behind.push(conn);
+                if refused.insert(conn) {
+                    behind.push(conn);
+                }
                 continue;
             }
             parts.clear();
@@ -466,20 +475,23 @@ impl Delivery {
                     counts.fanouts += 1;
                     counts.catch_up += catch_up;
                     fresh.remove(&conn);
+                    refused.remove(&conn);
                     sent += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
                 }
                 Err(PushError::Full) => {
                     counts.held_back[HELD_BACK_QUEUE] += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Refused);
-                    behind.push(conn);
+                    if refused.insert(conn) {
+                        behind.push(conn);
+                    }
                 }
                 Err(PushError::Closed) => report.gone.push(conn),
             }
         }
         // Ask now for what the next pass's due viewers will need and would not find: the
-        // entries of viewers refused now, of those due less often, and of new ones not yet
-        // due, from the versions they hold. The world encodes them at the next pass's versions.
+        // entries of viewers refused now (the first time in a row), of those due less often,
+        // and of new ones not yet due, from the versions they hold. The world encodes them at the next pass's versions.
         let next = frame.scheduled + frame.tick;
         let soon = slow
             .iter()

@@ -408,3 +408,37 @@ fn clients_behind_get_a_merged_delta_of_a_cell_that_changed_a_little() {
     });
     assert_eq!(counts.catch_up_snapshots, 0, "{counts:?}");
 }
+
+#[test]
+fn a_client_that_stops_reading_costs_no_encodings_after_its_first_refusal() {
+    // Two worlds alike, two clients in one cell; in the second, client 1 reads nothing after
+    // the first pass, so its window fills and it is refused at every pass from then on.
+    let run = |stuck: bool| {
+        let start = Instant::now();
+        let mut h = small_world(start);
+        let at = [[5.0, 0.0, 5.0], [8.0, 0.0, 5.0]];
+        let ids = [
+            h.spawn_player(at[0], r#"{"yaw": 0}"#, 5.0, start).expect("spawned"),
+            h.spawn_player(at[1], r#"{"yaw": 0}"#, 5.0, start).expect("spawned"),
+        ];
+        let mut per_pass = Vec::new();
+        for frame in 1..=60u32 {
+            let now = start + Duration::from_millis(20 * u64::from(frame));
+            h.publish_frame(|id| (at[usize::from(id == ids[1])], format!(r#"{{"yaw": {frame}}}"#)))
+                .expect("published");
+            let before = h.counts().encodings;
+            h.tick(now);
+            per_pass.push(h.counts().encodings - before);
+            h.drain_clients(now, |i| i == 0 || !stuck || frame == 1).expect("read");
+        }
+        (per_pass, h.counts().held_back)
+    };
+    let (reading, none_held) = run(false);
+    let (stuck, held) = run(true);
+    assert_eq!(none_held, 0, "both clients keep up");
+    assert!(held > 30, "the stuck client is refused pass after pass: {held}");
+    // Each refusal in a row but the first would ask for a delta from the version the stuck
+    // client holds, encoded at the next pass and never used.
+    let extra: u64 = stuck.iter().zip(&reading).map(|(s, r)| s.saturating_sub(*r)).sum();
+    assert!(extra <= 2, "encodings per pass, stuck {stuck:?} against reading {reading:?}");
+}
