@@ -145,7 +145,9 @@ fn spatial_world(c: &mut Criterion) {
             // A figure the machine's noise does not move, beside the times.
             if let Some(Run { h, frame, .. }) = &run {
                 let encodings = h.counts().encodings as f64 / *frame as f64;
-                println!("{name}/{players}: {encodings:.1} cell updates encoded per pass over {frame} passes");
+                println!(
+                    "{name}/{players}: {encodings:.1} cell updates encoded per pass over {frame} passes"
+                );
             }
         }
     }

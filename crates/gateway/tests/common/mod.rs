@@ -18,10 +18,22 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub async fn start(overrides: &[&str]) -> RunningGateway {
+    Gateway::new(config(overrides)).expect("gateway").start().await.expect("start")
+}
+
+/// [`start`], with the sessions on I/O threads as the binary runs them (each a current-thread
+/// runtime; the spatial world's passes are then delivered there, not inline). The two threads
+/// are shared by the tests of one binary and run until it exits.
+pub async fn start_on_io_threads(overrides: &[&str]) -> RunningGateway {
+    static THREADS: std::sync::OnceLock<Vec<tokio::runtime::Handle>> = std::sync::OnceLock::new();
+    let runtimes = THREADS.get_or_init(|| tickwire_transport::io_threads(2, "test-io").expect("I/O threads"));
+    Gateway::new(config(overrides)).expect("gateway").start_on(runtimes).expect("start")
+}
+
+fn config(overrides: &[&str]) -> GatewayConfig {
     let mut all = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[\"127.0.0.1:0\"]".to_owned()];
     all.extend(overrides.iter().map(|s| s.to_string()));
-    let config = GatewayConfig::load(None, &all).expect("test config");
-    Gateway::new(config).expect("gateway").start().await.expect("start")
+    GatewayConfig::load(None, &all).expect("test config")
 }
 
 /// Waits until `done` holds, checking every few milliseconds; panics naming `what` if it has

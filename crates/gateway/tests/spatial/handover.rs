@@ -122,16 +122,27 @@ async fn run_server(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handovers_lose_duplicate_and_reorder_no_entity_message() {
+    walk_and_count(&start().await).await;
+}
+
+/// The same with the sessions on I/O threads, as the binary runs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handovers_lose_no_entity_message_with_sessions_on_io_threads() {
+    walk_and_count(&common::start_on_io_threads(&LAYOUT).await).await;
+}
+
+/// Walkers cross the servers' borders while their clients send numbered messages to their
+/// entities; the servers count every one.
+async fn walk_and_count(gw: &RunningGateway) {
     const WALKERS: usize = 16;
     const MESSAGES: u64 = 300;
-    let gw = start().await;
     let mut servers = Vec::new();
     for slot in 0..4 {
-        servers.push(server(&gw, &format!("s{slot}"), Some(slot)).await);
+        servers.push(server(gw, &format!("s{slot}"), Some(slot)).await);
     }
     let mut clients = Vec::new();
     for k in 0..WALKERS {
-        clients.push(Arc::new(client(&gw, &format!("walker{k}")).await));
+        clients.push(Arc::new(client(gw, &format!("walker{k}")).await));
     }
     // Spawn each walker's entity from the server whose block holds its start.
     let t0 = Instant::now();

@@ -47,10 +47,31 @@ fn random_area(rng: &mut SmallRng) -> (tickwire_spatial::Area, set_interest::Are
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches_and_no_area_none() {
-    let gw = start().await;
+    shows_exactly_the_entities_in_the_area(&start().await).await;
+}
+
+/// The same with the sessions on I/O threads, as the binary runs them: the world's passes go
+/// through the mailboxes to a delivery on each thread, not to the inline one the test above
+/// uses (`crates/gateway/src/spatial/delivery.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_area_shows_the_same_when_passes_are_delivered_on_the_io_threads() {
+    let overrides: Vec<&str> = LAYOUT.iter().copied().chain(["metrics.listen=\"127.0.0.1:0\""]).collect();
+    let gw = common::start_on_io_threads(&overrides).await;
+    shows_exactly_the_entities_in_the_area(&gw).await;
+    // Only a delivery on an I/O thread records its runs' CPU time.
+    let metrics = common::scrape(gw.metrics_addr().expect("metrics on")).await;
+    let runs: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spatial_delivery_cpu_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("spatial_delivery_cpu_seconds_count in /metrics");
+    assert!(runs > 0, "no pass was delivered on an I/O thread");
+}
+
+async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
     let mut servers = Vec::new();
     for slot in 0..4 {
-        servers.push(server(&gw, &format!("s{slot}"), Some(slot)).await);
+        servers.push(server(gw, &format!("s{slot}"), Some(slot)).await);
     }
     let layout = layout();
     let mut rng = SmallRng::seed_from_u64(12);
@@ -65,7 +86,7 @@ async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches_and_no_area_
         };
         placed.insert(servers[slot_of(p) as usize].spatial_spawn(spawn).await.unwrap().entity_id, p);
     }
-    let viewer = client(&gw, "viewer").await;
+    let viewer = client(gw, "viewer").await;
     let mut view: Option<View> = None;
     for round in 0..30 {
         let (area, wire) = random_area(&mut rng);
