@@ -47,6 +47,12 @@ impl UpdateFlow {
         self.lock().room(now)
     }
 
+    /// When the oldest channel update in flight was queued: long ago, for a client that stopped
+    /// reading or acknowledging.
+    pub(crate) fn oldest_in_flight(&self) -> Option<std::time::Instant> {
+        self.lock().oldest()
+    }
+
     /// After a resume dropped updates of `channel` the client never got: the version its
     /// replica holds (`Some(None)`: it needs a snapshot).
     pub(crate) fn take_rewind(&self, channel: u64) -> Option<Option<Version>> {

@@ -56,6 +56,9 @@ pub(super) struct View {
 struct Change {
     /// Every cell left the view (the client is told) before `then`.
     cleared: bool,
+    /// The viewer left and was shown again since the delivery's last run: it starts over, as
+    /// a new viewer (its delay, a schedule from the new view's `at`), after `cleared`.
+    forget: bool,
     then: Option<Then>,
 }
 
@@ -98,6 +101,13 @@ struct Reported {
 /// mailbox).
 const MAX_WAITING_PASSES: usize = 8;
 
+/// A viewer whose client has left an update unacknowledged this long is not asked for a pass
+/// ahead (it is refused pass after pass, and what it would be asked for goes unused). Past
+/// the window's own bound on an update's wait with the default limits (the base flight, the
+/// 200 ms acknowledgement delay and the 150 ms target), which holds updates back from such a
+/// client anyway.
+const STALLED: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Default)]
 struct Inbox {
     passes: VecDeque<Arc<Frame>>,
@@ -121,7 +131,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Mailbox {
     /// The viewer `conn` sees `view` from now on.
     pub fn show(&self, conn: u64, view: View) {
-        lock(&self.inbox).changes.entry(conn).or_default().then = Some(Then::Show(view));
+        let mut inbox = lock(&self.inbox);
+        let change = inbox.changes.entry(conn).or_default();
+        if matches!(change.then, Some(Then::Gone)) {
+            change.forget = true;
+        }
+        change.then = Some(Then::Show(view));
     }
 
     /// Every cell leaves `conn`'s view, and it is told so; it stays a viewer until shown again
@@ -217,19 +232,14 @@ pub(super) struct Delivery {
     figures: Arc<SpatialFigures>,
     viewers: HashMap<u64, Viewer>,
     schedule: Scheduler<u64>,
-    /// Viewers whose interval is longer than the world's tick, or that wait a delay: their
-    /// entries are asked for a pass before they are due.
+    /// Viewers whose interval is longer than the world's tick: their entries are asked for a
+    /// pass before they are due.
     slow: HashSet<u64>,
     /// The world's tick: a viewer due less often is `slow`.
     tick: Duration,
     /// New viewers not yet sent anything: the same, as the pass that encoded the snapshots of
     /// their cells may come before they are due.
     fresh: HashSet<u64>,
-    /// Viewers refused at their last due pass (window or outbox full). Only a viewer's first
-    /// refusal in a row asks a pass ahead for its entries: one refused again (a client that
-    /// stopped reading or acknowledging) would leave them unused pass after pass, and when it
-    /// has room it asks for them then, one pass before its message.
-    refused: HashSet<u64>,
     due: Vec<Due<u64>>,
 }
 
@@ -243,7 +253,6 @@ impl Delivery {
             schedule: Scheduler::new(),
             slow: HashSet::new(),
             fresh: HashSet::new(),
-            refused: HashSet::new(),
             due: Vec::new(),
         }
     }
@@ -329,7 +338,6 @@ impl Delivery {
         self.schedule.leave(conn);
         self.slow.remove(&conn);
         self.fresh.remove(&conn);
-        self.refused.remove(&conn);
     }
 
     fn apply(&mut self, conn: u64, change: Change) {
@@ -339,6 +347,9 @@ impl Delivery {
             for (cell, _) in viewer.held.drain(..) {
                 unsubscribed(&viewer.handle, cell);
             }
+        }
+        if change.forget {
+            self.forget(conn);
         }
         match change.then {
             None => {}
@@ -377,7 +388,8 @@ impl Delivery {
                     // snapshots.
                     self.schedule.resnapshot(conn);
                 }
-                if !view.options.delay.is_zero() || view.options.interval > self.tick {
+                // (A delay is `fresh`'s: it counts only before the first update.)
+                if view.options.interval > self.tick {
                     self.slow.insert(conn);
                 } else {
                     self.slow.remove(&conn);
@@ -388,7 +400,7 @@ impl Delivery {
 
     /// Delivers `frame` to every due viewer.
     fn deliver(&mut self, frame: &Frame, now: Instant, report: &mut Report) -> u64 {
-        let Delivery { viewers, schedule, due, slow, fresh, refused, .. } = self;
+        let Delivery { viewers, schedule, due, slow, fresh, .. } = self;
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
                 viewer.held.iter_mut().for_each(|(_, held)| *held = None);
@@ -418,9 +430,7 @@ impl Delivery {
             if let Err(hold) = viewer.handle.flow.room(now) {
                 counts.held_back[hold.index()] += 1;
                 schedule.record(conn, frame.scheduled, Outcome::Refused);
-                if refused.insert(conn) {
-                    behind.push(conn);
-                }
+                behind.push(conn);
                 continue;
             }
             parts.clear();
@@ -475,30 +485,37 @@ impl Delivery {
                     counts.fanouts += 1;
                     counts.catch_up += catch_up;
                     fresh.remove(&conn);
-                    refused.remove(&conn);
                     sent += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
                 }
                 Err(PushError::Full) => {
                     counts.held_back[HELD_BACK_QUEUE] += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Refused);
-                    if refused.insert(conn) {
-                        behind.push(conn);
-                    }
+                    behind.push(conn);
                 }
                 Err(PushError::Closed) => report.gone.push(conn),
             }
         }
         // Ask now for what the next pass's due viewers will need and would not find: the
-        // entries of viewers refused now (the first time in a row), of those due less often,
-        // and of new ones not yet due, from the versions they hold. The world encodes them at the next pass's versions.
+        // entries of viewers refused now (those due less often are asked for a pass before
+        // they are due), of those due less often, and of new ones not yet due, from the
+        // versions they hold. The world encodes them at the next pass's versions. Not for a
+        // client that has left an update unacknowledged for `STALLED`: it would leave them
+        // unused pass after pass. Once it acknowledges, it is asked for again at each
+        // refusal; a pass that finds it room but not its entries asks for them too (above).
         let next = frame.scheduled + frame.tick;
         let soon = slow
             .iter()
             .chain(fresh.iter())
             .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next));
-        for conn in behind.iter().chain(soon) {
-            if let Some(viewer) = viewers.get(conn) {
+        for conn in behind.iter().filter(|&conn| !slow.contains(conn)).chain(soon) {
+            if let Some(viewer) = viewers.get(conn)
+                && viewer
+                    .handle
+                    .flow
+                    .oldest_in_flight()
+                    .is_none_or(|at| now.saturating_duration_since(at) < STALLED)
+            {
                 viewer.want_stale(frame, &mut report.wants);
             }
         }

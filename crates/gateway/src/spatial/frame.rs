@@ -132,7 +132,9 @@ fn encode(
         let mut field = Vec::with_capacity(field_len(message.encoded_len()));
         field.push(UPDATES_TAG);
         message.encode_length_delimited(&mut field).ok()?;
-        Some(Entry { from: base, codec, field: Bytes::from(field), to: prepared.to() })
+        // From what it really applies to: 0 when the history no longer reached `base` and the
+        // cache made a snapshot instead.
+        Some(Entry { from: prepared.from(), codec, field: Bytes::from(field), to: prepared.to() })
     };
     let entry = field(c, base).or_else(|| if base == 0 { None } else { field(c, 0) })?;
     if entry.from == 0 {
