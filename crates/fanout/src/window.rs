@@ -252,6 +252,20 @@ impl<C: Copy + Eq> Window<C> {
         room
     }
 
+    /// Whether the client looks stopped at `now`: updates are in flight and none has been
+    /// acknowledged for twice the longest an update may wait in flight (the base flight time,
+    /// the acknowledgement delay and `target`; without a base yet, the last two). A client that
+    /// reads slowly but acknowledges, however far away, is not: each acknowledgement starts the
+    /// count again.
+    pub fn stalled(&self, now: Instant) -> bool {
+        if self.entries.is_empty() {
+            return false;
+        }
+        let wait =
+            self.base_flight.map_or(Duration::ZERO, |(d, _)| d) + self.limits.ack_delay + self.limits.target;
+        self.delivered_at.is_some_and(|at| now.saturating_duration_since(at) > 2 * wait)
+    }
+
     /// Whether an update of `bytes` may join those in flight: never past `max_bytes`, except
     /// alone. So what is in flight never passes the larger of `max_bytes` and one update, and
     /// stays under the session's own retransmit bound. A refusal holds everything else back
@@ -454,6 +468,35 @@ mod tests {
         w.queued(t, 1, Some(1), 10_000);
         assert_eq!(w.room(t), Err(Hold::Bytes));
         assert_eq!(w.in_flight(), (2, 13_999));
+    }
+
+    #[test]
+    fn a_client_is_stalled_only_after_acknowledging_nothing_for_twice_the_longest_wait() {
+        let t = Instant::now();
+        let mut w = Window::<u32>::new(limits());
+        assert!(!w.stalled(t + 10_000 * MS), "nothing in flight");
+        w.queued(t, 1, None, 100);
+        assert!(w.sent(1));
+        // No base flight yet: twice the acknowledgement delay and the target, 700 ms.
+        assert!(!w.stalled(t + 700 * MS));
+        assert!(w.stalled(t + 701 * MS));
+        // Acknowledged after 50 ms (the base flight); the next update, queued into the empty
+        // window at 60 ms, is waited for 2 × (50 + 100 + 250) = 800 ms from then.
+        w.acked(t + 50 * MS, 1);
+        assert!(!w.stalled(t + 10_000 * MS), "everything acknowledged");
+        w.queued(t + 60 * MS, 1, Some(1), 100);
+        assert!(!w.stalled(t + 860 * MS));
+        assert!(w.stalled(t + 861 * MS));
+        // A slow reader that acknowledges anything starts the count again, even with an older
+        // update still in flight.
+        assert!(w.sent(2));
+        w.queued(t + 800 * MS, 1, Some(2), 100);
+        w.acked(t + 840 * MS, 2);
+        assert_eq!(w.in_flight().0, 1);
+        // (The update acknowledged travelled alone: its 780 ms are the base flight now, so
+        // the wait is 2 × (780 + 100 + 250) = 2,260 ms from the acknowledgement.)
+        assert!(!w.stalled(t + 3100 * MS));
+        assert!(w.stalled(t + 3101 * MS));
     }
 
     #[test]

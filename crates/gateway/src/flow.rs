@@ -47,10 +47,9 @@ impl UpdateFlow {
         self.lock().room(now)
     }
 
-    /// When the oldest channel update in flight was queued: long ago, for a client that stopped
-    /// reading or acknowledging.
-    pub(crate) fn oldest_in_flight(&self) -> Option<std::time::Instant> {
-        self.lock().oldest()
+    /// Whether the client looks stopped: see [`Window::stalled`].
+    pub(crate) fn stalled(&self, now: std::time::Instant) -> bool {
+        self.lock().stalled(now)
     }
 
     /// After a resume dropped updates of `channel` the client never got: the version its

@@ -101,13 +101,6 @@ struct Reported {
 /// mailbox).
 const MAX_WAITING_PASSES: usize = 8;
 
-/// A viewer whose client has left an update unacknowledged this long is not asked for a pass
-/// ahead (it is refused pass after pass, and what it would be asked for goes unused). Past
-/// the window's own bound on an update's wait with the default limits (the base flight, the
-/// 200 ms acknowledgement delay and the 150 ms target), which holds updates back from such a
-/// client anyway.
-const STALLED: Duration = Duration::from_millis(500);
-
 #[derive(Debug, Default)]
 struct Inbox {
     passes: VecDeque<Arc<Frame>>,
@@ -500,9 +493,10 @@ impl Delivery {
         // entries of viewers refused now (those due less often are asked for a pass before
         // they are due), of those due less often, and of new ones not yet due, from the
         // versions they hold. The world encodes them at the next pass's versions. Not for a
-        // client that has left an update unacknowledged for `STALLED`: it would leave them
-        // unused pass after pass. Once it acknowledges, it is asked for again at each
-        // refusal; a pass that finds it room but not its entries asks for them too (above).
+        // client that looks stopped (`Window::stalled`: nothing acknowledged for a long while):
+        // it would leave them unused pass after pass. Once it acknowledges anything, it is asked
+        // for again at each refusal; a pass that finds it room but not its entries asks for
+        // them too (above).
         let next = frame.scheduled + frame.tick;
         let soon = slow
             .iter()
@@ -510,11 +504,7 @@ impl Delivery {
             .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next));
         for conn in behind.iter().filter(|&conn| !slow.contains(conn)).chain(soon) {
             if let Some(viewer) = viewers.get(conn)
-                && viewer
-                    .handle
-                    .flow
-                    .oldest_in_flight()
-                    .is_none_or(|at| now.saturating_duration_since(at) < STALLED)
+                && !viewer.handle.flow.stalled(now)
             {
                 viewer.want_stale(frame, &mut report.wants);
             }

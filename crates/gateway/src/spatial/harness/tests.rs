@@ -440,12 +440,12 @@ fn clients_behind_get_a_merged_delta_of_a_cell_that_changed_a_little() {
     assert_eq!(counts.catch_up_snapshots, 0, "{counts:?}");
 }
 
-#[test]
-fn a_client_that_stops_reading_stops_costing_encodings_and_catches_up_when_it_reads_again() {
-    // Two worlds alike, two clients in one cell; in the second, client 1 reads nothing from
-    // the second pass to the hundredth, so its window fills and it is refused at every pass,
-    // then reads again.
-    let run = |stuck: bool| {
+/// Two worlds alike, two clients in one cell: client 0 reads at every pass; client 1 reads at
+/// the passes for which `reads` holds in the second world, at every pass in the first. Returns
+/// the cell updates each world's passes encoded, the updates held back in the second, and
+/// whether its replicas differ at the end.
+fn against_a_reader(reads: impl Fn(u32) -> bool, passes: u32) -> (Vec<u64>, Vec<u64>, u64, Option<String>) {
+    let run = |reads: &dyn Fn(u32) -> bool| {
         let start = Instant::now();
         let mut h = small_world(start);
         h.keep_replicas();
@@ -455,32 +455,56 @@ fn a_client_that_stops_reading_stops_costing_encodings_and_catches_up_when_it_re
             h.spawn_player(at[1], r#"{"yaw": 0}"#, 5.0, start).expect("spawned"),
         ];
         let mut per_pass = Vec::new();
-        for frame in 1..=110u32 {
+        for frame in 1..=passes {
             let now = start + Duration::from_millis(20 * u64::from(frame));
             h.publish_frame(|id| (at[usize::from(id == ids[1])], format!(r#"{{"yaw": {frame}}}"#)))
                 .expect("published");
             let before = h.counts().encodings;
             h.tick(now);
             per_pass.push(h.counts().encodings - before);
-            let reads = !stuck || frame == 1 || frame > 100;
-            h.drain_clients(now, |i| i == 0 || reads).expect("every update applies");
+            h.drain_clients(now, |i| i == 0 || reads(frame)).expect("every update applies");
         }
-        let differ = h.replicas_differ();
-        (per_pass, h.counts().held_back, differ)
+        (per_pass, h.counts().held_back, h.replicas_differ())
     };
-    let (reading, none_held, _) = run(false);
-    let (stuck, held, differ) = run(true);
+    let (reading, none_held, _) = run(&|_| true);
     assert_eq!(none_held, 0, "both clients keep up");
+    let (other, held, differ) = run(&reads);
+    (reading, other, held, differ)
+}
+
+/// Per pass, the cell updates `other` encoded beyond what `reading` did.
+fn extra(other: &[u64], reading: &[u64]) -> Vec<u64> {
+    other.iter().zip(reading).map(|(o, r)| o.saturating_sub(*r)).collect()
+}
+
+#[test]
+fn a_client_that_stops_reading_stops_costing_encodings_and_catches_up_when_it_reads_again() {
+    // Client 1 reads at the first pass, then not until the hundredth: its window fills and it is
+    // refused at every pass, then it reads again.
+    let (reading, stuck, held, differ) = against_a_reader(|pass| pass == 1 || pass > 100, 110);
     assert!(held > 50, "the stuck client is refused pass after pass: {held}");
-    // While it has acknowledged recently, a refused client is asked for a pass ahead (a
-    // delta from the version it holds); once an update has waited `STALLED` unacknowledged,
-    // no more: from 0.6 s (pass 30) to its reading again at pass 100, the passes encode what
-    // they encode for clients that keep up.
-    let extra = |range: std::ops::Range<usize>| -> u64 {
-        stuck[range.clone()].iter().zip(&reading[range]).map(|(s, r)| s.saturating_sub(*r)).sum()
-    };
-    assert!(extra(0..30) > 0, "asked for while recent: {stuck:?}");
-    assert_eq!(extra(30..100), 0, "encodings per pass, stuck {stuck:?} against reading {reading:?}");
+    let extra = extra(&stuck, &reading);
+    // Refused, it is asked for a pass ahead (a delta from the version it holds) until it looks
+    // stopped (`Window::stalled`: nothing acknowledged since the update queued at 40 ms, for
+    // twice its 350 ms bound: past 0.74 s, so its last ask is at pass 37, encoded at 38); then
+    // no more until it reads at pass 100.
+    assert!(extra[..36].iter().sum::<u64>() > 0, "asked for while recent: {extra:?}");
+    assert_eq!(extra[38..100].iter().sum::<u64>(), 0, "encodings per pass beyond a reader's: {extra:?}");
     // Reading again, it gets its cells and its replicas converge.
     assert_eq!(differ, None, "after reading again");
+}
+
+#[test]
+fn a_client_that_reads_slowly_but_acknowledges_is_asked_for_at_every_refusal() {
+    // Client 1 reads every 30th pass (600 ms), from the first. Before its second read its
+    // window holds updates back (from pass 20 or so), and its oldest update in flight has
+    // waited over half a second by pass 28; but it is not stopped (nothing acknowledged for
+    // 700 ms), so each refusal, the last ones too, asks a pass ahead.
+    let (reading, slow, held, differ) = against_a_reader(|pass| pass % 30 == 1, 61);
+    assert!(held > 5, "refused before its second read: {held}");
+    let extra = extra(&slow, &reading);
+    for asked_at in [27, 28, 29, 30] {
+        assert!(extra[asked_at] > 0, "asked at pass {asked_at}, encoded at the next: {extra:?}");
+    }
+    assert_eq!(differ, None);
 }
