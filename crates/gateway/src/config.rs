@@ -384,6 +384,16 @@ mod tests {
     }
 
     #[test]
+    fn the_spatial_delivery_is_the_worlds_unless_set_to_the_io_threads() {
+        use crate::channel::SpatialDelivery;
+        assert_eq!(GatewayConfig::default().channels.spatial_delivery, SpatialDelivery::World);
+        let set = |v: &str| GatewayConfig::load(None, &[format!("channels.spatial_delivery={v}")]);
+        assert_eq!(set("\"io_threads\"").unwrap().channels.spatial_delivery, SpatialDelivery::IoThreads);
+        assert_eq!(set("\"world\"").unwrap().channels.spatial_delivery, SpatialDelivery::World);
+        assert!(set("\"io\"").is_err(), "an unknown place is an error");
+    }
+
+    #[test]
     fn the_sample_config_is_the_defaults() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/tickwire.toml");
         let sample = GatewayConfig::load(Some(Path::new(path)), &[]).unwrap();

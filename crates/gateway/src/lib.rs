@@ -31,7 +31,7 @@ pub use auth::{
 };
 pub use channel::{
     Access, ChannelConfigError, ChannelFigures, ChannelRouter, ChannelTypeConfig, ChannelsConfig, Preset,
-    UpdateWindowConfig,
+    SpatialDelivery, UpdateWindowConfig,
 };
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig, TlsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};

@@ -136,6 +136,24 @@ pub struct ChannelsConfig {
     pub orphan_ttl: Duration,
     /// How much channel state one session may have in flight (docs/protocol.md 12.2).
     pub update_window: UpdateWindowConfig,
+    /// Where the spatial world's per-client work of a pass runs.
+    pub spatial_delivery: SpatialDelivery,
+}
+
+/// `channels.spatial_delivery`: which threads do the per-client half of the spatial world's
+/// fan-out pass (checking each client's window, gathering its message, queueing it). The other
+/// half, encoding each changed cell once for every client, is always the world's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpatialDelivery {
+    /// The world's thread, at the end of its pass. On 2 cores this held more clients at the
+    /// knee (docs/benchmarks.md, fourteenth session).
+    #[default]
+    World,
+    /// Each session's I/O thread, from a frame the world hands over: the world's pass is about a
+    /// third as long, and the per-client work is spread over the I/O threads, which also do all
+    /// the sessions' reads and writes.
+    IoThreads,
 }
 
 /// `[channels.update_window]`: each session's window of channel updates queued or sent and not
@@ -201,6 +219,7 @@ impl Default for ChannelsConfig {
             max_state_bytes: 512 * 1024,
             orphan_ttl: Duration::from_secs(60),
             update_window: UpdateWindowConfig::default(),
+            spatial_delivery: SpatialDelivery::default(),
         }
     }
 }

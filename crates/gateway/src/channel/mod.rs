@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 pub(crate) use actor::Figures;
-pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, UpdateWindowConfig};
+pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, SpatialDelivery, UpdateWindowConfig};
 
 use crate::auth::Role;
 use crate::pass_times::{Names, PassTimes};

@@ -8,8 +8,10 @@
 //! [`Delivery`] that owns what the viewers of its sessions hold (the cells in view, the version
 //! of each, the schedule) and runs every pass for them there, from the [`Frame`] the world
 //! encoded: the world's pass encodes and hands over one frame per I/O thread; the viewers'
-//! windows, outboxes and wake-ups stay on the thread that owns them. Sessions on no I/O thread
-//! (tests, the harness) share a delivery the world runs itself, at the end of its pass.
+//! windows, outboxes and wake-ups stay on the thread that owns them. That is with
+//! `channels.spatial_delivery = "io_threads"`. By default, and for sessions on no I/O thread
+//! (tests, the harness), every viewer shares one delivery the world runs itself, at the end of
+//! its pass: on 2 cores, where the I/O threads are the busiest, that held more clients.
 //!
 //! The world and a delivery talk through two bounded mailboxes: the world posts each viewer's
 //! latest view (cells, codec, schedule) and each pass (up to 8 waiting); the delivery posts the

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use crate::auth::Role;
-use crate::channel::{ChannelConfigError, ChannelRouter, Figures};
+use crate::channel::{ChannelConfigError, ChannelRouter, Figures, SpatialDelivery};
 use crate::pass_times::{Names, PassTimes};
 use crate::router::{Gauge, Router, SessionHandle, Startup, error_response};
 use world::World;
@@ -104,6 +104,8 @@ pub(crate) struct SpatialSettings {
     pub max_view_cells: usize,
     pub max_waiting: usize,
     pub max_in_flight: usize,
+    /// Where sessions on an I/O thread get their passes delivered.
+    pub delivery: SpatialDelivery,
 }
 
 /// What the world counts, read by the metrics endpoint.
@@ -219,6 +221,7 @@ impl SpatialRouter {
             max_view_cells: c.max_subscriptions_per_session,
             max_waiting: MAX_WAITING,
             max_in_flight: MAX_IN_FLIGHT,
+            delivery: c.spatial_delivery,
         };
         let [sx, sz] = layout.config().servers;
         let slots = (sx * sz) as usize;

@@ -23,6 +23,7 @@ use tickwire_wire::proto::{DeltaCodec, Follow, InterestResult, Response, SetInte
 use super::delivery::{Delivery, Mailbox, View};
 use super::frame::{CellFrame, Frame, base_for, codec_index};
 use super::world::World;
+use crate::channel::SpatialDelivery;
 use crate::router::{SessionHandle, error_response};
 
 /// A viewer, as the world keeps it: its area, and the cells and codec the cells' viewer counts
@@ -163,10 +164,12 @@ impl World {
         self.viewers.insert(conn, viewer);
     }
 
-    /// The mailbox of the delivery for `client`'s I/O thread, started if it is the first viewer
-    /// there; the world's own delivery for a session on no I/O thread.
+    /// With `channels.spatial_delivery = "io_threads"`, the mailbox of the delivery for
+    /// `client`'s I/O thread, started if it is the first viewer there; otherwise, and for a
+    /// session on no I/O thread, the world's own delivery.
     fn mailbox_for(&mut self, client: &SessionHandle) -> Arc<Mailbox> {
-        let Some(io) = client.io else { return self.inline.mailbox().clone() };
+        let on_io = self.settings.delivery == SpatialDelivery::IoThreads;
+        let Some(io) = client.io.filter(|_| on_io) else { return self.inline.mailbox().clone() };
         if let Some(mailbox) = self.deliveries.get(&io) {
             return mailbox.clone();
         }

@@ -125,7 +125,8 @@ async fn handovers_lose_duplicate_and_reorder_no_entity_message() {
     walk_and_count(&start().await).await;
 }
 
-/// The same with the sessions on I/O threads, as the binary runs them.
+/// The same with the sessions on I/O threads, as the binary runs them (the passes delivered on
+/// the world's thread, the default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handovers_lose_no_entity_message_with_sessions_on_io_threads() {
     walk_and_count(&common::start_on_io_threads(&LAYOUT).await).await;
