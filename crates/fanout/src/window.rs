@@ -263,7 +263,7 @@ impl<C: Copy + Eq> Window<C> {
         }
         let wait =
             self.base_flight.map_or(Duration::ZERO, |(d, _)| d) + self.limits.ack_delay + self.limits.target;
-        self.delivered_at.is_some_and(|at| now.saturating_duration_since(at) > 2 * wait)
+        self.delivered_at.is_some_and(|at| now.saturating_duration_since(at) > wait.saturating_mul(2))
     }
 
     /// Whether an update of `bytes` may join those in flight: never past `max_bytes`, except

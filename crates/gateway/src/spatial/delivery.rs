@@ -11,7 +11,8 @@
 //! windows, outboxes and wake-ups stay on the thread that owns them. That is with
 //! `channels.spatial_delivery = "io_threads"`. By default, and for sessions on no I/O thread
 //! (tests, the harness), every viewer shares one delivery the world runs itself, at the end of
-//! its pass: on 2 cores, where the I/O threads are the busiest, that held more clients.
+//! its pass: on 2 cores, where the I/O threads are the busiest, that kept clients' rates
+//! higher at the knee in most paired rounds.
 //!
 //! The world and a delivery talk through two bounded mailboxes: the world posts each viewer's
 //! latest view (cells, codec, schedule) and each pass (up to 8 waiting); the delivery posts the

@@ -1,8 +1,9 @@
 //! The spatial world (docs/protocol.md section 14): the `spatial.*` methods, entity messages
 //! (`channel.send` to an entity) and areas of interest, served by one world task (`world.rs`
 //! for the servers, `world/entities.rs` for entities and handovers, `view.rs` for what clients
-//! see, `frame.rs` for what a pass encodes), and each pass delivered to the viewers on the I/O
-//! threads of their sessions (`delivery.rs`). Present when the
+//! see, `frame.rs` for what a pass encodes), and each pass delivered to the viewers by the
+//! world itself or, with `channels.spatial_delivery = "io_threads"`, on the I/O threads of
+//! their sessions (`delivery.rs`). Present when the
 //! gateway's configuration has a `[spatial]` layout; [`SpatialRouter`] then sits in front of
 //! the channel router and passes it everything else.
 //!
@@ -336,8 +337,8 @@ impl Router for SpatialRouter {
             return Ok(());
         };
         // Off the I/O threads: the world's publishes and passes would hold up every session of
-        // the thread they ran on. A pass only encodes the cells and hands them to one delivery
-        // per I/O thread (`delivery.rs`), which serves that thread's viewers there. (Requests
+        // the thread they ran on. A pass encodes the cells and delivers them itself or, with
+        // `io_threads`, hands them to one delivery per I/O thread (`delivery.rs`). (Requests
         // to the world cross threads, one wake each: a few thousand a second.) Tracked, so the
         // gateway's shutdown waits for the world to stop.
         let task = run(world, rx, self.channel_figures.clone(), startup.stop.clone());
@@ -404,8 +405,8 @@ impl Router for SpatialRouter {
 /// The world's task: messages as they come, a fan-out pass every tick, until the gateway stops
 /// or every sender is gone. Each pass is scheduled at the instant its tick was due on the timer,
 /// not at the (later) instant it ran: see [`World::tick`]. The world's part of each pass
-/// (encoding it and handing it to the deliveries, plus the inline delivery of sessions on no
-/// I/O thread) goes into the channels' `channel_tick_duration_seconds` as wall-clock time (the
+/// (encoding it and handing it to the deliveries, plus its own delivery: every viewer's by
+/// default, and always those of sessions on no I/O thread) goes into the channels' `channel_tick_duration_seconds` as wall-clock time (the
 /// world is one channel actor there) and into `spatial_pass_cpu_seconds` as this thread's CPU
 /// time; the deliveries on the I/O threads record theirs in `spatial_delivery_cpu_seconds`.
 async fn run(

@@ -295,7 +295,7 @@ impl World {
 
     /// One fan-out pass: seals the cells, encodes what the viewers need, and hands the pass to
     /// every delivery, running the world's own. Returns how many viewers the world's own
-    /// delivery (sessions on no I/O thread) queued a message; the others count in the figures.
+    /// delivery queued a message; those of the I/O threads' count in the figures.
     ///
     /// `scheduled` is the instant the pass was due on the world's timer, and the viewers'
     /// schedules (who is due, and when next) run on it; `now` is the clock, for the sessions'

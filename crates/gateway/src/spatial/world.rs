@@ -93,9 +93,11 @@ pub(super) struct World {
     pub view_count: Vec<[u32; 2]>,
     /// Cells (and codec) a viewer entered since the last pass: the next encodes their snapshot.
     pub wanted: HashSet<(u32, usize)>,
-    /// The delivery of each I/O thread that has viewers, by thread (`delivery.rs`).
+    /// With `channels.spatial_delivery = "io_threads"`, the delivery of each I/O thread that
+    /// has viewers, by thread (`delivery.rs`).
     pub deliveries: HashMap<usize, Arc<Mailbox>>,
-    /// The delivery of the viewers on no I/O thread, run by the world at the end of each pass.
+    /// The world's own delivery, run at the end of each pass: every viewer's by default, and
+    /// those of sessions on no I/O thread.
     pub inline: Delivery,
     /// Bumped whenever any cell changes: a viewer holding it has nothing to receive.
     pub world_version: u64,

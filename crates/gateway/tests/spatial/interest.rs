@@ -61,12 +61,8 @@ async fn an_area_shows_the_same_when_passes_are_delivered_on_the_io_threads() {
     shows_exactly_the_entities_in_the_area(&gw).await;
     // Only a delivery on an I/O thread records its runs' CPU time.
     let metrics = common::scrape(gw.metrics_addr().expect("metrics on")).await;
-    let runs: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("spatial_delivery_cpu_seconds_count "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("spatial_delivery_cpu_seconds_count in /metrics");
-    assert!(runs > 0, "no pass was delivered on an I/O thread");
+    let runs = common::metric(&metrics, "spatial_delivery_cpu_seconds_count");
+    assert!(runs.is_some_and(|n| n > 0.0), "no pass was delivered on an I/O thread: {runs:?}");
 }
 
 async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
