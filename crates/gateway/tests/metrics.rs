@@ -7,12 +7,7 @@ use std::time::Duration;
 use tickwire_client::{Client, ConnectOptions};
 
 fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    common::metric(text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
 #[tokio::test]

@@ -229,10 +229,6 @@ async fn slow_frozen_and_resumed_subscribers_get_fresh_state_beside_healthy_ones
     }
     // And the gateway held the slow one's updates back rather than queue them.
     let metrics = common::scrape(gw.metrics_addr().unwrap()).await;
-    let coalesced = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("channel_updates_coalesced "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("the coalesced counter");
+    let coalesced = common::metric(&metrics, "channel_updates_coalesced").expect("the coalesced counter");
     assert!(coalesced > 0.0, "{metrics}");
 }

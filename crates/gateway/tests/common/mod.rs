@@ -189,12 +189,13 @@ impl ChaosProxy {
     }
 }
 
-/// `GET /metrics` over a plain socket; the body with its headers.
-/// The value of the unlabelled sample `name` in a `/metrics` text, if it is there.
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+/// The value of `series` (a metric's name, with its labels if it has any, as `/metrics`
+/// writes them) in a `/metrics` text, if it is there.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// `GET /metrics` over a plain socket; the body with its headers.
 pub async fn scrape(addr: SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").await.unwrap();

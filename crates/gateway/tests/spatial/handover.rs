@@ -129,8 +129,7 @@ async fn handovers_lose_duplicate_and_reorder_no_entity_message() {
 /// the world's thread, the default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handovers_lose_no_entity_message_with_sessions_on_io_threads() {
-    let overrides: Vec<&str> = LAYOUT.iter().copied().chain(["metrics.listen=\"127.0.0.1:0\""]).collect();
-    let gw = common::start_on_io_threads(&overrides).await;
+    let gw = start_on_io_threads(&[]).await;
     walk_and_count(&gw).await;
     // The world delivered every pass itself: no delivery ran on an I/O thread.
     let metrics = common::scrape(gw.metrics_addr().expect("metrics on")).await;

@@ -55,9 +55,7 @@ async fn an_area_shows_exactly_the_entities_of_the_cells_it_touches_and_no_area_
 /// delivery on each thread, not to the world's own one (`crates/gateway/src/spatial/delivery.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_area_shows_the_same_when_passes_are_delivered_on_the_io_threads() {
-    let settings = ["metrics.listen=\"127.0.0.1:0\"", "channels.spatial_delivery=\"io_threads\""];
-    let overrides: Vec<&str> = LAYOUT.iter().copied().chain(settings).collect();
-    let gw = common::start_on_io_threads(&overrides).await;
+    let gw = start_on_io_threads(&["channels.spatial_delivery=\"io_threads\""]).await;
     shows_exactly_the_entities_in_the_area(&gw).await;
     // Only a delivery on an I/O thread records its runs' CPU time.
     let metrics = common::scrape(gw.metrics_addr().expect("metrics on")).await;

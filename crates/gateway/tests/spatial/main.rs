@@ -42,6 +42,14 @@ async fn start() -> RunningGateway {
     common::start(&LAYOUT).await
 }
 
+/// [`start`] with the sessions on I/O threads, metrics on, and `settings` besides.
+async fn start_on_io_threads(settings: &[&str]) -> RunningGateway {
+    let metrics = "metrics.listen=\"127.0.0.1:0\"";
+    let overrides: Vec<&str> =
+        LAYOUT.iter().copied().chain([metrics]).chain(settings.iter().copied()).collect();
+    common::start_on_io_threads(&overrides).await
+}
+
 fn v3(p: [f32; 3]) -> Option<Vec3> {
     Some(Vec3 { x: p[0], y: p[1], z: p[2] })
 }
