@@ -180,3 +180,83 @@ impl CellFrame {
         self.snapshot_len = c.snapshot_len;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use hashbrown::HashSet;
+    use tickwire_state::{
+        Field, KeyKind, Limits, PreparedCache, Schema, SchemaDef, State, Step, Type, Value,
+    };
+
+    use super::*;
+    use crate::spatial::world::ENTITIES_FIELD;
+
+    /// A cell whose state keeps one tombstone, so its history stops reaching old versions after
+    /// two removals.
+    fn cell() -> CellState {
+        let def = SchemaDef::new([Field::new("entities", Type::map(KeyKind::Int, Type::Int))]);
+        let limits = Limits { max_tombstones: 1, history: 1, ..Limits::default() };
+        CellState {
+            state: State::with_limits(Schema::new(def).unwrap(), limits),
+            previous: 0,
+            snapshot_len: [0; 2],
+            latest_len: [(0, 0); 2],
+            cache: PreparedCache::default(),
+            entities: HashSet::new(),
+        }
+    }
+
+    fn set(c: &mut CellState, id: i64) -> Version {
+        let key = Key::Int(id);
+        let before = c.state.version();
+        c.state.set(&[Step::Field(ENTITIES_FIELD), Step::Key(&key)], Value::Int(id)).unwrap();
+        c.previous = before;
+        c.state.seal()
+    }
+
+    fn remove(c: &mut CellState, id: i64) -> Version {
+        let key = Key::Int(id);
+        let before = c.state.version();
+        assert!(c.state.remove(&[Step::Field(ENTITIES_FIELD), Step::Key(&key)]).unwrap());
+        c.previous = before;
+        c.state.seal()
+    }
+
+    /// A delta asked for from a version the cell's history no longer reaches comes out as a
+    /// snapshot, and is labelled as one: from 0, its length kept as the cell's snapshot length,
+    /// and found (once) by every viewer that needs a snapshot.
+    #[test]
+    fn a_delta_past_the_floor_is_labelled_a_snapshot() {
+        let mut c = cell();
+        let old = set(&mut c, 1);
+        set(&mut c, 2);
+        set(&mut c, 3);
+        remove(&mut c, 1);
+        remove(&mut c, 2);
+        assert!(c.state.floor() > old, "two removals with one tombstone kept raise the floor");
+        let figures = SpatialFigures::default();
+        let mut frame = CellFrame::of(&c);
+        frame.add(&mut c, 0, old, 0, &figures);
+
+        assert_eq!(frame.entries.len(), 1);
+        let entry = &frame.entries[0];
+        assert_eq!((entry.from, entry.to), (0, c.state.version()));
+        assert!(frame.find(old, 0).is_none(), "not labelled as a delta from {old}");
+        assert!(frame.find(0, 0).is_some());
+        assert_eq!(frame.snapshot_len[0], entry.field.len());
+        assert_eq!(c.snapshot_len[0], entry.field.len());
+
+        // Another viewer past the floor, and one asking for the snapshot itself, share it.
+        frame.add(&mut c, 0, old + 1, 0, &figures);
+        frame.add(&mut c, 0, 0, 0, &figures);
+        assert_eq!(frame.entries.len(), 1);
+
+        // A base the history still reaches gets a delta of its own.
+        let reachable = c.state.floor();
+        set(&mut c, 4);
+        let mut frame = CellFrame::of(&c);
+        frame.add(&mut c, 0, reachable, 0, &figures);
+        assert_eq!(frame.entries.len(), 1);
+        assert_eq!(frame.entries[0].from, reachable);
+    }
+}
