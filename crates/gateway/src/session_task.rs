@@ -3,6 +3,7 @@
 //! the session's bounded outbox, and keeps a single timer armed at the session's next deadline.
 //! When the connection drops, the task stays and waits for a resume until the window closes.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +83,21 @@ pub(crate) struct SessionTask {
     bucket: TokenBucket,
     /// The client's acknowledgement last reported to the update window.
     acked: u64,
+    /// Messages the session had no room for (its resend buffer at `max_unacked_*`), sent in
+    /// order as the client's acknowledgements free room. The outbox is not read meanwhile, so a
+    /// client that stops acknowledging fills it and is closed as slow; a burst that outruns the
+    /// acknowledgement of a client that keeps up waits instead of ending the session. Holds the
+    /// outbox's one item that did not fit and the replies to the client's requests, at most
+    /// `outbox_capacity`.
+    waiting: VecDeque<Outgoing>,
+}
+
+/// The payload length `item` takes in the session's resend buffer.
+fn outgoing_len(item: &Outgoing) -> usize {
+    match item {
+        Outgoing::Message(message) | Outgoing::Update(message) => message.len(),
+        Outgoing::UpdateParts(update) => update.encoded_len(),
+    }
 }
 
 /// The next message in the outbox, polled with the task's deferrable waker.
@@ -140,6 +156,7 @@ impl SessionTask {
                 }
             },
             acked: 0,
+            waiting: VecDeque::new(),
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -231,7 +248,9 @@ impl SessionTask {
                         self.on_input(Instant::now()).await
                     }
                 },
-                Some(msg) = recv_outbox(&mut self.outbox, &mut self.outbox_waker), if attached => self.on_outbox(msg).await,
+                Some(msg) = recv_outbox(&mut self.outbox, &mut self.outbox_waker), if attached && self.waiting.is_empty() => {
+                    self.on_outbox(msg).await
+                }
                 () = &mut deadline => Box::pin(self.on_deadline()).await,
             };
             if let Err(end) = step {
@@ -322,7 +341,8 @@ impl SessionTask {
         let flow = self.handle.flow.clone();
         let mut window = flow.lock();
         let mut queued = Vec::new();
-        while let Ok(item) = self.outbox.try_recv() {
+        let waiting = std::mem::take(&mut self.waiting);
+        for item in waiting.into_iter().chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
             if let Outgoing::Message(message) = item {
                 queued.push(message);
             }
@@ -375,6 +395,7 @@ impl SessionTask {
                 }
             }
         }
+        self.send_waiting(now)?;
         if let Some(frame) = self.session.poll_transmit(now) {
             frame.encode(&mut self.wbuf);
         }
@@ -408,10 +429,9 @@ impl SessionTask {
         Ok(())
     }
 
+    /// Sends a message now, or after what waits for room ([`SessionTask::put`]).
     fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
-        let frame = self.session.send(now, message)?;
-        self.write_data(frame);
-        Ok(())
+        self.put(now, Outgoing::Message(message), &mut Vec::new())
     }
 
     /// Queues a DATA frame the session produced (none while detached) for the next flush.
@@ -436,23 +456,71 @@ impl SessionTask {
         let mut updates = Vec::new();
         let mut item = Some(first);
         for _ in 0..OUTBOX_BATCH {
-            let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
-            match next {
-                Outgoing::Message(message) => self.send(now, message)?,
-                Outgoing::Update(update) => self.send_update(now, update.into(), &mut updates)?,
-                Outgoing::UpdateParts(update) => {
-                    self.send_update(now, update.into_payload(), &mut updates)?
-                }
+            // Once one waits for room, the rest stay in the outbox.
+            if !self.waiting.is_empty() {
+                break;
             }
+            let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
+            self.put(now, next, &mut updates)?;
         }
+        self.updates_sent(updates);
+        self.flush().await;
+        Ok(())
+    }
+
+    /// Sends `item` now if the session has room for it and nothing waits before it; else it
+    /// waits (see `waiting`). A message larger than the session's bounds alone cannot ever be
+    /// sent: the session ends with `RETRANSMIT_OVERFLOW`, as before.
+    fn put(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
+        let fits = self.session.has_room(outgoing_len(&item));
+        let never = !fits && self.session.unacked().0 == 0;
+        if !never && (!fits || !self.waiting.is_empty()) {
+            if self.waiting.len() >= self.shared.config.limits.outbox_capacity {
+                return Err(End::new(
+                    CloseReason::SlowConsumer,
+                    format!("more than {} messages waiting for acknowledgements", self.waiting.len()),
+                ));
+            }
+            self.waiting.push_back(item);
+            return Ok(());
+        }
+        self.send_now(now, item, updates)
+    }
+
+    fn send_now(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
+        match item {
+            Outgoing::Message(message) => {
+                let frame = self.session.send(now, message)?;
+                self.write_data(frame);
+                Ok(())
+            }
+            Outgoing::Update(update) => self.send_update(now, update.into(), updates),
+            Outgoing::UpdateParts(update) => self.send_update(now, update.into_payload(), updates),
+        }
+    }
+
+    /// Sends what waited for room, in order, as far as the room now goes.
+    fn send_waiting(&mut self, now: Instant) -> Result<(), End> {
+        let mut updates = Vec::new();
+        while let Some(item) = self.waiting.front() {
+            if !self.session.has_room(outgoing_len(item)) && self.session.unacked().0 > 0 {
+                break;
+            }
+            let Some(item) = self.waiting.pop_front() else { break };
+            self.send_now(now, item, &mut updates)?;
+        }
+        self.updates_sent(updates);
+        Ok(())
+    }
+
+    /// Tells the update window the sequence numbers the updates just sent took.
+    fn updates_sent(&self, updates: Vec<u64>) {
         if !updates.is_empty() {
             let mut window = self.handle.flow.lock();
             for seq in updates {
                 window.sent(seq);
             }
         }
-        self.flush().await;
-        Ok(())
     }
 
     /// Writes the pending output. A failed or stalled write drops the connection; the session

@@ -139,6 +139,15 @@ impl Session {
         (self.unacked.len(), self.unacked_bytes)
     }
 
+    /// Whether a message of `len` payload bytes can be sent now without passing the bounds of
+    /// the resend buffer ([`SessionConfig::max_unacked_messages`] and `max_unacked_bytes`): a
+    /// sender that waits for acknowledgements while this is false never gets
+    /// [`SessionError::RetransmitOverflow`] from a message that fits the bounds alone.
+    pub fn has_room(&self, len: usize) -> bool {
+        self.unacked.len() < self.config.max_unacked_messages
+            && self.unacked_bytes.saturating_add(len) <= self.config.max_unacked_bytes
+    }
+
     /// Highest sequence number the peer acknowledged.
     pub fn peer_acked(&self) -> u64 {
         self.peer_acked
@@ -411,12 +420,16 @@ mod tests {
         let t = Instant::now();
         let config = SessionConfig { max_unacked_messages: 2, max_unacked_bytes: 10, ..Default::default() };
         let mut s = Session::new(Role::Server, config, t);
+        assert!(s.has_room(10) && !s.has_room(11));
         s.send(t, Bytes::from_static(b"12345")).unwrap();
+        assert!(!s.has_room(6), "has_room agrees with send");
         assert_eq!(
             s.send(t, Bytes::from_static(b"123456")),
             Err(SessionError::RetransmitOverflow { messages: 2, bytes: 11 })
         );
+        assert!(s.has_room(1));
         s.send(t, Bytes::from_static(b"1")).unwrap();
+        assert!(!s.has_room(0), "no room by count");
         assert!(matches!(s.send(t, Bytes::new()), Err(SessionError::RetransmitOverflow { messages: 3, .. })));
     }
 
