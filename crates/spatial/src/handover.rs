@@ -62,6 +62,10 @@ pub struct Route<M> {
     phase: Phase<M>,
     next_handover: u64,
     max_waiting: usize,
+    /// What a message weighs (its bytes, for the caller's bound); 0 unless set.
+    weight: fn(&M) -> usize,
+    /// The weight of the messages in flight ([`Route::in_flight`]).
+    bytes: usize,
 }
 
 impl<M: Clone> Route<M> {
@@ -74,7 +78,15 @@ impl<M: Clone> Route<M> {
             phase: Phase::Owned,
             next_handover: 1,
             max_waiting,
+            weight: |_| 0,
+            bytes: 0,
         }
+    }
+
+    /// [`Route::new`], also adding up what the messages in flight weigh by `weight`
+    /// ([`Route::in_flight_bytes`]).
+    pub fn with_weight(owner: ServerId, max_waiting: usize, weight: fn(&M) -> usize) -> Route<M> {
+        Route { weight, ..Route::new(owner, max_waiting) }
     }
 
     /// The server that owns the entity (during a handover, still the old one).
@@ -95,12 +107,20 @@ impl<M: Clone> Route<M> {
         self.unprocessed.len() + waiting
     }
 
+    /// What the messages in flight weigh together (see [`Route::with_weight`]): what an
+    /// acquire would carry besides the state, for a caller that bounds it.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// A message for the entity: delivered now, or held while a handover is under way.
     pub fn send(&mut self, message: M) -> Result<Option<Action<M>>, RouteError> {
         let seq = self.next_seq;
+        let weight = (self.weight)(&message);
         match &mut self.phase {
             Phase::Owned => {
                 self.next_seq += 1;
+                self.bytes += weight;
                 self.unprocessed.push_back((seq, message.clone()));
                 Ok(Some(Action::Deliver { to: self.owner, seq, message }))
             }
@@ -109,6 +129,7 @@ impl<M: Clone> Route<M> {
                     return Err(RouteError::Full(waiting.len()));
                 }
                 self.next_seq += 1;
+                self.bytes += weight;
                 waiting.push_back((seq, message));
                 Ok(None)
             }
@@ -122,7 +143,9 @@ impl<M: Clone> Route<M> {
             return;
         }
         while self.unprocessed.front().is_some_and(|(s, _)| *s <= seq) {
-            self.unprocessed.pop_front();
+            if let Some((_, message)) = self.unprocessed.pop_front() {
+                self.bytes -= (self.weight)(&message);
+            }
         }
     }
 
@@ -214,6 +237,29 @@ mod tests {
         );
         assert_eq!(r.owner(), 2);
         assert_eq!(r.send("d").unwrap(), Some(Action::Deliver { to: 2, seq: 4, message: "d" }));
+    }
+
+    #[test]
+    fn the_weight_in_flight_follows_messages_through_a_handover() {
+        let mut r: Route<&str> = Route::with_weight(1, 10, |m| m.len());
+        r.send("aa").unwrap();
+        r.send("bbb").unwrap();
+        assert_eq!(r.in_flight_bytes(), 5);
+        r.processed(1, 1);
+        assert_eq!(r.in_flight_bytes(), 3);
+        r.begin_handover(2).unwrap();
+        r.send("cccc").unwrap();
+        assert_eq!(r.in_flight_bytes(), 7, "held messages count");
+        r.released(1, 1, vec![]).unwrap();
+        assert_eq!(r.in_flight_bytes(), 7, "forwarded, not yet processed by the new owner");
+        r.processed(1, 3);
+        assert_eq!(r.in_flight_bytes(), 7, "the old owner's reports no longer count");
+        r.processed(2, 3);
+        assert_eq!(r.in_flight_bytes(), 0);
+        r.send("d").unwrap();
+        r.lost(3, vec![]);
+        assert_eq!(r.in_flight_bytes(), 1, "a lost owner's messages go on to the next");
+        assert_eq!(Route::<&str>::new(1, 10).in_flight_bytes(), 0);
     }
 
     #[test]

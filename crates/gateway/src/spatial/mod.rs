@@ -56,6 +56,9 @@ const MAX_WAITING: usize = 1024;
 /// Messages an entity's server may leave unprocessed (sent, and not yet reported processed in a
 /// publish or release) before senders get UNAVAILABLE.
 const MAX_IN_FLIGHT: usize = 4096;
+/// The bytes those messages may take, as a share of a session's unacknowledged-data bound: an
+/// acquire carries them all in one message, which must fit it beside the entity's state.
+const IN_FLIGHT_SHARE_OF_UNACKED: usize = 4;
 
 /// Counters of held-back updates, one per reason: each bound of the window
 /// (`tickwire_fanout::Hold`, at `Hold::index`), then `queue` at [`HELD_BACK_QUEUE`].
@@ -105,6 +108,8 @@ pub(crate) struct SpatialSettings {
     pub max_view_cells: usize,
     pub max_waiting: usize,
     pub max_in_flight: usize,
+    /// The bytes of an entity's messages in flight (see `IN_FLIGHT_SHARE_OF_UNACKED`).
+    pub max_in_flight_bytes: usize,
     /// Where sessions on an I/O thread get their passes delivered.
     pub delivery: SpatialDelivery,
 }
@@ -222,6 +227,7 @@ impl SpatialRouter {
             max_view_cells: c.max_subscriptions_per_session,
             max_waiting: MAX_WAITING,
             max_in_flight: MAX_IN_FLIGHT,
+            max_in_flight_bytes: config.session.max_unacked_bytes / IN_FLIGHT_SHARE_OF_UNACKED,
             delivery: c.spatial_delivery,
         };
         let [sx, sz] = layout.config().servers;

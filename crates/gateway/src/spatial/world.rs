@@ -59,6 +59,13 @@ pub(super) struct EntityMsg {
     body: Bytes,
 }
 
+impl EntityMsg {
+    /// About what it takes in an acquire: its body and `EntityMessage`'s other fields.
+    pub fn weight(&self) -> usize {
+        self.body.len() + 32
+    }
+}
+
 pub(super) struct Entity {
     pub cell: u32,
     pub position: [f32; 3],

@@ -248,3 +248,38 @@ async fn shutdown_returns_once_the_world_has_stopped() {
     assert!(gw.shutdown(Duration::from_secs(10)).await, "everything stopped within the grace");
     assert_eq!(running(), Some(0.0), "shutdown returned before the world had stopped");
 }
+
+/// What an entity's server has not processed is bounded in bytes as well as in count, so that
+/// an acquire, which carries all of it in one message, always fits the new owner's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entitys_unprocessed_messages_are_bounded_in_bytes() {
+    let gw = common::start(&LAYOUT).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let player = client(&gw, "player").await;
+    let spawn = SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        controller_connection: player.connection_id(),
+    };
+    let entity_id = s0.spatial_spawn(spawn).await.unwrap().entity_id;
+    // A quarter of the default 1 MiB of unacknowledged data: two of these fit, a third does not.
+    let body = Bytes::from(vec![7u8; 100 << 10]);
+    player.send_to_entity(entity_id, body.clone()).await.unwrap();
+    player.send_to_entity(entity_id, body.clone()).await.unwrap();
+    assert_eq!(status(player.send_to_entity(entity_id, body.clone()).await), Status::Unavailable);
+    for seq in 1..=2 {
+        let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
+        assert_eq!((m.seq, m.body.len()), (seq, body.len()));
+    }
+    // Once the server reports them processed, there is room again.
+    let state = EntityState {
+        entity_id,
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        processed_seq: 2,
+    };
+    assert!(s0.spatial_publish(vec![state]).await.unwrap().ignored.is_empty());
+    player.send_to_entity(entity_id, body.clone()).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
+    assert_eq!(m.seq, 3, "the refused one took no number");
+}

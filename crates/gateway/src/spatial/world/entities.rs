@@ -60,7 +60,7 @@ impl World {
             cell: index,
             position,
             value,
-            route: Route::new(server.conn_id(), self.settings.max_waiting),
+            route: Route::with_weight(server.conn_id(), self.settings.max_waiting, EntityMsg::weight),
             owner_slot: slot,
             controller: req.controller_connection,
             controller_session: None,
@@ -297,6 +297,7 @@ impl World {
         let (entity_id, body) = (send.channel_id, send.body);
         let server = self.servers.contains_key(&from.conn_id());
         let max_in_flight = self.settings.max_in_flight;
+        let max_in_flight_bytes = self.settings.max_in_flight_bytes;
         let Some(e) = self.entities.get_mut(&entity_id) else {
             return error_response(id, Status::NotFound, format!("no entity {entity_id}"));
         };
@@ -336,7 +337,15 @@ impl World {
             );
             return error_response(id, Status::Unavailable, msg);
         }
-        match e.route.send(EntityMsg { from: from.conn_id(), body }) {
+        let message = EntityMsg { from: from.conn_id(), body };
+        if e.route.in_flight_bytes() + message.weight() > max_in_flight_bytes {
+            let msg = format!(
+                "entity {entity_id}'s messages its server has not processed would pass \
+                 {max_in_flight_bytes} bytes; retry"
+            );
+            return error_response(id, Status::Unavailable, msg);
+        }
+        match e.route.send(message) {
             Ok(Some(Action::Deliver { seq, message, .. })) => {
                 let m = EntityMessage { entity_id, seq, from_connection: message.from, body: message.body };
                 let _ = owner.push("spatial.message", m.encode_to_vec().into());
