@@ -173,11 +173,29 @@ enum Msg {
     Left(u64),
 }
 
+/// The world's two inboxes, one per role, each `channels.inbox_capacity` long: players' requests
+/// (areas of interest, messages to entities) can fill theirs without holding up a game server's
+/// publish or release, which the world also takes first (see [`run`]). A session's messages,
+/// and the notice that it left, all go through its role's inbox, so they stay in order.
+struct Inboxes<T> {
+    servers: T,
+    players: T,
+}
+
+impl Inboxes<mpsc::Sender<Msg>> {
+    fn of(&self, role: Role) -> &mpsc::Sender<Msg> {
+        match role {
+            Role::Server => &self.servers,
+            Role::Player => &self.players,
+        }
+    }
+}
+
 /// Serves the spatial world in front of the channel router.
 pub struct SpatialRouter {
-    inbox: mpsc::Sender<Msg>,
+    inbox: Inboxes<mpsc::Sender<Msg>>,
     /// Taken by [`Router::on_start`], which starts the world's task.
-    world: Mutex<Option<(World, mpsc::Receiver<Msg>)>>,
+    world: Mutex<Option<(World, Inboxes<mpsc::Receiver<Msg>>)>>,
     figures: Arc<SpatialFigures>,
     channel_figures: Arc<Figures>,
     slots: usize,
@@ -238,10 +256,11 @@ impl SpatialRouter {
         });
         let cells = layout.cell_count();
         let world = World::new(layout, settings, cell_schema, cell_json, entity_json, figures.clone());
-        let (inbox, rx) = mpsc::channel(c.inbox_capacity);
+        let (servers, servers_rx) = mpsc::channel(c.inbox_capacity);
+        let (players, players_rx) = mpsc::channel(c.inbox_capacity);
         Ok(SpatialRouter {
-            inbox,
-            world: Mutex::new(Some((world, rx))),
+            inbox: Inboxes { servers, players },
+            world: Mutex::new(Some((world, Inboxes { servers: servers_rx, players: players_rx }))),
             figures,
             channel_figures: channels.shared_figures(),
             slots,
@@ -250,9 +269,9 @@ impl SpatialRouter {
         })
     }
 
-    /// Queues `msg` for the world, or answers why not.
-    fn to_world(&self, id: u64, msg: Msg) -> Option<Response> {
-        match self.inbox.try_send(msg) {
+    /// Queues `msg` from `session` for the world, or answers why not.
+    fn to_world(&self, session: &SessionHandle, id: u64, msg: Msg) -> Option<Response> {
+        match self.inbox.of(session.role()).try_send(msg) {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 Some(error_response(id, Status::Unavailable, "the spatial world is busy; retry".into()))
@@ -292,7 +311,7 @@ impl SpatialRouter {
             "spatial.despawn" => Msg::Despawn(s, decode!(Despawn), id),
             other => return Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
         };
-        self.to_world(id, msg)
+        self.to_world(session, id, msg)
     }
 
     /// The spatial channel a `channel.*` request names, if it names one.
@@ -324,7 +343,7 @@ impl Router for SpatialRouter {
             && target >= ENTITY_BASE
             && let Ok(send) = ChannelSend::decode(request.body.clone())
         {
-            return self.to_world(id, Msg::Send(session.clone(), send, id));
+            return self.to_world(session, id, Msg::Send(session.clone(), send, id));
         }
         let msg = format!(
             "channel {target} belongs to the spatial world: clients see cells through spatial.interest, \
@@ -352,7 +371,7 @@ impl Router for SpatialRouter {
     }
 
     fn on_session_closed(&self, session: &SessionHandle) {
-        let inbox = self.inbox.clone();
+        let inbox = self.inbox.of(session.role()).clone();
         let conn = session.conn_id();
         // Delivered even when the inbox is momentarily full; never blocks this task.
         tokio::spawn(async move {
@@ -384,7 +403,7 @@ impl Router for SpatialRouter {
             Gauge::counter("spatial_delivery_passes_waited", get(&f.passes_waited)),
             // 0 once the world's task has stopped (and dropped its inbox): at shutdown, or if
             // it died.
-            Gauge::new("spatial_world_running", if self.inbox.is_closed() { 0.0 } else { 1.0 }),
+            Gauge::new("spatial_world_running", if self.inbox.servers.is_closed() { 0.0 } else { 1.0 }),
         ]);
         out.extend(f.pass_cpu.gauges(Names {
             bucket: "spatial_pass_cpu_seconds_bucket",
@@ -415,9 +434,11 @@ impl Router for SpatialRouter {
 /// default, and always those of sessions on no I/O thread) goes into the channels' `channel_tick_duration_seconds` as wall-clock time (the
 /// world is one channel actor there) and into `spatial_pass_cpu_seconds` as this thread's CPU
 /// time; the deliveries on the I/O threads record theirs in `spatial_delivery_cpu_seconds`.
+/// What is ready is taken in this order: the stop, a due pass, a game server's message, a
+/// player's, so that players' requests wait for the rest, never the other way round.
 async fn run(
     mut world: World,
-    mut inbox: mpsc::Receiver<Msg>,
+    mut inbox: Inboxes<mpsc::Receiver<Msg>>,
     figures: Arc<Figures>,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -430,11 +451,8 @@ async fn run(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {
         tokio::select! {
+            biased;
             () = &mut stopped => break,
-            msg = inbox.recv() => match msg {
-                Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
-                None => break,
-            },
             due = ticker.tick() => {
                 let started = Instant::now();
                 let cpu = tickwire_transport::thread_cpu_time();
@@ -446,6 +464,14 @@ async fn run(
                 world.figures.viewers.store(world.viewers.len() as u64, Ordering::Relaxed);
                 figures.record_pass(elapsed);
             }
+            msg = inbox.servers.recv() => match msg {
+                Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
+                None => break,
+            },
+            msg = inbox.players.recv() => match msg {
+                Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
+                None => break,
+            },
         }
     }
 }
@@ -525,5 +551,37 @@ mod tests {
             .expect("the world's task ends when stopped");
         let running = router.gauges().into_iter().find(|g| g.name == "spatial_world_running");
         assert_eq!(running.map(|g| g.value), Some(0.0), "the world's inbox is closed");
+    }
+
+    /// Players that fill the world's inbox (here: a world not running, with room for 4) get
+    /// UNAVAILABLE; a game server's requests still go through.
+    #[tokio::test]
+    async fn players_cannot_fill_the_inbox_game_servers_use() {
+        let overrides = [
+            "spatial.cell_size=10.0",
+            "spatial.cells=[2, 2]",
+            "spatial.servers=[1, 1]",
+            "channels.inbox_capacity=4",
+        ];
+        let config =
+            crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a spatial config");
+        let layout = config.spatial.clone().expect("a layout");
+        let router =
+            SpatialRouter::new(layout, &config, ChannelRouter::for_gateway(&config).expect("channels"))
+                .expect("the router");
+        let (player, _player_rx) = SessionHandle::unattached(1, Role::Player, &config);
+        let (server, _server_rx) = SessionHandle::unattached(2, Role::Server, &config);
+        let request =
+            |id: u64, method: &str, body: Vec<u8>| Request { id, method: method.into(), body: body.into() };
+        let interest = SetInterest::default().encode_to_vec();
+        for id in 0..4 {
+            assert_eq!(router.on_request(&player, request(id, "spatial.interest", interest.clone())), None);
+        }
+        let refused = router.on_request(&player, request(4, "spatial.interest", interest));
+        assert_eq!(refused.map(|r| r.status()), Some(Status::Unavailable), "the players' inbox is full");
+        let publish = Publish::default().encode_to_vec();
+        for id in 5..9 {
+            assert_eq!(router.on_request(&server, request(id, "spatial.publish", publish.clone())), None);
+        }
     }
 }

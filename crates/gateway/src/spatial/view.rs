@@ -98,9 +98,13 @@ impl World {
         }
         let follow = req.follow();
         let options = req.options.unwrap_or_default();
-        for e in self.entities.values_mut().filter(|e| e.controller == conn && e.controller_session.is_none())
-        {
-            e.controller_session = Some(client.clone());
+        if !self.controller_sessions.contains_key(&conn) {
+            self.controller_sessions.insert(conn, client.clone());
+            for e in
+                self.entities.values_mut().filter(|e| e.controller == conn && e.controller_session.is_none())
+            {
+                e.controller_session = Some(client.clone());
+            }
         }
         let centred = match follow {
             Follow::Off => area,

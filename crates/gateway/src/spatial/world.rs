@@ -94,6 +94,11 @@ pub(super) struct World {
     pub entities: HashMap<u64, Entity>,
     /// Connection id of a controller → the entity it controls (the latest spawned for it).
     pub controlled: HashMap<u64, u64>,
+    /// Sessions that have set an area of interest, by connection id: an entity spawned for one
+    /// of them as controller gets its session at once (a server's messages reach it). Its
+    /// entities spawned before are given it at its first `spatial.interest` only, so that later
+    /// ones do not scan every entity.
+    pub controller_sessions: HashMap<u64, SessionHandle>,
     next_entity: u64,
     pub viewers: HashMap<u64, Viewer>,
     /// Per cell, per codec (`frame::codec_index`): how many viewers see it.
@@ -160,6 +165,7 @@ impl World {
             observers: Vec::new(),
             entities: HashMap::new(),
             controlled: HashMap::new(),
+            controller_sessions: HashMap::new(),
             next_entity: 0,
             view_count: vec![[0; 2]; cell_count],
             wanted: HashSet::new(),
@@ -334,6 +340,7 @@ impl World {
     /// slot, or go to the server of the cell they walked into), a viewer's view goes.
     pub fn left(&mut self, conn: u64) {
         self.leave_view(conn);
+        self.controller_sessions.remove(&conn);
         if let Some(e) = self.controlled.get(&conn).and_then(|id| self.entities.get_mut(id)) {
             e.controller_session = None;
         }

@@ -22,9 +22,9 @@ use tickwire_client::Client;
 use tickwire_gateway::RunningGateway;
 use tickwire_state::{Key, Replica, Schema, SchemaDef, Step, Value};
 use tickwire_wire::proto::{
-    Box as AreaBox, ChannelEvent, ChannelEventKind, ChannelUpdates, EntityMessage, EntityState, Follow,
-    Handover, HandoverKind, RegisterServer, Release, SetInterest, SpatialEvent, SpatialEventKind,
-    SpawnEntity, Sphere, Status, Vec3, set_interest,
+    Box as AreaBox, ChannelEvent, ChannelEventKind, ChannelMessage, ChannelSend, ChannelUpdates,
+    EntityMessage, EntityState, Follow, Handover, HandoverKind, RegisterServer, Release, SetInterest,
+    SpatialEvent, SpatialEventKind, SpawnEntity, Sphere, Status, Vec3, set_interest,
 };
 use tokio::sync::watch;
 

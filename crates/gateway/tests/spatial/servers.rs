@@ -283,3 +283,29 @@ async fn an_entitys_unprocessed_messages_are_bounded_in_bytes() {
     let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
     assert_eq!(m.seq, 3, "the refused one took no number");
 }
+
+/// A server can message the controller of an entity spawned after the controller set its area
+/// of interest, before the controller ever sent to it (its session is known from the area).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_reaches_the_controller_of_an_entity_spawned_after_its_area() {
+    let gw = common::start(&LAYOUT).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let player = client(&gw, "player").await;
+    let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
+    player.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let spawn = SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        controller_connection: player.connection_id(),
+    };
+    let entity_id = s0.spatial_spawn(spawn).await.unwrap().entity_id;
+    let hello = ChannelSend {
+        channel_id: entity_id,
+        to_connection: player.connection_id(),
+        broadcast: 0,
+        body: Bytes::from_static(b"welcome"),
+    };
+    s0.call("channel.send", hello.encode_to_vec().into()).await.unwrap();
+    let m = ChannelMessage::decode(common::channels::next(&player, "channel.message").await).unwrap();
+    assert_eq!((m.channel_id, &m.body[..]), (entity_id, &b"welcome"[..]));
+}

@@ -63,7 +63,7 @@ impl World {
             route: Route::with_weight(server.conn_id(), self.settings.max_waiting, EntityMsg::weight),
             owner_slot: slot,
             controller: req.controller_connection,
-            controller_session: None,
+            controller_session: self.controller_sessions.get(&req.controller_connection).cloned(),
             handing_to: None,
         };
         self.entities.insert(entity_id, entity);
