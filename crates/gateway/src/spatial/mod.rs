@@ -242,7 +242,9 @@ impl SpatialRouter {
             tick: c.entity.tick(),
             fanout: c.entity.fanout(),
             max_entities: c.max_channels,
-            max_view_cells: c.max_subscriptions_per_session,
+            // Leaving every cell at once queues one UNSUBSCRIBED event per cell, in the session's
+            // outbox with whatever else waits there.
+            max_view_cells: c.max_subscriptions_per_session.min(config.limits.outbox_capacity / 2),
             max_waiting: MAX_WAITING,
             max_in_flight: MAX_IN_FLIGHT,
             max_in_flight_bytes: config.session.max_unacked_bytes / IN_FLIGHT_SHARE_OF_UNACKED,

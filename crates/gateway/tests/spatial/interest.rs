@@ -128,3 +128,37 @@ async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
     assert!(viewer.spatial_interest(none).await.unwrap().cells.is_empty());
     view.until(&viewer, "every cell to leave the view", |v, _| v.cells.is_empty()).await;
 }
+
+/// An area may touch at most half the outbox's messages in cells (here 8 of 16): leaving all of
+/// them at once queues one UNSUBSCRIBED event per cell, which must not close the session as a
+/// slow consumer. One more is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_the_largest_area_at_once_keeps_the_session() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("limits.outbox_capacity=16");
+    let gw = common::start(&overrides).await;
+    let viewer = client(&gw, "viewer").await;
+    let area = |max_x: f32, max_z: f32| SetInterest {
+        area: Some(set_interest::Area::Box(AreaBox {
+            min: v3([0.0, -1.0, 0.0]),
+            max: v3([max_x, 1.0, max_z]),
+        })),
+        ..SetInterest::default()
+    };
+    // 4 columns of 3 rows: 12 cells.
+    assert_eq!(status(viewer.spatial_interest(area(35.0, 25.0)).await), Status::ResourceExhausted);
+    // 4 columns of 2 rows: 8 cells.
+    assert_eq!(viewer.spatial_interest(area(35.0, 15.0)).await.unwrap().cells.len(), 8);
+    // Once the client holds them (a cell it never got leaves without an event).
+    let first = ChannelUpdates::decode(common::channels::next(&viewer, "channel.updates").await).unwrap();
+    assert_eq!(first.updates.len(), 8);
+    viewer.spatial_interest(SetInterest::default()).await.unwrap();
+    let mut left = BTreeSet::new();
+    while left.len() < 8 {
+        let e = ChannelEvent::decode(common::channels::next(&viewer, "channel.event").await).unwrap();
+        assert_eq!(e.kind(), ChannelEventKind::Unsubscribed);
+        left.insert(e.channel_id);
+    }
+    // Still connected and served.
+    assert_eq!(viewer.spatial_interest(area(15.0, 15.0)).await.unwrap().cells.len(), 4);
+}
