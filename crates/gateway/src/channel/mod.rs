@@ -7,6 +7,8 @@
 mod actor;
 mod config;
 mod registry;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -335,6 +337,13 @@ impl ChannelRouter {
             Msg::Subscribe { .. } => {
                 reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
             }
+            // Only once it will reach the actor: an unsubscribe refused as busy leaves the
+            // subscription, and so its place in the quota.
+            Msg::Unsubscribe { .. } => {
+                if let Some(m) = reg.members.get_mut(&session.conn_id()) {
+                    m.subscribed.remove(&channel_id);
+                }
+            }
             _ => {}
         }
         drop(reg);
@@ -378,9 +387,6 @@ impl ChannelRouter {
                     Ok(r) => r,
                     Err(e) => return bad(e),
                 };
-                if let Some(m) = self.registry().members.get_mut(&session.conn_id()) {
-                    m.subscribed.remove(&r.channel_id);
-                }
                 let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
                 self.forward(session, id, r.channel_id, msg)
             }

@@ -1,0 +1,55 @@
+//! The channel router's bookkeeping, driven without sockets: the channels' actors are spawned
+//! on this test's single-threaded runtime and never run, so their inboxes fill on demand.
+
+use prost::Message;
+use tickwire_wire::proto::{
+    ChannelRef, ChannelType, CreateChannel, CreateChannelResult, Request, Status, Subscribe,
+};
+
+use super::ChannelRouter;
+use crate::auth::Role;
+use crate::router::{Router, SessionHandle};
+
+fn request(id: u64, method: &str, body: Vec<u8>) -> Request {
+    Request { id, method: method.into(), body: body.into() }
+}
+
+/// An unsubscribe refused because the channel is busy leaves the subscription, and with it its
+/// place in the session's quota: before, it gave the place back while the channel kept the
+/// subscriber, so a session could pass `max_subscriptions_per_session`.
+#[tokio::test]
+async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
+    let overrides = ["channels.inbox_capacity=2", "channels.max_subscriptions_per_session=1"];
+    let config = crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a config");
+    let router = ChannelRouter::for_gateway(&config).expect("channels");
+    let (server, _server_rx) = SessionHandle::unattached(1, Role::Server, &config);
+    let (player, _player_rx) = SessionHandle::unattached(2, Role::Player, &config);
+    let create = |id: u64| {
+        let req = CreateChannel {
+            r#type: ChannelType::Subworld as i32,
+            name: format!("c{id}"),
+            schema_json: r#"{"fields": []}"#.into(),
+        };
+        let response =
+            router.on_request(&server, request(id, "channel.create", req.encode_to_vec())).expect("answered");
+        assert_eq!(response.status(), Status::Ok, "{}", response.error);
+        CreateChannelResult::decode(response.body).unwrap().channel_id
+    };
+    let (a, b) = (create(1), create(2));
+    let subscribe = |id: u64, channel_id: u64| {
+        let req = Subscribe { channel_id, ..Subscribe::default() };
+        router.on_request(&player, request(id, "channel.subscribe", req.encode_to_vec()))
+    };
+    // Two subscribes to `a` fill its inbox (the actor never runs here).
+    assert_eq!(subscribe(3, a), None);
+    assert_eq!(subscribe(4, a), None);
+    let unsubscribe = ChannelRef { channel_id: a }.encode_to_vec();
+    let refused = router.on_request(&player, request(5, "channel.unsubscribe", unsubscribe));
+    assert_eq!(refused.map(|r| r.status()), Some(Status::Unavailable), "a's inbox is full");
+    let over = subscribe(6, b);
+    assert_eq!(
+        over.map(|r| r.status()),
+        Some(Status::ResourceExhausted),
+        "still subscribed to a: the quota is full"
+    );
+}
