@@ -31,6 +31,31 @@ pub enum StoreError {
 
 /// Blobs on the local filesystem.
 #[derive(Debug)]
+/// A temporary file being written, removed when dropped: on every error, and when the upload's
+/// task is dropped mid-way (a client that resets its HTTP/2 stream). Forgotten once renamed
+/// into place.
+struct TmpFile(Option<PathBuf>);
+
+impl TmpFile {
+    fn path(&self) -> &Path {
+        self.0.as_deref().expect("kept only after the last use")
+    }
+
+    /// It was renamed into place: nothing to remove.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            // One unlink, in place: nothing to wait for.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 pub struct BlobStore {
     root: PathBuf,
     next_tmp: AtomicU64,
@@ -93,31 +118,21 @@ impl BlobStore {
         limit: u64,
     ) -> Result<(IoHash, u64), StoreError> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.root.join(TMP).join(format!("{}-{n}", std::process::id()));
-        let result = self.write_tmp(&tmp, &mut body, limit).await;
-        let (actual, size) = match result {
-            Ok(done) => done,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp).await;
-                return Err(e);
-            }
-        };
+        let tmp = TmpFile(Some(self.root.join(TMP).join(format!("{}-{n}", std::process::id()))));
+        let (actual, size) = self.write_tmp(tmp.path(), &mut body, limit).await?;
         if let Some(expected) = expected
             && expected != actual
         {
-            let _ = fs::remove_file(&tmp).await;
             return Err(StoreError::HashMismatch { expected, actual });
         }
         let dest = self.path(ns, &actual);
         let dir = dest.parent().expect("blob paths have a parent");
-        if let Err(e) = create_dirs_durably(dir).await {
-            let _ = fs::remove_file(&tmp).await;
-            return Err(e.into());
-        }
+        create_dirs_durably(dir).await?;
         let new = !fs::try_exists(&dest).await.unwrap_or(false);
         let settled = {
             let _settling = Settling::start(&self.settling, &dest);
-            fs::rename(&tmp, &dest).await?;
+            fs::rename(tmp.path(), &dest).await?;
+            tmp.keep();
             sync_dir(dir).await
         };
         settled?;
@@ -367,6 +382,21 @@ mod tests {
         assert!(matches!(err, StoreError::TooLarge { limit: 99 }), "{err}");
         assert!(read_all(&store, &IoHash::of(&[0u8; 100])).await.is_none());
         assert!(tmp_is_empty(dir.path()), "no temp file left behind");
+    }
+
+    /// An upload whose task is dropped mid-body (hyper drops the handler when an HTTP/2 client
+    /// resets its stream) leaves no temp file behind.
+    #[tokio::test]
+    async fn an_upload_dropped_mid_way_leaves_nothing() {
+        let (dir, store) = store().await;
+        // A body that sends one chunk, then never ends.
+        let (mut tx, rx) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut tx, &[1u8; 64]).await.unwrap();
+        let ns = ns();
+        let put = store.put(&ns, None, rx, u64::MAX);
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(200), put).await.is_err());
+        assert!(tmp_is_empty(dir.path()), "the dropped upload's temp file is gone");
+        drop(tx);
     }
 
     #[tokio::test]

@@ -103,7 +103,7 @@ pub fn check(body: &[u8]) -> Result<Header, CompressedError> {
     let block_sizes: Vec<u32> = header[HEADER..].chunks_exact(4).map(|c| be32(c, 0)).collect();
     match method {
         Method::None => {
-            if block_count != 1 || total_compressed_size != HEADER as u64 + total_raw_size {
+            if block_count != 1 || Some(total_compressed_size) != total_raw_size.checked_add(HEADER as u64) {
                 return Err(CompressedError::Blocks("method None holds one block of the raw size"));
             }
         }
@@ -140,6 +140,18 @@ pub fn check(body: &[u8]) -> Result<Header, CompressedError> {
         raw_hash,
         block_sizes,
     })
+}
+
+impl Header {
+    /// The memory [`verify`] needs besides the buffer: one LZ4 block's raw bytes, as the
+    /// largest block's raw size (0 for method None, whose payload is read in place, and for
+    /// Oodle, whose compressed blocks are not decoded).
+    pub fn scratch_len(&self) -> u64 {
+        match self.method {
+            Method::Lz4 => (1u64 << self.block_size_exponent.min(63)).min(self.total_raw_size),
+            Method::None | Method::Oodle => 0,
+        }
+    }
 }
 
 /// [`check`], then the payload: every block decompressed (or copied when stored raw) into

@@ -76,6 +76,16 @@ fn corruptions_are_refused_with_their_reason() {
     assert_eq!(verify(&block).err(), decode(&block).err());
 }
 
+/// A method-None header whose raw size is near 2^64 is refused, not summed past it.
+#[test]
+fn a_raw_size_near_the_top_of_u64_is_refused() {
+    let mut buffer = encode_none(b"raw");
+    buffer[16..24].copy_from_slice(&(u64::MAX - 10).to_be_bytes());
+    let crc = crc32fast::hash(&buffer[8..64]);
+    buffer[4..8].copy_from_slice(&crc.to_be_bytes());
+    assert!(check(&buffer).is_err());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 

@@ -1,7 +1,8 @@
 //! The HTTP server's limits, tried as an attacker would, over real sockets: idle sockets that
 //! never send a request, more connections than the cap, a body that stalls halfway, and a
-//! non-text `X-Jupiter-IoHash`. The attacker is cut off with a status or a closed socket, and
-//! a health check and an authenticated upload beside it still succeed.
+//! non-text `X-Jupiter-IoHash`, a compressed buffer that claims a block larger than the memory
+//! budget. The attacker is cut off with a status or a closed socket, and a health check and an
+//! authenticated upload beside it still succeed.
 
 mod common;
 
@@ -89,4 +90,41 @@ fn a_non_text_iohash_header_is_a_bad_request() {
     let answer = read_until_closed(&mut stream, Duration::from_secs(5)).expect("answered");
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     assert_eq!(health(&s), 200);
+}
+
+/// An LZ4 buffer of about 8.4 MB whose one block claims 2 GiB of raw bytes (the most LZ4 can
+/// expand 8.4 MB to): verifying it would decode into a 2 GiB buffer, more than the server's
+/// memory budget (1 GiB), so it is refused with 429 before anything is allocated. Before, the
+/// budget counted only the body, and the block was allocated.
+#[test]
+fn a_compressed_block_larger_than_the_memory_budget_is_refused() {
+    let s = common::start();
+    let raw: u64 = 1 << 31;
+    let stored = (raw - 64).div_ceil(255) as usize;
+    let mut body = Vec::with_capacity(68 + stored);
+    body.extend_from_slice(&0xb775_6362u32.to_be_bytes()); // Magic.
+    body.extend_from_slice(&[0; 4]); // CRC, below.
+    body.extend_from_slice(&[4, 0, 0, 31]); // LZ4, compressor, level, block size exponent.
+    body.extend_from_slice(&1u32.to_be_bytes());
+    body.extend_from_slice(&raw.to_be_bytes());
+    body.extend_from_slice(&((68 + stored) as u64).to_be_bytes());
+    let raw_hash = [7u8; 20];
+    body.extend_from_slice(&raw_hash);
+    body.extend_from_slice(&[0; 12]);
+    body.extend_from_slice(&(stored as u32).to_be_bytes());
+    let crc = crc32fast::hash(&body[8..68]);
+    body[4..8].copy_from_slice(&crc.to_be_bytes());
+    body.resize(68 + stored, 0);
+    let id = IoHash::from_bytes(raw_hash).to_hex();
+    let put = ureq::put(&url(&s, &format!("/api/v1/compressed-blobs/ue.ddc/{id}")))
+        .set("Authorization", "Bearer writer")
+        .set("Content-Type", "application/x-ue-comp")
+        .send_bytes(&body);
+    assert_eq!(status(put), 429);
+    // The budget it did not take is there for the next upload.
+    let data = b"fits".repeat(64);
+    let small = ureq::put(&url(&s, &format!("/api/v1/blobs/ue.ddc/{}", IoHash::of(&data).to_hex())))
+        .set("Authorization", "Bearer writer")
+        .send_bytes(&data);
+    assert_eq!(status(small), 200);
 }

@@ -67,6 +67,34 @@ fn custom_payload(ty: CbType, value: &[u8]) -> &[u8] {
     let Ok((_, size_len)) = read_varuint(value) else { return &[] };
     let rest = &value[size_len..];
     let Ok((sub, sub_len)) = read_varuint(rest) else { return &[] };
-    let skip = if ty == CbType::CustomByName { sub_len + sub as usize } else { sub_len };
-    rest.get(skip..).unwrap_or_default()
+    // A name's length is untrusted: one past the value reads as no payload, not as a wrap.
+    let skip = if ty == CbType::CustomByName {
+        usize::try_from(sub).ok().and_then(|n| n.checked_add(sub_len))
+    } else {
+        Some(sub_len)
+    };
+    skip.and_then(|skip| rest.get(skip..)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cb::varuint::write_varuint;
+
+    /// A custom-by-name value whose name length is past anything (2^64 − 1) has no payload; it
+    /// used to wrap (release) or overflow (debug, fuzz).
+    #[test]
+    fn a_custom_name_longer_than_the_value_gives_no_payload() {
+        let mut value = Vec::new();
+        write_varuint(&mut value, 12); // The value's size.
+        write_varuint(&mut value, u64::MAX); // The name's length.
+        value.extend_from_slice(b"payload");
+        assert_eq!(custom_payload(CbType::CustomByName, &value), b"");
+        // A name that fits: the payload after it.
+        let mut value = Vec::new();
+        write_varuint(&mut value, 9);
+        write_varuint(&mut value, 2);
+        value.extend_from_slice(b"idpayload");
+        assert_eq!(custom_payload(CbType::CustomByName, &value), b"payload");
+    }
 }

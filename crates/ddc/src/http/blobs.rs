@@ -268,7 +268,17 @@ async fn exist<const ANY: bool>(
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
     let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+    let _scratch = scratch_budget(ddc, &body.bytes)?;
     Ok(ddc.content.put_compressed(ns, id, &body.bytes).await?)
+}
+
+/// The memory budget for verifying compressed buffer `body` (one decoded block: up to 2 GiB for
+/// a small body that claims a large block), taken before it is verified; `None` if its header
+/// is invalid (verifying it then fails before decoding anything).
+pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8]) -> Result<Option<super::body::Held>, ApiError> {
+    let Ok(header) = crate::compressed::check(body) else { return Ok(None) };
+    let len = usize::try_from(header.scratch_len()).map_err(|_| ApiError::Busy)?;
+    Ok(Some(super::body::Held::one(ddc.budget.take(len)?)))
 }
 
 async fn put_compressed(

@@ -56,11 +56,17 @@ impl MemoryBudget {
 /// A body read whole, and its share of the memory budget (returned when dropped).
 pub struct Buffered {
     pub bytes: Vec<u8>,
-    _held: Vec<OwnedSemaphorePermit>,
+    _held: Option<OwnedSemaphorePermit>,
 }
 
 /// A share of the memory budget, given back when dropped.
-pub struct Held(#[allow(dead_code)] Vec<OwnedSemaphorePermit>);
+pub struct Held(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl Held {
+    pub(super) fn one(permit: OwnedSemaphorePermit) -> Held {
+        Held(Some(permit))
+    }
+}
 
 impl Buffered {
     /// The bytes, and the budget they hold (keep it as long as the bytes).
@@ -69,7 +75,9 @@ impl Buffered {
     }
 }
 
-/// Reads a whole body of at most `limit` bytes, charging it to `budget` as it arrives.
+/// Reads a whole body of at most `limit` bytes, charging it to `budget` as it arrives: what the
+/// buffer holds (its capacity, not only the bytes read), in one permit however many chunks
+/// it came in.
 pub async fn read_body(
     body: Body,
     limit: u64,
@@ -78,7 +86,9 @@ pub async fn read_body(
 ) -> Result<Buffered, ApiError> {
     let mut chunks = body.into_data_stream();
     let mut bytes = Vec::new();
-    let mut held = Vec::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    // What `held` holds: the buffer's capacity.
+    let mut charged = 0usize;
     loop {
         let chunk = match tokio::time::timeout(timeout, chunks.next()).await {
             Err(_) => return Err(ApiError::BodyStalled(timeout)),
@@ -86,11 +96,52 @@ pub async fn read_body(
             Ok(Some(Err(e))) => return Err(ApiError::BodyBroken(e.to_string())),
             Ok(Some(Ok(chunk))) => chunk,
         };
-        if (bytes.len() + chunk.len()) as u64 > limit {
+        let len = bytes.len() + chunk.len();
+        if len as u64 > limit {
             return Err(ApiError::TooLarge { limit });
         }
-        held.push(budget.take(chunk.len())?);
+        if len > charged {
+            // Grown as `Vec` grows (doubling, at most to the limit), charged before it grows.
+            let capacity = len.max(charged * 2).min(usize::try_from(limit).unwrap_or(usize::MAX));
+            let more = budget.take(capacity - charged)?;
+            match held.as_mut() {
+                Some(held) => held.merge(more),
+                None => held = Some(more),
+            }
+            bytes.reserve_exact(capacity - bytes.len());
+            charged = capacity;
+        }
         bytes.extend_from_slice(&chunk);
     }
     Ok(Buffered { bytes, _held: held })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use super::*;
+
+    /// A body in one-byte chunks is charged what its buffer holds, in one permit, and gives it
+    /// all back when dropped; one the budget cannot hold is refused.
+    #[tokio::test]
+    async fn a_body_is_charged_its_buffers_capacity() {
+        let budget = MemoryBudget::new(100);
+        let chunks = (0..60u8).map(|i| Ok::<_, Infallible>(bytes::Bytes::from(vec![i])));
+        let body = Body::from_stream(futures_util::stream::iter(chunks));
+        let Ok(read) = read_body(body, 1000, Duration::from_secs(5), &budget).await else {
+            panic!("not read")
+        };
+        assert_eq!(read.bytes, (0..60).collect::<Vec<u8>>());
+        // Doubling from one byte: 64.
+        assert_eq!(budget.0.available_permits(), 100 - 64);
+        drop(read);
+        assert_eq!(budget.0.available_permits(), 100);
+
+        let chunks = (0..120u8).map(|i| Ok::<_, Infallible>(bytes::Bytes::from(vec![i])));
+        let body = Body::from_stream(futures_util::stream::iter(chunks));
+        let refused = read_body(body, 1000, Duration::from_secs(5), &budget).await;
+        assert!(matches!(refused, Err(ApiError::Busy)));
+        assert_eq!(budget.0.available_permits(), 100, "nothing kept");
+    }
 }

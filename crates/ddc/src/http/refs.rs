@@ -129,6 +129,7 @@ async fn store_package(ddc: &Ddc, ns: &Name, body: &[u8]) -> Result<Vec<u8>, Api
             return Err(ApiError::Invalid(format!("package entry {} is an error entry", i + 1)));
         }
         if entry.flags.contains(EntryFlags::COMPRESSED) {
+            let _scratch = super::blobs::scratch_budget(ddc, entry.payload)?;
             ddc.content.put_compressed(ns, Some(hash), entry.payload).await?;
         } else if !ddc.content.blobs.exists(ns, &hash).await? {
             ddc.content.blobs.put(ns, Some(hash), entry.payload, u64::MAX).await?;
