@@ -576,3 +576,68 @@ fn existence_checks_by_kind_of_blob() {
     assert_eq!(raw, serde_json::json!({ "needs": [small] }));
     assert_eq!(send(req(&s, "POST", &format!("/api/v1/blobs/{NS}/exist")), Some(b"not json")).status, 400);
 }
+
+/// A batch's reply holds at most `max_buffered_bytes` of embedded objects (here 64 KiB): GETs
+/// past it get their own 413, and the editor asks for them again in another batch.
+#[test]
+fn a_batch_reply_is_bounded() {
+    let api = tickwire_ddc::http::Limits { max_buffered_bytes: 64 << 10, ..Default::default() };
+    let s = common::start_api(tickwire_ddc::serve::ServeLimits::default(), api, None);
+    let object = Value::Object(vec![("data".into(), Value::String("x".repeat(20 << 10)))]).to_bytes();
+    assert_eq!(put_ref(&s, "big", &key("big"), &object).status, 200);
+    let reply = batch(&s, (0..5).map(|i| get_op(i, "big", &key("big"))).collect());
+    let statuses: Vec<u64> = results(&reply).values().map(|(status, _)| *status).collect();
+    assert_eq!(statuses, [200, 200, 200, 413, 413]);
+    assert!(reply.body.len() < 64 << 10, "{} bytes", reply.body.len());
+}
+
+/// An object naming more than 4,096 attachments is refused (each would be looked up at every
+/// read of its ref), on the ref path and as a batch op's own result.
+#[test]
+fn an_object_with_too_many_attachments_is_refused() {
+    let s = start();
+    let attachments = (0..4097u32).map(|i| Value::BinaryAttachment(*IoHash::of(&i.to_be_bytes()).as_bytes()));
+    let object = Value::Object(vec![("parts".into(), Value::Array(attachments.collect()))]).to_bytes();
+    let reply = put_ref(&s, "many", &key("many"), &object);
+    assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(&reply.body));
+    assert!(String::from_utf8_lossy(&reply.body).contains("4097 attachments"));
+    assert_eq!(get_ref(&s, "many", &key("many"), CB).status, 404, "nothing stored");
+    let put = Value::Object(vec![
+        ("opId".into(), Value::Integer(1)),
+        ("op".into(), Value::String("PUT".into())),
+        ("bucket".into(), Value::String("many".into())),
+        ("key".into(), Value::String(key("many"))),
+        ("payload".into(), Value::embed_object(&object).unwrap()),
+        ("payloadHash".into(), Value::Hash(*IoHash::of(&object).as_bytes())),
+    ]);
+    let results = results(&batch(&s, vec![put, get_op(2, "many", &key("many"))]));
+    assert_eq!(results[&1].0, 400, "{:?}", results[&1].1);
+    assert!(results[&1].1["title"].as_str().unwrap().contains("4097 attachments"), "{:?}", results[&1].1);
+    assert_eq!(results[&2].0, 404);
+}
+
+/// Rendering an object as JSON is charged to the memory budget at its worst case: a
+/// 20,000-item array of nulls and bools would take about 2 MB of tree, over this server's 1 MiB
+/// budget (429), while compact binary serves it. (Objects over 4 MiB get 413 for JSON; not
+/// tried here, as this budget could not take their upload.)
+#[test]
+fn json_renderings_are_bounded() {
+    let api = tickwire_ddc::http::Limits {
+        memory_budget: 1 << 20,
+        max_buffered_bytes: 8 << 20,
+        ..Default::default()
+    };
+    let s = common::start_api(tickwire_ddc::serve::ServeLimits::default(), api, None);
+    let nulls = Value::Object(vec![(
+        "n".into(),
+        Value::Array((0..20_000).map(|i| if i % 2 == 0 { Value::Null } else { Value::Bool(true) }).collect()),
+    )]);
+    let nulls = nulls.to_bytes();
+    assert_eq!(put_ref(&s, "nulls", &key("nulls"), &nulls).status, 200);
+    assert_eq!(get_ref(&s, "nulls", &key("nulls"), "application/json").status, 429);
+    assert_eq!(get_ref(&s, "nulls", &key("nulls"), CB).body, nulls);
+    let small = Value::Object(vec![("n".into(), Value::Integer(7))]).to_bytes();
+    assert_eq!(put_ref(&s, "small", &key("small"), &small).status, 200);
+    let json = get_ref(&s, "small", &key("small"), "application/json");
+    assert_eq!((json.status, json.json()["n"].as_i64()), (200, Some(7)));
+}

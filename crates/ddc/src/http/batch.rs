@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 
-use super::body::read_body;
+use super::body::{MemoryBudget, read_body};
 use super::{ApiError, CB, Ddc, content_type};
 use crate::auth::Action;
 use crate::cb::{self, CbType, Field, Value};
@@ -26,6 +26,34 @@ enum Kind {
     Get,
     Head,
     Put,
+}
+
+/// What the objects a batch's GETs embed in its reply may take: at most the largest body the
+/// server buffers (`max_buffered_bytes`), charged to the memory budget as they are added (twice:
+/// the object in the reply's tree, then in its bytes). A GET past it gets its own 413 result,
+/// and the editor asks again in a smaller batch; the budget running out is the whole batch's
+/// 429. Without it, 10,000 GETs of one 1 MiB record built a 10 GiB reply.
+struct ReplySize<'a> {
+    budget: &'a MemoryBudget,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    bytes: u64,
+    limit: u64,
+}
+
+impl ReplySize<'_> {
+    /// Whether an object of `len` bytes still fits the reply (taking its share of the budget).
+    fn take(&mut self, len: usize) -> Result<bool, ApiError> {
+        if self.bytes + len as u64 > self.limit {
+            return Ok(false);
+        }
+        let more = self.budget.take(len.saturating_mul(2))?;
+        match self.held.as_mut() {
+            Some(held) => held.merge(more),
+            None => self.held = Some(more),
+        }
+        self.bytes += len as u64;
+        Ok(true)
+    }
 }
 
 struct Op {
@@ -109,8 +137,10 @@ pub async fn batch(
         ddc.check(&headers, &ns, action)?;
     }
     let mut results = Vec::with_capacity(ops.len());
+    let limit = ddc.limits.max_buffered_bytes;
+    let mut size = ReplySize { budget: &ddc.budget, held: None, bytes: 0, limit };
     for op in ops {
-        let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload).await?;
+        let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;
         results.push(Value::Object(vec![
             ("opId".into(), Value::Integer(op.id)),
             ("response".into(), response),
@@ -129,10 +159,18 @@ async fn run(
     addr: &RefAddr,
     resolve: bool,
     payload: Option<(Vec<u8>, Option<IoHash>)>,
+    size: &mut ReplySize<'_>,
 ) -> Result<(u16, Value), ApiError> {
     match kind {
         // A GET serves the object: its attachments are always resolved.
         Kind::Get => Ok(match refs::lookup(&ddc.content, addr, true).await? {
+            Lookup::Found(row) if !size.take(row.object.len())? => {
+                let title = format!(
+                    "the batch's reply would pass {} bytes: ask for this one in another batch",
+                    size.limit
+                );
+                (413, error_object(&title, 413))
+            }
             Lookup::Found(row) => match Value::embed_object(&row.object) {
                 Some(object) => (200, object),
                 None => (500, error_object("the stored object is damaged", 500)),
@@ -160,10 +198,19 @@ async fn run(
                 let title = format!("Incorrect hash: the payload hashes to {actual}, not {claimed}");
                 return Ok((400, error_object(&title, 400)));
             }
-            Ok(match refs::put(&ddc.content, addr, object, ddc.allow_overwrite).await? {
+            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite).await {
+                Err(e @ crate::storage::ContentError::TooManyAttachments { .. }) => {
+                    return Ok((400, error_object(&e.to_string(), 400)));
+                }
+                outcome => outcome?,
+            };
+            Ok(match outcome {
                 PutOutcome::Stored { needs } => {
                     let hashes = needs.iter().map(|h| Value::Hash(*h.as_bytes())).collect();
                     (200, Value::Object(vec![("needs".into(), Value::Array(hashes))]))
+                }
+                PutOutcome::Conflict { existing } if !size.take(existing.len())? => {
+                    (409, error_object("the ref exists with another object", 409))
                 }
                 PutOutcome::Conflict { existing } => match Value::embed_object(&existing) {
                     Some(object) => (409, object),

@@ -193,7 +193,8 @@ impl ApiError {
             ApiError::Content(c) => match c {
                 ContentError::Store(StoreError::HashMismatch { .. })
                 | ContentError::Compressed(_)
-                | ContentError::RawHashMismatch { .. } => StatusCode::BAD_REQUEST,
+                | ContentError::RawHashMismatch { .. }
+                | ContentError::TooManyAttachments { .. } => StatusCode::BAD_REQUEST,
                 ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::TimedOut => {
                     StatusCode::REQUEST_TIMEOUT
                 }

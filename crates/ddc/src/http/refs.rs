@@ -218,6 +218,13 @@ fn last_access(ms: i64) -> HeaderValue {
     HeaderValue::from_str(&humantime::format_rfc3339_millis(at).to_string()).expect("ascii")
 }
 
+/// The largest object served as JSON (`.json`, `Accept: application/json`); larger ones are
+/// served in compact binary only.
+const MAX_JSON_OBJECT_BYTES: usize = 4 << 20;
+/// What the memory budget is charged per byte of an object rendered as JSON: its tree's worst
+/// case (`serde_json::Value` per one-byte null) and the text.
+const JSON_BYTES_PER_BYTE: usize = 96;
+
 pub async fn get_ref(
     State(ddc): State<Arc<Ddc>>,
     Path((ns, bucket, key)): Path<(String, String, String)>,
@@ -229,6 +236,12 @@ pub async fn get_ref(
     let mut response = match format {
         Format::Cb => ([(header::CONTENT_TYPE, CB)], row.object.clone()).into_response(),
         Format::Json => {
+            // A JSON tree takes tens of bytes per byte of compact binary (an array of nulls:
+            // 80): bounded, and charged while it is built.
+            if row.object.len() > MAX_JSON_OBJECT_BYTES {
+                return Err(ApiError::TooLarge { limit: MAX_JSON_OBJECT_BYTES as u64 });
+            }
+            let _budget = ddc.budget.take(row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
             let json = cb::to_json(&cb::parse(&row.object)?);
             ([(header::CONTENT_TYPE, JSON)], json.to_string()).into_response()
         }
@@ -251,17 +264,20 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
         Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
         Located::Compressed(blob) => {
-            let bytes = ddc
-                .content
-                .read_blob(ns, &blob, ddc.limits.max_buffered_bytes)
-                .await?
-                .ok_or(ApiError::NotFound("attachment too large to decompress here"))?;
+            // The buffer is charged before it is read, and its payload before it is decoded.
+            let too_large = ApiError::NotFound("attachment too large to decompress here");
+            let size =
+                ddc.content.blobs.size(ns, &blob).await?.ok_or(ApiError::NotFound("attachment not found"))?;
+            if size > ddc.limits.max_buffered_bytes {
+                return Err(too_large);
+            }
+            let mut budget = ddc.budget.take(size as usize)?;
+            let bytes = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
             let header = crate::compressed::check(&bytes)?;
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
-            // Both the buffer and its payload are held while decoding: charged to the budget.
-            let _budget = ddc.budget.take(bytes.len() + header.total_raw_size as usize)?;
+            budget.merge(ddc.budget.take(header.total_raw_size as usize)?);
             match crate::compressed::decode(&bytes) {
                 Ok((_, payload)) => Ok(([(header::CONTENT_TYPE, OCTET)], payload).into_response()),
                 Err(crate::compressed::CompressedError::Oodle) => Err(ApiError::NotFound(

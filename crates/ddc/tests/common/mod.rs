@@ -42,13 +42,21 @@ pub fn start_full(
     body_timeout: Duration,
     tls: Option<Arc<tickwire_transport::TlsServer>>,
 ) -> Server {
+    start_api(limits, Limits { max_blob_bytes: 1 << 20, body_timeout, ..Limits::default() }, tls)
+}
+
+/// A server with the API's limits as given.
+pub fn start_api(
+    limits: ServeLimits,
+    api_limits: Limits,
+    tls: Option<Arc<tickwire_transport::TlsServer>>,
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let api_limits = Limits { max_blob_bytes: 1 << 20, body_timeout, ..Limits::default() };
             let ddc = Arc::new(Ddc::open(&root, Auth::from_toml(TOKENS).unwrap(), api_limits).await.unwrap());
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
