@@ -64,6 +64,10 @@ pub struct BlobStore {
     /// are settling each: [`BlobStore::exists`] calls them absent, so nothing is acknowledged
     /// on the strength of a name a power loss could still undo.
     settling: std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>,
+    /// Blob directories this process has seen made durable (their names and their parents'
+    /// fsynced): one that merely exists may be another writer's, created a moment ago and not
+    /// yet synced. At most one per `<namespace>/aa/bb`.
+    durable_dirs: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 /// How many blobs and bytes the store holds: counted by a walk of the tree when the store
@@ -95,7 +99,13 @@ impl BlobStore {
             walk_usage.bytes.fetch_add(bytes, Ordering::Relaxed);
             walk_usage.counted.store(true, Ordering::Relaxed);
         });
-        Ok(BlobStore { root, next_tmp: AtomicU64::new(0), usage, settling: Default::default() })
+        Ok(BlobStore {
+            root,
+            next_tmp: AtomicU64::new(0),
+            usage,
+            settling: Default::default(),
+            durable_dirs: Default::default(),
+        })
     }
 
     /// Blobs and bytes stored.
@@ -127,11 +137,19 @@ impl BlobStore {
         }
         let dest = self.path(ns, &actual);
         let dir = dest.parent().expect("blob paths have a parent");
-        create_dirs_durably(dir).await?;
+        self.create_dirs_durably(dir).await?;
         let new = !fs::try_exists(&dest).await.unwrap_or(false);
         let settled = {
             let _settling = Settling::start(&self.settling, &dest);
-            fs::rename(tmp.path(), &dest).await?;
+            if let Err(e) = fs::rename(tmp.path(), &dest).await {
+                if e.kind() != io::ErrorKind::NotFound {
+                    return Err(e.into());
+                }
+                // Its directory went with a namespace deleted meanwhile: made again, once.
+                self.forget_durable(&self.root.join(ns.as_str()));
+                self.create_dirs_durably(dir).await?;
+                fs::rename(tmp.path(), &dest).await?;
+            }
             tmp.keep();
             sync_dir(dir).await
         };
@@ -210,6 +228,7 @@ impl BlobStore {
         let (blobs, bytes) = tokio::task::spawn_blocking(move || walk(&walked)).await.unwrap_or((0, 0));
         self.usage.blobs.fetch_sub(blobs.min(self.usage.blobs.load(Ordering::Relaxed)), Ordering::Relaxed);
         self.usage.bytes.fetch_sub(bytes.min(self.usage.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        self.forget_durable(&dir);
         match fs::remove_dir_all(dir).await {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -297,29 +316,35 @@ impl Drop for Settling<'_> {
     }
 }
 
-/// Creates `dir` and any missing parents, fsyncing each new directory's parent, so a new
-/// directory's name is as durable as the blob put in it.
-async fn create_dirs_durably(dir: &Path) -> io::Result<()> {
-    if fs::try_exists(dir).await? {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut at = dir;
-    while !fs::try_exists(at).await? {
-        missing.push(at.to_owned());
-        at = match at.parent() {
-            Some(parent) => parent,
-            None => break,
-        };
-    }
-    for d in missing.iter().rev() {
-        match fs::create_dir(d).await {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            // Whoever created it, its name is made durable before a blob goes in.
-            _ => sync_dir(d.parent().expect("a created directory has a parent")).await?,
+impl BlobStore {
+    /// Creates blob directory `dir` (under the root) and any missing parents, and makes each
+    /// one's name durable (its parent fsynced), so it is as durable as the blob put in it;
+    /// whoever created them, once per directory per process.
+    async fn create_dirs_durably(&self, dir: &Path) -> io::Result<()> {
+        let durable = |d: &Path| self.durable_dirs.lock().unwrap_or_else(|e| e.into_inner()).contains(d);
+        if durable(dir) {
+            return Ok(());
         }
+        // From the namespace's directory down to `dir`.
+        let mut chain: Vec<&Path> = dir.ancestors().take_while(|d| *d != self.root).collect();
+        chain.reverse();
+        for d in chain {
+            if durable(d) {
+                continue;
+            }
+            match fs::create_dir(d).await {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => sync_dir(d.parent().expect("under the root")).await?,
+            }
+            self.durable_dirs.lock().unwrap_or_else(|e| e.into_inner()).insert(d.to_owned());
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Forgets that the directories under `dir` were made durable: they are being removed.
+    fn forget_durable(&self, dir: &Path) {
+        self.durable_dirs.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| !d.starts_with(dir));
+    }
 }
 
 /// Makes a rename durable: fsync the directory that holds the new name.
@@ -397,6 +422,25 @@ mod tests {
         assert!(tokio::time::timeout(std::time::Duration::from_millis(200), put).await.is_err());
         assert!(tmp_is_empty(dir.path()), "the dropped upload's temp file is gone");
         drop(tx);
+    }
+
+    /// A blob's directory is made durable once per process, and made again after its
+    /// namespace is deleted, even if this process thought it durable (a put racing the delete).
+    #[tokio::test]
+    async fn a_namespace_deleted_under_a_known_directory_is_made_again() {
+        let (_dir, store) = store().await;
+        let (id, _) = store.put(&ns(), None, &b"one"[..], u64::MAX).await.unwrap();
+        let blob_dir = store.path(&ns(), &id).parent().unwrap().to_owned();
+        assert!(store.durable_dirs.lock().unwrap().contains(&blob_dir));
+        store.delete_namespace(&ns()).await.unwrap();
+        assert!(!store.durable_dirs.lock().unwrap().contains(&blob_dir), "forgotten with it");
+        // As if a put had marked them durable again between the forgetting and the removal.
+        for d in blob_dir.ancestors().take(3) {
+            store.durable_dirs.lock().unwrap().insert(d.to_owned());
+        }
+        assert!(!blob_dir.exists());
+        let (again, _) = store.put(&ns(), None, &b"one"[..], u64::MAX).await.unwrap();
+        assert_eq!(read_all(&store, &again).await.unwrap(), b"one");
     }
 
     #[tokio::test]

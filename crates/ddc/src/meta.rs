@@ -197,19 +197,27 @@ impl MetaStore {
     }
 
     /// Stores a ref, replacing any previous one.
+    /// Writes the ref. Without `overwrite`, a finalized ref holding another object is left as
+    /// it is, in the same statement (two writers cannot both pass a check made before it), and
+    /// the answer is false.
     pub async fn put_ref(
         &self,
         ns: &Name,
         bucket: &Name,
         key: &RefKey,
         row: RefRow,
-    ) -> Result<(), MetaError> {
+        overwrite: bool,
+    ) -> Result<bool, MetaError> {
         self.add_namespace(ns).await?;
         let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
         self.write(move |c| {
-            c.execute(
-                "INSERT OR REPLACE INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            let written = c.execute(
+                "INSERT INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (ns, bucket, key) DO UPDATE SET object_hash = excluded.object_hash,
+                   object = excluded.object, finalized = excluded.finalized,
+                   last_access = excluded.last_access
+                 WHERE ?8 OR refs.finalized = 0 OR refs.object_hash = excluded.object_hash",
                 params![
                     n,
                     b,
@@ -217,10 +225,11 @@ impl MetaStore {
                     &row.object_hash.as_bytes()[..],
                     row.object,
                     row.finalized,
-                    row.last_access_ms
+                    row.last_access_ms,
+                    overwrite
                 ],
             )?;
-            Ok(())
+            Ok(written == 1)
         })
         .await
     }
@@ -359,13 +368,33 @@ mod tests {
         RefRow { object_hash: IoHash::of(object), object: object.to_vec(), finalized, last_access_ms: 1 }
     }
 
+    /// Without overwriting, a finalized ref keeps its object: the write itself checks, so two
+    /// writers racing past an earlier read cannot both succeed.
+    #[tokio::test]
+    async fn a_finalized_ref_is_replaced_only_when_overwriting() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ns, bucket, key) = names();
+        let meta = MetaStore::open(dir.path()).await.unwrap();
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", false), false).await.unwrap());
+        assert!(
+            meta.put_ref(&ns, &bucket, &key, row(b"second", false), false).await.unwrap(),
+            "not finalized"
+        );
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap());
+        assert!(!meta.put_ref(&ns, &bucket, &key, row(b"second", false), false).await.unwrap());
+        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap().object, b"first");
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap(), "the same one");
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"second", true), true).await.unwrap());
+        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap().object, b"second");
+    }
+
     #[tokio::test]
     async fn refs_survive_reopening_and_finalize_only_their_own_object() {
         let dir = tempfile::tempdir().unwrap();
         let (ns, bucket, key) = names();
         let meta = MetaStore::open(dir.path()).await.unwrap();
         assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap(), None);
-        meta.put_ref(&ns, &bucket, &key, row(b"first", false)).await.unwrap();
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", false), false).await.unwrap());
         assert!(!meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"other"), true).await.unwrap());
         assert!(meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"first"), true).await.unwrap());
         assert_eq!(meta.flush_access().await.unwrap(), 0, "nothing was read yet");

@@ -69,7 +69,11 @@ pub async fn put(
     let unchanged = existing.is_some_and(|e| e.object_hash == hash && e.finalized == finalized);
     if !unchanged {
         let row = RefRow { object_hash: hash, object, finalized, last_access_ms: now_ms() };
-        content.meta.put_ref(&addr.ns, &addr.bucket, &addr.key, row).await?;
+        if !content.meta.put_ref(&addr.ns, &addr.bucket, &addr.key, row, allow_overwrite).await? {
+            // Another writer finalized another object since the check above.
+            let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await?;
+            return Ok(PutOutcome::Conflict { existing: existing.map(|e| e.object).unwrap_or_default() });
+        }
     }
     Ok(PutOutcome::Stored { needs })
 }
