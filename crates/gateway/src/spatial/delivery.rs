@@ -41,6 +41,12 @@ use super::frame::{Frame, base_for, codec_index};
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
 
+/// The most bytes of cell entries one `channel.updates` message carries (one entry always, even
+/// past it: a cell's state is bounded by `channels.max_state_bytes`). A viewer with more to
+/// catch up on (snapshots of many cells just entered) gets the rest at its next passes, so no
+/// message outgrows the session's bound on unacknowledged data or the frame size.
+const MAX_MESSAGE_BYTES: usize = 256 << 10;
+
 /// A viewer as the world last set it.
 #[derive(Debug, Clone)]
 pub(super) struct View {
@@ -432,6 +438,9 @@ impl Delivery {
             parts.clear();
             advanced.clear();
             let mut missing = false;
+            // Cells left for a later pass: the message was full.
+            let mut partial = false;
+            let mut bytes = 0;
             let mut catch_up = 0;
             for (at, &(cell, held)) in viewer.held.iter().enumerate() {
                 let c = &cells[cell as usize];
@@ -449,7 +458,12 @@ impl Delivery {
                     .or_else(|| held.filter(|&h| h != base).and_then(|h| c.find(h, k)))
                     .or_else(|| c.find(0, k));
                 match entry {
+                    Some(entry) if !parts.is_empty() && bytes + entry.field.len() > MAX_MESSAGE_BYTES => {
+                        partial = true;
+                        break;
+                    }
                     Some(entry) => {
+                        bytes += entry.field.len();
                         parts.push(entry.field.clone());
                         advanced.push((at, entry.to));
                         // A snapshot in place of a delta of its own.
@@ -483,6 +497,12 @@ impl Delivery {
                     fresh.remove(&conn);
                     sent += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
+                    if partial {
+                        // Due again even if nothing changes, with the entries of the rest of
+                        // its cells asked for.
+                        schedule.resnapshot(conn);
+                        viewer.want_stale(frame, &mut report.wants);
+                    }
                 }
                 Err(PushError::Full) => {
                     counts.held_back[HELD_BACK_QUEUE] += 1;

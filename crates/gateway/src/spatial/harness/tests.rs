@@ -508,3 +508,33 @@ fn a_client_that_reads_slowly_but_acknowledges_is_asked_for_at_every_refusal() {
     }
     assert_eq!(differ, None);
 }
+
+/// A viewer that enters many large cells at once gets their snapshots over several passes, in
+/// messages of at most 256 KiB of entries (one entry more at most), and converges: one message
+/// of them all would pass the session's bound on unacknowledged data (1 MiB).
+#[test]
+fn a_viewer_entering_many_large_cells_gets_them_in_bounded_messages() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    let data = "x".repeat(30 << 10);
+    for i in 0..36 {
+        let at = [10.0 + (i % 6) as f32 * 20.0, 0.0, 10.0 + (i / 6) as f32 * 20.0];
+        h.spawn_player(at, &format!(r#"{{"data": "{data}"}}"#), 1.0, start).expect("spawned");
+    }
+    let mut now = start + Duration::from_millis(20);
+    h.tick(now);
+    h.drain(now).expect("read");
+    // A viewer whose area covers the 36 cells: about 1.1 MB of snapshots.
+    h.keep_replicas();
+    h.spawn_player([60.0, 0.0, 60.0], r#"{"yaw": 0}"#, 200.0, now).expect("spawned");
+    let mut passes = 0;
+    while h.replicas_differ().is_some() && passes < 40 {
+        now += Duration::from_millis(20);
+        h.tick(now);
+        let (_, bytes) = h.drain(now).expect("read");
+        assert!(bytes < (256 << 10) + (32 << 10), "pass {passes}: {bytes} bytes");
+        passes += 1;
+    }
+    assert_eq!(h.replicas_differ(), None, "converged");
+    assert!(passes >= 4, "{passes} passes");
+}
