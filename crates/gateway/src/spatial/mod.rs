@@ -191,6 +191,14 @@ impl Inboxes<mpsc::Sender<Msg>> {
     }
 }
 
+/// The most cells an area may touch with an outbox of `outbox_capacity` messages: leaving every
+/// cell at once queues one UNSUBSCRIBED event per cell in the session's outbox, and 16 places
+/// (or half the outbox, if that is more) stay for whatever else waits there: 240 by default,
+/// enough for a view of the report's whole 15 x 15 world.
+fn max_view_cells(outbox_capacity: usize) -> usize {
+    outbox_capacity.saturating_sub(16).max(outbox_capacity / 2)
+}
+
 /// Serves the spatial world in front of the channel router.
 pub struct SpatialRouter {
     inbox: Inboxes<mpsc::Sender<Msg>>,
@@ -242,9 +250,9 @@ impl SpatialRouter {
             tick: c.entity.tick(),
             fanout: c.entity.fanout(),
             max_entities: c.max_channels,
-            // Leaving every cell at once queues one UNSUBSCRIBED event per cell, in the session's
-            // outbox with whatever else waits there.
-            max_view_cells: c.max_subscriptions_per_session.min(config.limits.outbox_capacity / 2),
+            max_view_cells: c
+                .max_subscriptions_per_session
+                .min(max_view_cells(config.limits.outbox_capacity)),
             max_waiting: MAX_WAITING,
             max_in_flight: MAX_IN_FLIGHT,
             max_in_flight_bytes: config.session.max_unacked_bytes / IN_FLIGHT_SHARE_OF_UNACKED,
@@ -553,6 +561,15 @@ mod tests {
             .expect("the world's task ends when stopped");
         let running = router.gauges().into_iter().find(|g| g.name == "spatial_world_running");
         assert_eq!(running.map(|g| g.value), Some(0.0), "the world's inbox is closed");
+    }
+
+    /// With the default outbox, an area can see the report's whole world (15 x 15 cells: the
+    /// live view does); a small outbox keeps half its places for the leaving events.
+    #[test]
+    fn the_default_outbox_lets_an_area_see_the_reports_whole_world() {
+        let outbox = crate::GatewayConfig::default().limits.outbox_capacity;
+        assert!(max_view_cells(outbox) >= 15 * 15, "{}", max_view_cells(outbox));
+        assert_eq!(max_view_cells(16), 8);
     }
 
     /// Players that fill the world's inbox (here: a world not running, with room for 4) get

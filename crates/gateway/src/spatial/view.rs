@@ -113,7 +113,7 @@ impl World {
         let cells = self.cells_of_area(&centred);
         if cells.len() > self.settings.max_view_cells {
             let msg = format!(
-                "the area touches {} cells; at most {} (channels.max_subscriptions_per_session, and half of limits.outbox_capacity)",
+                "the area touches {} cells; at most {} (channels.max_subscriptions_per_session, and limits.outbox_capacity less 16)",
                 cells.len(),
                 self.settings.max_view_cells
             );

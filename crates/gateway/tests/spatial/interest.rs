@@ -129,7 +129,8 @@ async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
     view.until(&viewer, "every cell to leave the view", |v, _| v.cells.is_empty()).await;
 }
 
-/// An area may touch at most half the outbox's messages in cells (here 8 of 16): leaving all of
+/// An area may touch at most the outbox's messages less 16 in cells, or half of them if that is
+/// more (here 8 of 16): leaving all of
 /// them at once queues one UNSUBSCRIBED event per cell, which must not close the session as a
 /// slow consumer. One more is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
