@@ -321,6 +321,20 @@ impl BlobStore {
     /// one's name durable (its parent fsynced), so it is as durable as the blob put in it;
     /// whoever created them, once per directory per process.
     async fn create_dirs_durably(&self, dir: &Path) -> io::Result<()> {
+        match self.create_dirs_once(dir).await {
+            // A parent thought durable is gone: its namespace was deleted while a put marked
+            // it. Forget the namespace's directories and make them again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(ns_dir) = dir.ancestors().take_while(|d| *d != self.root).last() {
+                    self.forget_durable(ns_dir);
+                }
+                self.create_dirs_once(dir).await
+            }
+            done => done,
+        }
+    }
+
+    async fn create_dirs_once(&self, dir: &Path) -> io::Result<()> {
         let durable = |d: &Path| self.durable_dirs.lock().unwrap_or_else(|e| e.into_inner()).contains(d);
         if durable(dir) {
             return Ok(());
@@ -441,6 +455,17 @@ mod tests {
         assert!(!blob_dir.exists());
         let (again, _) = store.put(&ns(), None, &b"one"[..], u64::MAX).await.unwrap();
         assert_eq!(read_all(&store, &again).await.unwrap(), b"one");
+        // The same with a blob in another directory under the stale parents.
+        store.delete_namespace(&ns()).await.unwrap();
+        for d in blob_dir.ancestors().take(3) {
+            store.durable_dirs.lock().unwrap().insert(d.to_owned());
+        }
+        let other = (0u32..)
+            .map(|i| i.to_be_bytes())
+            .find(|b| store.path(&ns(), &IoHash::of(b)).parent() != Some(blob_dir.as_path()));
+        let other = other.unwrap();
+        let (id, _) = store.put(&ns(), None, &other[..], u64::MAX).await.unwrap();
+        assert_eq!(read_all(&store, &id).await.unwrap(), other);
     }
 
     #[tokio::test]

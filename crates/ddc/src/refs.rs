@@ -64,6 +64,10 @@ pub async fn put(
     {
         return Ok(PutOutcome::Conflict { existing: existing.object.clone() });
     }
+    let count = cb::parse(&object).map(|f| f.attachments().len()).unwrap_or(0);
+    if count > crate::storage::MAX_ATTACHMENTS {
+        return Err(ContentError::TooManyAttachments { count, max: crate::storage::MAX_ATTACHMENTS });
+    }
     let needs = content.missing(&addr.ns, &object).await?;
     let finalized = needs.is_empty();
     let unchanged = existing.is_some_and(|e| e.object_hash == hash && e.finalized == finalized);

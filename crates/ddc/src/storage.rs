@@ -21,9 +21,10 @@ pub const MAX_OBJECT_DEPTH: usize = 16;
 pub const MAX_ATTACHED_OBJECT: u64 = 16 << 20;
 /// The most object attachments one presence check reads.
 pub const MAX_RESOLVED_OBJECTS: usize = 1_000;
-/// The most attachments one ref's object may name: each is looked up at every check of the
-/// ref (its PUT, its finalize, and every read that resolves it), so the bound is what one
-/// request can cost. The editor's records name a handful.
+/// The most attachments a ref's object may name directly when it is put: each is looked up at
+/// every check of the ref (its PUT, its finalize, and every read that resolves it). Objects
+/// attached to it are bounded by [`MAX_RESOLVED_OBJECTS`] in number, not in what they name;
+/// refs stored before the bound are still served. The editor's records name a handful.
 pub const MAX_ATTACHMENTS: usize = 4_096;
 
 #[derive(Debug, thiserror::Error)]
@@ -132,9 +133,6 @@ impl Content {
             Ok(field) => field.attachments(),
             Err(_) => return Ok(Vec::new()),
         };
-        if attachments.len() > MAX_ATTACHMENTS {
-            return Err(ContentError::TooManyAttachments { count: attachments.len(), max: MAX_ATTACHMENTS });
-        }
         let mut resolver = Resolver { known: HashMap::new(), objects_left: MAX_RESOLVED_OBJECTS };
         let mut missing = Vec::new();
         for (ty, hash) in attachments {

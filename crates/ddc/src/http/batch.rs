@@ -29,7 +29,7 @@ enum Kind {
 }
 
 /// What the objects a batch's GETs embed in its reply may take: at most the largest body the
-/// server buffers (`max_buffered_bytes`), charged to the memory budget as they are added (twice:
+/// server buffers (`max_buffered_bytes`, and half the memory budget), charged to the memory budget as they are added (twice:
 /// the object in the reply's tree, then in its bytes). A GET past it gets its own 413 result,
 /// and the editor asks again in a smaller batch; the budget running out is the whole batch's
 /// 429. Without it, 10,000 GETs of one 1 MiB record built a 10 GiB reply.
@@ -137,7 +137,9 @@ pub async fn batch(
         ddc.check(&headers, &ns, action)?;
     }
     let mut results = Vec::with_capacity(ops.len());
-    let limit = ddc.limits.max_buffered_bytes;
+    // Twice the reply is charged: a limit the budget can always give, so a batch past it gets
+    // 413s, never a 429 its retries would meet again.
+    let limit = ddc.limits.max_buffered_bytes.min(u64::from(ddc.limits.memory_budget) / 2);
     let mut size = ReplySize { budget: &ddc.budget, held: None, bytes: 0, limit };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;

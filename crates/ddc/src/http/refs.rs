@@ -238,8 +238,10 @@ pub async fn get_ref(
         Format::Json => {
             // A JSON tree takes tens of bytes per byte of compact binary (an array of nulls:
             // 80): bounded, and charged while it is built.
-            if row.object.len() > MAX_JSON_OBJECT_BYTES {
-                return Err(ApiError::TooLarge { limit: MAX_JSON_OBJECT_BYTES as u64 });
+            // Past what the budget could ever give: 413, not a 429 its retries would meet again.
+            let most = MAX_JSON_OBJECT_BYTES.min(ddc.limits.memory_budget as usize / JSON_BYTES_PER_BYTE);
+            if row.object.len() > most {
+                return Err(ApiError::TooLarge { limit: most as u64 });
             }
             let _budget = ddc.budget.take(row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
             let json = cb::to_json(&cb::parse(&row.object)?);

@@ -387,6 +387,15 @@ impl ChannelRouter {
                     Ok(r) => r,
                     Err(e) => return bad(e),
                 };
+                {
+                    // A channel removed since: nothing to reach, and its place is free.
+                    let mut reg = self.registry();
+                    if !reg.channels.contains_key(&r.channel_id)
+                        && let Some(m) = reg.members.get_mut(&session.conn_id())
+                    {
+                        m.subscribed.remove(&r.channel_id);
+                    }
+                }
                 let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
                 self.forward(session, id, r.channel_id, msg)
             }

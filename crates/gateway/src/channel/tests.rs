@@ -53,3 +53,35 @@ async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
         "still subscribed to a: the quota is full"
     );
 }
+
+/// A channel removed while a session is subscribed frees the session's place when it
+/// unsubscribes (answered NOT_FOUND: the channel is gone).
+#[tokio::test]
+async fn unsubscribing_from_a_removed_channel_frees_its_place() {
+    let overrides = ["channels.max_subscriptions_per_session=1"];
+    let config = crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a config");
+    let router = ChannelRouter::for_gateway(&config).expect("channels");
+    let (server, _server_rx) = SessionHandle::unattached(1, Role::Server, &config);
+    let (player, _player_rx) = SessionHandle::unattached(2, Role::Player, &config);
+    let create = |id: u64| {
+        let req = CreateChannel {
+            r#type: ChannelType::Subworld as i32,
+            name: format!("c{id}"),
+            schema_json: r#"{"fields": []}"#.into(),
+        };
+        let response =
+            router.on_request(&server, request(id, "channel.create", req.encode_to_vec())).expect("answered");
+        CreateChannelResult::decode(response.body).unwrap().channel_id
+    };
+    let (a, b) = (create(1), create(2));
+    let subscribe = |id: u64, channel_id: u64| {
+        let req = Subscribe { channel_id, ..Subscribe::default() };
+        router.on_request(&player, request(id, "channel.subscribe", req.encode_to_vec()))
+    };
+    assert_eq!(subscribe(3, a), None);
+    let a_ref = ChannelRef { channel_id: a }.encode_to_vec();
+    assert_eq!(router.on_request(&server, request(4, "channel.remove", a_ref.clone())), None);
+    let gone = router.on_request(&player, request(5, "channel.unsubscribe", a_ref));
+    assert_eq!(gone.map(|r| r.status()), Some(Status::NotFound));
+    assert_eq!(subscribe(6, b), None, "the place is free again");
+}

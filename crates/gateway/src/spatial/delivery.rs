@@ -198,6 +198,9 @@ struct Viewer {
     /// The cells in view, sorted, and the version of each the client holds (`None`: it needs
     /// a snapshot).
     held: Vec<(u32, Option<Version>)>,
+    /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
+    /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
+    first: usize,
 }
 
 impl Viewer {
@@ -360,7 +363,7 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer { handle: view.handle.clone(), codec, held: Vec::new() }
+                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0 }
                 });
                 // A new codec: every cell again from a snapshot, due even if nothing changed.
                 let mut entered = viewer.codec != codec;
@@ -442,7 +445,10 @@ impl Delivery {
             let mut partial = false;
             let mut bytes = 0;
             let mut catch_up = 0;
-            for (at, &(cell, held)) in viewer.held.iter().enumerate() {
+            let (n, first) = (viewer.held.len(), viewer.first);
+            let mut stopped_at = 0;
+            for at in (0..n).map(|j| (first + j) % n) {
+                let (cell, held) = viewer.held[at];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
                     continue;
@@ -460,6 +466,7 @@ impl Delivery {
                 match entry {
                     Some(entry) if !parts.is_empty() && bytes + entry.field.len() > MAX_MESSAGE_BYTES => {
                         partial = true;
+                        stopped_at = at;
                         break;
                     }
                     Some(entry) => {
@@ -497,6 +504,7 @@ impl Delivery {
                     fresh.remove(&conn);
                     sent += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
+                    viewer.first = stopped_at;
                     if partial {
                         // Due again even if nothing changes, with the entries of the rest of
                         // its cells asked for.

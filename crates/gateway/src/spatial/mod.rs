@@ -196,7 +196,7 @@ impl Inboxes<mpsc::Sender<Msg>> {
 /// (or half the outbox, if that is more) stay for whatever else waits there: 240 by default,
 /// enough for a view of the report's whole 15 x 15 world.
 fn max_view_cells(outbox_capacity: usize) -> usize {
-    outbox_capacity.saturating_sub(16).max(outbox_capacity / 2)
+    outbox_capacity.saturating_sub(16).max(outbox_capacity / 2).max(1)
 }
 
 /// Serves the spatial world in front of the channel router.
