@@ -3,7 +3,7 @@
 
 use prost::Message;
 use tickwire_wire::proto::{
-    ChannelRef, ChannelType, CreateChannel, CreateChannelResult, Request, Status, Subscribe,
+    ChannelRef, ChannelType, CreateChannel, CreateChannelResult, Request, Response, Status, Subscribe,
 };
 
 use super::ChannelRouter;
@@ -14,39 +14,61 @@ fn request(id: u64, method: &str, body: Vec<u8>) -> Request {
     Request { id, method: method.into(), body: body.into() }
 }
 
-/// An unsubscribe refused because the channel is busy leaves the subscription, and with it its
-/// place in the session's quota: before, it gave the place back while the channel kept the
-/// subscriber, so a session could pass `max_subscriptions_per_session`.
-#[tokio::test]
-async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
-    let overrides = ["channels.inbox_capacity=2", "channels.max_subscriptions_per_session=1"];
-    let config = crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a config");
-    let router = ChannelRouter::for_gateway(&config).expect("channels");
-    let (server, _server_rx) = SessionHandle::unattached(1, Role::Server, &config);
-    let (player, _player_rx) = SessionHandle::unattached(2, Role::Player, &config);
-    let create = |id: u64| {
+/// A router configured by `overrides`, a game server and a player; the receivers keep the
+/// sessions' outboxes open.
+struct Setup {
+    router: ChannelRouter,
+    server: SessionHandle,
+    player: SessionHandle,
+    _outboxes: [tokio::sync::mpsc::Receiver<crate::router::Outgoing>; 2],
+}
+
+impl Setup {
+    fn new(overrides: &[&str]) -> Setup {
+        let overrides: Vec<String> = overrides.iter().map(|o| o.to_string()).collect();
+        let config = crate::GatewayConfig::load(None, &overrides).expect("a config");
+        let (server, server_rx) = SessionHandle::unattached(1, Role::Server, &config);
+        let (player, player_rx) = SessionHandle::unattached(2, Role::Player, &config);
+        let router = ChannelRouter::for_gateway(&config).expect("channels");
+        Setup { router, server, player, _outboxes: [server_rx, player_rx] }
+    }
+
+    /// A subworld channel the server creates.
+    fn create(&self, id: u64) -> u64 {
         let req = CreateChannel {
             r#type: ChannelType::Subworld as i32,
             name: format!("c{id}"),
             schema_json: r#"{"fields": []}"#.into(),
         };
-        let response =
-            router.on_request(&server, request(id, "channel.create", req.encode_to_vec())).expect("answered");
+        let response = self
+            .router
+            .on_request(&self.server, request(id, "channel.create", req.encode_to_vec()))
+            .expect("answered");
         assert_eq!(response.status(), Status::Ok, "{}", response.error);
         CreateChannelResult::decode(response.body).unwrap().channel_id
-    };
-    let (a, b) = (create(1), create(2));
-    let subscribe = |id: u64, channel_id: u64| {
+    }
+
+    /// The player subscribes: `None` once queued for the channel's actor.
+    fn subscribe(&self, id: u64, channel_id: u64) -> Option<Response> {
         let req = Subscribe { channel_id, ..Subscribe::default() };
-        router.on_request(&player, request(id, "channel.subscribe", req.encode_to_vec()))
-    };
+        self.router.on_request(&self.player, request(id, "channel.subscribe", req.encode_to_vec()))
+    }
+}
+
+/// An unsubscribe refused because the channel is busy leaves the subscription, and with it its
+/// place in the session's quota: before, it gave the place back while the channel kept the
+/// subscriber, so a session could pass `max_subscriptions_per_session`.
+#[tokio::test]
+async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
+    let s = Setup::new(&["channels.inbox_capacity=2", "channels.max_subscriptions_per_session=1"]);
+    let (a, b) = (s.create(1), s.create(2));
     // Two subscribes to `a` fill its inbox (the actor never runs here).
-    assert_eq!(subscribe(3, a), None);
-    assert_eq!(subscribe(4, a), None);
+    assert_eq!(s.subscribe(3, a), None);
+    assert_eq!(s.subscribe(4, a), None);
     let unsubscribe = ChannelRef { channel_id: a }.encode_to_vec();
-    let refused = router.on_request(&player, request(5, "channel.unsubscribe", unsubscribe));
+    let refused = s.router.on_request(&s.player, request(5, "channel.unsubscribe", unsubscribe));
     assert_eq!(refused.map(|r| r.status()), Some(Status::Unavailable), "a's inbox is full");
-    let over = subscribe(6, b);
+    let over = s.subscribe(6, b);
     assert_eq!(
         over.map(|r| r.status()),
         Some(Status::ResourceExhausted),
@@ -58,30 +80,12 @@ async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
 /// unsubscribes (answered NOT_FOUND: the channel is gone).
 #[tokio::test]
 async fn unsubscribing_from_a_removed_channel_frees_its_place() {
-    let overrides = ["channels.max_subscriptions_per_session=1"];
-    let config = crate::GatewayConfig::load(None, &overrides.map(String::from)).expect("a config");
-    let router = ChannelRouter::for_gateway(&config).expect("channels");
-    let (server, _server_rx) = SessionHandle::unattached(1, Role::Server, &config);
-    let (player, _player_rx) = SessionHandle::unattached(2, Role::Player, &config);
-    let create = |id: u64| {
-        let req = CreateChannel {
-            r#type: ChannelType::Subworld as i32,
-            name: format!("c{id}"),
-            schema_json: r#"{"fields": []}"#.into(),
-        };
-        let response =
-            router.on_request(&server, request(id, "channel.create", req.encode_to_vec())).expect("answered");
-        CreateChannelResult::decode(response.body).unwrap().channel_id
-    };
-    let (a, b) = (create(1), create(2));
-    let subscribe = |id: u64, channel_id: u64| {
-        let req = Subscribe { channel_id, ..Subscribe::default() };
-        router.on_request(&player, request(id, "channel.subscribe", req.encode_to_vec()))
-    };
-    assert_eq!(subscribe(3, a), None);
+    let s = Setup::new(&["channels.max_subscriptions_per_session=1"]);
+    let (a, b) = (s.create(1), s.create(2));
+    assert_eq!(s.subscribe(3, a), None);
     let a_ref = ChannelRef { channel_id: a }.encode_to_vec();
-    assert_eq!(router.on_request(&server, request(4, "channel.remove", a_ref.clone())), None);
-    let gone = router.on_request(&player, request(5, "channel.unsubscribe", a_ref));
+    assert_eq!(s.router.on_request(&s.server, request(4, "channel.remove", a_ref.clone())), None);
+    let gone = s.router.on_request(&s.player, request(5, "channel.unsubscribe", a_ref));
     assert_eq!(gone.map(|r| r.status()), Some(Status::NotFound));
-    assert_eq!(subscribe(6, b), None, "the place is free again");
+    assert_eq!(s.subscribe(6, b), None, "the place is free again");
 }
