@@ -137,9 +137,10 @@ pub async fn batch(
         ddc.check(&headers, &ns, action)?;
     }
     let mut results = Vec::with_capacity(ops.len());
-    // Twice the reply is charged: a limit the budget can always give, so a batch past it gets
-    // 413s, never a 429 its retries would meet again.
-    let limit = ddc.limits.max_buffered_bytes.min(u64::from(ddc.limits.memory_budget) / 2);
+    // Twice the reply is charged, beside the request's body: a limit the budget can always
+    // give, so a batch past it gets 413s, never a 429 its retries would meet again.
+    let room = u64::from(ddc.limits.memory_budget).saturating_sub(body.bytes.capacity() as u64);
+    let limit = ddc.limits.max_buffered_bytes.min(room / 2);
     let mut size = ReplySize { budget: &ddc.budget, held: None, bytes: 0, limit };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;

@@ -291,6 +291,14 @@ impl ChannelRouter {
     fn forward(&self, session: &SessionHandle, id: u64, channel_id: u64, msg: Msg) -> Option<Response> {
         let mut reg = self.registry();
         let master = reg.master;
+        if matches!(msg, Msg::Subscribe { .. } | Msg::Unsubscribe { .. }) {
+            // Channels removed since the session subscribed no longer hold its places: their
+            // subscribers are told (REMOVED), not made to unsubscribe.
+            let Registry { channels, members, .. } = &mut *reg;
+            if let Some(m) = members.get_mut(&session.conn_id()) {
+                m.subscribed.retain(|c| channels.contains_key(c));
+            }
+        }
         let Some(entry) = reg.channels.get(&channel_id) else {
             return Some(error_response(id, Status::NotFound, format!("no channel {channel_id}")));
         };
@@ -387,15 +395,6 @@ impl ChannelRouter {
                     Ok(r) => r,
                     Err(e) => return bad(e),
                 };
-                {
-                    // A channel removed since: nothing to reach, and its place is free.
-                    let mut reg = self.registry();
-                    if !reg.channels.contains_key(&r.channel_id)
-                        && let Some(m) = reg.members.get_mut(&session.conn_id())
-                    {
-                        m.subscribed.remove(&r.channel_id);
-                    }
-                }
                 let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
                 self.forward(session, id, r.channel_id, msg)
             }

@@ -76,16 +76,24 @@ async fn an_unsubscribe_refused_as_busy_keeps_its_place_in_the_quota() {
     );
 }
 
-/// A channel removed while a session is subscribed frees the session's place when it
-/// unsubscribes (answered NOT_FOUND: the channel is gone).
+/// A channel removed while a session is subscribed no longer holds the session's place, whether
+/// or not the session unsubscribes (answered NOT_FOUND: the channel is gone).
 #[tokio::test]
-async fn unsubscribing_from_a_removed_channel_frees_its_place() {
+async fn a_removed_channel_frees_its_subscribers_places() {
     let s = Setup::new(&["channels.max_subscriptions_per_session=1"]);
-    let (a, b) = (s.create(1), s.create(2));
-    assert_eq!(s.subscribe(3, a), None);
-    let a_ref = ChannelRef { channel_id: a }.encode_to_vec();
-    assert_eq!(s.router.on_request(&s.server, request(4, "channel.remove", a_ref.clone())), None);
-    let gone = s.router.on_request(&s.player, request(5, "channel.unsubscribe", a_ref));
+    let (a, b, c) = (s.create(1), s.create(2), s.create(3));
+    assert_eq!(s.subscribe(4, a), None);
+    let remove = |id: u64, channel_id: u64| {
+        let body = ChannelRef { channel_id }.encode_to_vec();
+        assert_eq!(s.router.on_request(&s.server, request(id, "channel.remove", body)), None);
+    };
+    remove(5, a);
+    assert_eq!(s.subscribe(6, b), None, "a's place is free, without an unsubscribe");
+    remove(7, b);
+    let gone = s.router.on_request(
+        &s.player,
+        request(8, "channel.unsubscribe", ChannelRef { channel_id: b }.encode_to_vec()),
+    );
     assert_eq!(gone.map(|r| r.status()), Some(Status::NotFound));
-    assert_eq!(s.subscribe(6, b), None, "the place is free again");
+    assert_eq!(s.subscribe(9, c), None, "b's too");
 }

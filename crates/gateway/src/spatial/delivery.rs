@@ -352,6 +352,7 @@ impl Delivery {
             for (cell, _) in viewer.held.drain(..) {
                 unsubscribed(&viewer.handle, cell);
             }
+            viewer.first = 0;
         }
         if change.forget {
             self.forget(conn);
@@ -365,6 +366,8 @@ impl Delivery {
                     self.fresh.insert(conn);
                     Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0 }
                 });
+                // Positions in `held` move with the view: the next message starts at its first.
+                viewer.first = 0;
                 // A new codec: every cell again from a snapshot, due even if nothing changed.
                 let mut entered = viewer.codec != codec;
                 if entered {
