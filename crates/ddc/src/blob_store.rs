@@ -146,7 +146,7 @@ impl BlobStore {
                     return Err(e.into());
                 }
                 // Its directory went with a namespace deleted meanwhile: made again, once.
-                self.forget_durable(&self.root.join(ns.as_str()));
+                self.forget_namespace_of(dir);
                 self.create_dirs_durably(dir).await?;
                 fs::rename(tmp.path(), &dest).await?;
             }
@@ -322,15 +322,20 @@ impl BlobStore {
     /// whoever created them, once per directory per process.
     async fn create_dirs_durably(&self, dir: &Path) -> io::Result<()> {
         match self.create_dirs_once(dir).await {
-            // A parent thought durable is gone: its namespace was deleted while a put marked
-            // it. Forget the namespace's directories and make them again.
+            // A parent thought durable is gone.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(ns_dir) = dir.ancestors().take_while(|d| *d != self.root).last() {
-                    self.forget_durable(ns_dir);
-                }
+                self.forget_namespace_of(dir);
                 self.create_dirs_once(dir).await
             }
             done => done,
+        }
+    }
+
+    /// Forgets the directories of blob directory `dir`'s namespace as durable: one of them was
+    /// found gone (the namespace was deleted while a put marked them).
+    fn forget_namespace_of(&self, dir: &Path) {
+        if let Some(ns_dir) = dir.ancestors().take_while(|d| *d != self.root).last() {
+            self.forget_durable(ns_dir);
         }
     }
 

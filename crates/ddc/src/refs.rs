@@ -2,7 +2,7 @@
 //! attachment it names is present (finalized). The rules of the DDC spec's section 5.3 live
 //! here, apart from HTTP, so the ref routes and the batch endpoint share them.
 
-use crate::cb::{self, CbType, Value};
+use crate::cb::{CbType, Value};
 use crate::meta::{RefRow, now_ms};
 use crate::storage::{Content, ContentError};
 use crate::{IoHash, Name, RefKey};
@@ -64,11 +64,12 @@ pub async fn put(
     {
         return Ok(PutOutcome::Conflict { existing: existing.object.clone() });
     }
-    let count = cb::parse(&object).map(|f| f.attachments().len()).unwrap_or(0);
-    if count > crate::storage::MAX_ATTACHMENTS {
-        return Err(ContentError::TooManyAttachments { count, max: crate::storage::MAX_ATTACHMENTS });
+    let attachments = crate::storage::attachments_of(&object);
+    if attachments.len() > crate::storage::MAX_ATTACHMENTS {
+        let (count, max) = (attachments.len(), crate::storage::MAX_ATTACHMENTS);
+        return Err(ContentError::TooManyAttachments { count, max });
     }
-    let needs = content.missing(&addr.ns, &object).await?;
+    let needs = content.missing_of(&addr.ns, attachments).await?;
     let finalized = needs.is_empty();
     let unchanged = existing.is_some_and(|e| e.object_hash == hash && e.finalized == finalized);
     if !unchanged {
@@ -155,7 +156,7 @@ pub enum Payload {
 
 /// The single payload of an object, in the sense of [`Payload`].
 pub fn payload(object: &[u8]) -> Payload {
-    let attachments = cb::parse(object).map(|f| f.attachments()).unwrap_or_default();
+    let attachments = crate::storage::attachments_of(object);
     match attachments.as_slice() {
         [] => Payload::Object,
         [(CbType::BinaryAttachment, h)] => Payload::Attachment(IoHash::from_bytes(*h)),

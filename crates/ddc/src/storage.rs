@@ -129,10 +129,15 @@ impl Content {
     /// The attachments of `object` (a validated compact-binary object) that are not present,
     /// each once, in the order the object names them.
     pub async fn missing(&self, ns: &Name, object: &[u8]) -> Result<Vec<IoHash>, ContentError> {
-        let attachments = match cb::parse(object) {
-            Ok(field) => field.attachments(),
-            Err(_) => return Ok(Vec::new()),
-        };
+        self.missing_of(ns, attachments_of(object)).await
+    }
+
+    /// [`Content::missing`], given the object's attachments ([`attachments_of`]).
+    pub async fn missing_of(
+        &self,
+        ns: &Name,
+        attachments: Vec<(CbType, [u8; 20])>,
+    ) -> Result<Vec<IoHash>, ContentError> {
         let mut resolver = Resolver { known: HashMap::new(), objects_left: MAX_RESOLVED_OBJECTS };
         let mut missing = Vec::new();
         for (ty, hash) in attachments {
@@ -194,6 +199,12 @@ impl Content {
             Ok(present)
         })
     }
+}
+
+/// The attachments a validated compact-binary object names, in order (none if it does not
+/// parse).
+pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
+    cb::parse(object).map(|field| field.attachments()).unwrap_or_default()
 }
 
 /// One presence check's memory: what each hash was judged, and how many more objects it may

@@ -472,9 +472,7 @@ impl SessionTask {
     /// waits (see `waiting`). A message larger than the session's bounds alone cannot ever be
     /// sent: the session ends with `RETRANSMIT_OVERFLOW`, as before.
     fn put(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
-        let fits = self.session.has_room(outgoing_len(&item));
-        let never = !fits && self.session.unacked().0 == 0;
-        if !never && (!fits || !self.waiting.is_empty()) {
+        if !self.waiting.is_empty() || self.must_wait(&item) {
             if self.waiting.len() >= self.shared.config.limits.outbox_capacity {
                 return Err(End::new(
                     CloseReason::SlowConsumer,
@@ -499,11 +497,17 @@ impl SessionTask {
         }
     }
 
+    /// Whether `item` must wait for acknowledgements to make room for it. One that would not
+    /// fit with nothing unacknowledged never will: it goes now, and ends the session.
+    fn must_wait(&self, item: &Outgoing) -> bool {
+        !self.session.has_room(outgoing_len(item)) && self.session.unacked().0 > 0
+    }
+
     /// Sends what waited for room, in order, as far as the room now goes.
     fn send_waiting(&mut self, now: Instant) -> Result<(), End> {
         let mut updates = Vec::new();
         while let Some(item) = self.waiting.front() {
-            if !self.session.has_room(outgoing_len(item)) && self.session.unacked().0 > 0 {
+            if self.must_wait(item) {
                 break;
             }
             let Some(item) = self.waiting.pop_front() else { break };

@@ -183,9 +183,8 @@ impl Session {
         payload: Payload,
         replaceable: bool,
     ) -> Result<Option<Frame>, SessionError> {
-        let messages = self.unacked.len() + 1;
-        let bytes = self.unacked_bytes + payload.len();
-        if messages > self.config.max_unacked_messages || bytes > self.config.max_unacked_bytes {
+        let (messages, bytes) = (self.unacked.len() + 1, self.unacked_bytes + payload.len());
+        if !self.has_room(payload.len()) {
             return Err(SessionError::RetransmitOverflow { messages, bytes });
         }
         let seq = self.next_seq;

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 
-use super::body::{MemoryBudget, read_body};
+use super::body::{Held, MemoryBudget, read_body};
 use super::{ApiError, CB, Ddc, content_type};
 use crate::auth::Action;
 use crate::cb::{self, CbType, Field, Value};
@@ -35,7 +35,7 @@ enum Kind {
 /// 429. Without it, 10,000 GETs of one 1 MiB record built a 10 GiB reply.
 struct ReplySize<'a> {
     budget: &'a MemoryBudget,
-    held: Option<tokio::sync::OwnedSemaphorePermit>,
+    held: Held,
     bytes: u64,
     limit: u64,
 }
@@ -46,11 +46,7 @@ impl ReplySize<'_> {
         if self.bytes + len as u64 > self.limit {
             return Ok(false);
         }
-        let more = self.budget.take(len.saturating_mul(2))?;
-        match self.held.as_mut() {
-            Some(held) => held.merge(more),
-            None => self.held = Some(more),
-        }
+        self.held.grow(self.budget, len.saturating_mul(2))?;
         self.bytes += len as u64;
         Ok(true)
     }
@@ -141,7 +137,7 @@ pub async fn batch(
     // give, so a batch past it gets 413s, never a 429 its retries would meet again.
     let room = u64::from(ddc.limits.memory_budget).saturating_sub(body.bytes.capacity() as u64);
     let limit = ddc.limits.max_buffered_bytes.min(room / 2);
-    let mut size = ReplySize { budget: &ddc.budget, held: None, bytes: 0, limit };
+    let mut size = ReplySize { budget: &ddc.budget, held: Held::default(), bytes: 0, limit };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;
         results.push(Value::Object(vec![

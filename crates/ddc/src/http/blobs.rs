@@ -273,12 +273,15 @@ async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) 
 }
 
 /// The memory budget for verifying compressed buffer `body` (one decoded block: up to 2 GiB for
-/// a small body that claims a large block), taken before it is verified; `None` if its header
-/// is invalid (verifying it then fails before decoding anything).
-pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8]) -> Result<Option<super::body::Held>, ApiError> {
-    let Ok(header) = crate::compressed::check(body) else { return Ok(None) };
-    let len = usize::try_from(header.scratch_len()).map_err(|_| ApiError::Busy)?;
-    Ok(Some(super::body::Held::one(ddc.budget.take(len)?)))
+/// a small body that claims a large block), taken before it is verified; none if its header is
+/// invalid (verifying it then fails before decoding anything).
+pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8]) -> Result<super::body::Held, ApiError> {
+    let mut held = super::body::Held::default();
+    if let Ok(header) = crate::compressed::check(body) {
+        let len = usize::try_from(header.scratch_len()).map_err(|_| ApiError::Busy)?;
+        held.grow(&ddc.budget, len)?;
+    }
+    Ok(held)
 }
 
 async fn put_compressed(

@@ -56,22 +56,30 @@ impl MemoryBudget {
 /// A body read whole, and its share of the memory budget (returned when dropped).
 pub struct Buffered {
     pub bytes: Vec<u8>,
-    _held: Option<OwnedSemaphorePermit>,
+    held: Held,
 }
 
-/// A share of the memory budget, given back when dropped.
-pub struct Held(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+/// A share of the memory budget, given back when dropped: one permit, however many times it
+/// grew.
+#[derive(Default)]
+pub struct Held(Option<OwnedSemaphorePermit>);
 
 impl Held {
-    pub(super) fn one(permit: OwnedSemaphorePermit) -> Held {
-        Held(Some(permit))
+    /// Takes `bytes` more from `budget` into this share (429 if the budget cannot give them).
+    pub(super) fn grow(&mut self, budget: &MemoryBudget, bytes: usize) -> Result<(), ApiError> {
+        let more = budget.take(bytes)?;
+        match self.0.as_mut() {
+            Some(held) => held.merge(more),
+            None => self.0 = Some(more),
+        }
+        Ok(())
     }
 }
 
 impl Buffered {
     /// The bytes, and the budget they hold (keep it as long as the bytes).
     pub fn into_parts(self) -> (Vec<u8>, Held) {
-        (self.bytes, Held(self._held))
+        (self.bytes, self.held)
     }
 }
 
@@ -86,7 +94,7 @@ pub async fn read_body(
 ) -> Result<Buffered, ApiError> {
     let mut chunks = body.into_data_stream();
     let mut bytes = Vec::new();
-    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut held = Held::default();
     // What `held` holds: the buffer's capacity.
     let mut charged = 0usize;
     loop {
@@ -103,17 +111,13 @@ pub async fn read_body(
         if len > charged {
             // Grown as `Vec` grows (doubling, at most to the limit), charged before it grows.
             let capacity = len.max(charged * 2).min(usize::try_from(limit).unwrap_or(usize::MAX));
-            let more = budget.take(capacity - charged)?;
-            match held.as_mut() {
-                Some(held) => held.merge(more),
-                None => held = Some(more),
-            }
+            held.grow(budget, capacity - charged)?;
             bytes.reserve_exact(capacity - bytes.len());
             charged = capacity;
         }
         bytes.extend_from_slice(&chunk);
     }
-    Ok(Buffered { bytes, _held: held })
+    Ok(Buffered { bytes, held })
 }
 
 #[cfg(test)]

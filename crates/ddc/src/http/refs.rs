@@ -273,13 +273,14 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
             if size > ddc.limits.max_buffered_bytes {
                 return Err(too_large);
             }
-            let mut budget = ddc.budget.take(size as usize)?;
+            let mut budget = super::body::Held::default();
+            budget.grow(&ddc.budget, size as usize)?;
             let bytes = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
             let header = crate::compressed::check(&bytes)?;
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
-            budget.merge(ddc.budget.take(header.total_raw_size as usize)?);
+            budget.grow(&ddc.budget, header.total_raw_size as usize)?;
             match crate::compressed::decode(&bytes) {
                 Ok((_, payload)) => Ok(([(header::CONTENT_TYPE, OCTET)], payload).into_response()),
                 Err(crate::compressed::CompressedError::Oodle) => Err(ApiError::NotFound(
