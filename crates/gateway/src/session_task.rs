@@ -89,7 +89,41 @@ pub(crate) struct SessionTask {
     /// acknowledgement of a client that keeps up waits instead of ending the session. Holds the
     /// outbox's one item that did not fit and the replies to the client's requests, at most
     /// `outbox_capacity`.
-    waiting: VecDeque<Outgoing>,
+    waiting: Waiting,
+}
+
+/// [`SessionTask::waiting`]: a queue allocated only once something waits, so that a session
+/// that never waits carries one pointer for it (the task of each of 35,000 ping-pong sessions
+/// grew by 0.7 KiB with the queue inline, across an allocator size class).
+#[derive(Default)]
+#[expect(clippy::box_collection, reason = "the box keeps the task one pointer larger, not four")]
+struct Waiting(Option<Box<VecDeque<Outgoing>>>);
+
+impl Waiting {
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|q| q.is_empty())
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    fn push_back(&mut self, item: Outgoing) {
+        self.0.get_or_insert_with(Box::default).push_back(item);
+    }
+
+    fn front(&self) -> Option<&Outgoing> {
+        self.0.as_ref()?.front()
+    }
+
+    fn pop_front(&mut self) -> Option<Outgoing> {
+        self.0.as_mut()?.pop_front()
+    }
+
+    /// Everything waiting, in order, leaving nothing.
+    fn take(&mut self) -> impl Iterator<Item = Outgoing> + use<> {
+        self.0.take().into_iter().flat_map(|q| *q)
+    }
 }
 
 /// The payload length `item` takes in the session's resend buffer.
@@ -156,7 +190,7 @@ impl SessionTask {
                 }
             },
             acked: 0,
-            waiting: VecDeque::new(),
+            waiting: Waiting::default(),
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -341,8 +375,8 @@ impl SessionTask {
         let flow = self.handle.flow.clone();
         let mut window = flow.lock();
         let mut queued = Vec::new();
-        let waiting = std::mem::take(&mut self.waiting);
-        for item in waiting.into_iter().chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
+        let waiting = self.waiting.take();
+        for item in waiting.chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
             if let Outgoing::Message(message) = item {
                 queued.push(message);
             }
