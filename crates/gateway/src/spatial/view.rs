@@ -100,10 +100,10 @@ impl World {
         let options = req.options.unwrap_or_default();
         if !self.controller_sessions.contains_key(&conn) {
             self.controller_sessions.insert(conn, client.clone());
-            for e in
-                self.entities.values_mut().filter(|e| e.controller == conn && e.controller_session.is_none())
-            {
-                e.controller_session = Some(client.clone());
+            for id in self.controlled.get(&conn).into_iter().flatten() {
+                if let Some(e) = self.entities.get_mut(id).filter(|e| e.controller_session.is_none()) {
+                    e.controller_session = Some(client.clone());
+                }
             }
         }
         let centred = match follow {
@@ -191,9 +191,11 @@ impl World {
         area.cells(&self.layout).into_iter().map(|c| self.cell_index(c)).collect()
     }
 
-    /// The position of the entity `conn` controls, if any.
+    /// The position of the entity `conn` controls (the latest spawned of those that exist), if
+    /// any.
     fn controlled_position(&self, conn: u64) -> Option<[f32; 3]> {
-        self.controlled.get(&conn).and_then(|id| self.entities.get(id)).map(|e| e.position)
+        let latest = self.controlled.get(&conn)?.last()?;
+        self.entities.get(latest).map(|e| e.position)
     }
 
     /// Makes `cells` the viewer's view in `codec`: its delivery tells the client of the cells

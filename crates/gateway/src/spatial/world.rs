@@ -92,8 +92,10 @@ pub(super) struct World {
     servers: HashMap<u64, Option<u32>>,
     observers: Vec<SessionHandle>,
     pub entities: HashMap<u64, Entity>,
-    /// Connection id of a controller → the entity it controls (the latest spawned for it).
-    pub controlled: HashMap<u64, u64>,
+    /// Connection id of a controller → the entities it controls, in the order they were spawned
+    /// (`follow` centres an area on the last). Kept while they exist, so a controller's end
+    /// reaches every one of them.
+    pub controlled: HashMap<u64, Vec<u64>>,
     /// Sessions that have set an area of interest, by connection id: an entity spawned for one
     /// of them as controller gets its session at once (a server's messages reach it). Its
     /// entities spawned before are given it at its first `spatial.interest` only, so that later
@@ -341,8 +343,12 @@ impl World {
     pub fn left(&mut self, conn: u64) {
         self.leave_view(conn);
         self.controller_sessions.remove(&conn);
-        if let Some(e) = self.controlled.get(&conn).and_then(|id| self.entities.get_mut(id)) {
-            e.controller_session = None;
+        // Every entity it controls lets go of its session: a server's message to the controller
+        // is then refused as to no controller, and the ended session is not kept alive.
+        for id in self.controlled.remove(&conn).unwrap_or_default() {
+            if let Some(e) = self.entities.get_mut(&id) {
+                e.controller_session = None;
+            }
         }
         let Some(slot) = self.servers.remove(&conn) else { return };
         let Some(slot) = slot else {

@@ -309,3 +309,54 @@ async fn a_server_reaches_the_controller_of_an_entity_spawned_after_its_area() {
     let m = ChannelMessage::decode(common::channels::next(&player, "channel.message").await).unwrap();
     assert_eq!((m.channel_id, &m.body[..]), (entity_id, &b"welcome"[..]));
 }
+
+/// A controller's session that ends lets go of every entity it controls, not only the last one
+/// spawned for it: a server's message to it is then refused as to no controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_leaves_is_let_go_by_every_entity_it_controls() {
+    let gw = common::start(&LAYOUT).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let player = client(&gw, "player").await;
+    let controller = player.connection_id();
+    let mut ids = Vec::new();
+    for x in [3.0, 6.0] {
+        let spawn = SpawnEntity {
+            position: v3([x, 0.0, 5.0]),
+            value_json: format!(r#"{{"pos":[{x},0,5]}}"#),
+            controller_connection: controller,
+        };
+        ids.push(s0.spatial_spawn(spawn).await.unwrap().entity_id);
+    }
+    // The area gives both entities the controller's session.
+    let area = set_interest::Area::Box(AreaBox { min: v3([0.0, -1.0, 0.0]), max: v3([9.0, 1.0, 9.0]) });
+    player.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let hello = |entity_id: u64| ChannelSend {
+        channel_id: entity_id,
+        to_connection: controller,
+        broadcast: 0,
+        body: Bytes::from_static(b"hello"),
+    };
+    for &id in &ids {
+        s0.call("channel.send", hello(id).encode_to_vec().into()).await.unwrap();
+        let m = ChannelMessage::decode(common::channels::next(&player, "channel.message").await).unwrap();
+        assert_eq!(m.channel_id, id);
+    }
+    player.close().await;
+    // The world hears of the end after the close: wait (bounded) until the last entity lets go.
+    let refused = |r: Result<Bytes, tickwire_client::ClientError>| match r {
+        Err(tickwire_client::ClientError::Status { status, .. }) => Some(status),
+        _ => None,
+    };
+    let mut last = None;
+    for _ in 0..200 {
+        last = refused(s0.call("channel.send", hello(ids[1]).encode_to_vec().into()).await);
+        if last == Some(Status::NotFound) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(last, Some(Status::NotFound), "the last entity let go of its controller");
+    // The first one did too, in the same step.
+    let first = refused(s0.call("channel.send", hello(ids[0]).encode_to_vec().into()).await);
+    assert_eq!(first, Some(Status::NotFound), "the first entity let go of its controller");
+}
