@@ -17,6 +17,7 @@ mod delivery_simulation;
 mod frame;
 #[cfg(any(test, feature = "harness"))]
 pub(crate) mod harness;
+mod inbox;
 mod view;
 mod world;
 
@@ -40,6 +41,7 @@ use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter, Figures, SpatialDelivery};
 use crate::pass_times::{Names, PassTimes};
 use crate::router::{Gauge, Router, SessionHandle, Startup, error_response};
+use inbox::{Inboxes, Taker};
 use world::World;
 
 /// Spatial channel (cell) ids start here.
@@ -173,24 +175,6 @@ enum Msg {
     Left(u64),
 }
 
-/// The world's two inboxes, one per role, each `channels.inbox_capacity` long: players' requests
-/// (areas of interest, messages to entities) can fill theirs without holding up a game server's
-/// publish or release, which the world also takes first (see [`run`]). A session's messages,
-/// and the notice that it left, all go through its role's inbox, so they stay in order.
-struct Inboxes<T> {
-    servers: T,
-    players: T,
-}
-
-impl Inboxes<mpsc::Sender<Msg>> {
-    fn of(&self, role: Role) -> &mpsc::Sender<Msg> {
-        match role {
-            Role::Server => &self.servers,
-            Role::Player => &self.players,
-        }
-    }
-}
-
 /// The most cells an area may touch with an outbox of `outbox_capacity` messages: leaving every
 /// cell at once queues one UNSUBSCRIBED event per cell in the session's outbox, and 16 places
 /// (or half the outbox, if that is more) stay for whatever else waits there: 240 by default,
@@ -201,9 +185,9 @@ fn max_view_cells(outbox_capacity: usize) -> usize {
 
 /// Serves the spatial world in front of the channel router.
 pub struct SpatialRouter {
-    inbox: Inboxes<mpsc::Sender<Msg>>,
+    inbox: Inboxes,
     /// Taken by [`Router::on_start`], which starts the world's task.
-    world: Mutex<Option<(World, Inboxes<mpsc::Receiver<Msg>>)>>,
+    world: Mutex<Option<(World, Taker)>>,
     figures: Arc<SpatialFigures>,
     channel_figures: Arc<Figures>,
     slots: usize,
@@ -266,11 +250,10 @@ impl SpatialRouter {
         });
         let cells = layout.cell_count();
         let world = World::new(layout, settings, cell_schema, cell_json, entity_json, figures.clone());
-        let (servers, servers_rx) = mpsc::channel(c.inbox_capacity);
-        let (players, players_rx) = mpsc::channel(c.inbox_capacity);
+        let (inbox, taker) = Inboxes::new(c.inbox_capacity);
         Ok(SpatialRouter {
-            inbox: Inboxes { servers, players },
-            world: Mutex::new(Some((world, Inboxes { servers: servers_rx, players: players_rx }))),
+            inbox,
+            world: Mutex::new(Some((world, taker))),
             figures,
             channel_figures: channels.shared_figures(),
             slots,
@@ -444,11 +427,12 @@ impl Router for SpatialRouter {
 /// default, and always those of sessions on no I/O thread) goes into the channels' `channel_tick_duration_seconds` as wall-clock time (the
 /// world is one channel actor there) and into `spatial_pass_cpu_seconds` as this thread's CPU
 /// time; the deliveries on the I/O threads record theirs in `spatial_delivery_cpu_seconds`.
-/// What is ready is taken in this order: the stop, a due pass, a game server's message, a
-/// player's, so that players' requests wait for the rest, never the other way round.
+/// What is ready is taken in this order: the stop, a due pass, then the inboxes' next message
+/// (a game server's before a player's, with a turn for a waiting player every 32 servers'
+/// messages: `inbox.rs`).
 async fn run(
     mut world: World,
-    mut inbox: Inboxes<mpsc::Receiver<Msg>>,
+    mut inbox: Taker,
     figures: Arc<Figures>,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -474,11 +458,7 @@ async fn run(
                 world.figures.viewers.store(world.viewers.len() as u64, Ordering::Relaxed);
                 figures.record_pass(elapsed);
             }
-            msg = inbox.servers.recv() => match msg {
-                Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
-                None => break,
-            },
-            msg = inbox.players.recv() => match msg {
+            msg = inbox.next() => match msg {
                 Some(msg) => batch(|| on_msg(&mut world, msg, Instant::now())),
                 None => break,
             },
