@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use tokio::io::AsyncReadExt;
 
 use crate::cb::{self, CbType};
@@ -26,6 +27,25 @@ pub const MAX_RESOLVED_OBJECTS: usize = 1_000;
 /// attached to it are bounded by [`MAX_RESOLVED_OBJECTS`] in number, not in what they name;
 /// refs stored before the bound are still served. The editor's records name a handful.
 pub const MAX_ATTACHMENTS: usize = 4_096;
+/// A compressed buffer whose payload is larger than this is decoded and hashed on the blocking
+/// pool, not on the request's runtime thread: an LZ4 buffer decodes to up to 255 times its
+/// stored size, and hashing that there would hold up every other request on the thread.
+pub const DECODE_INLINE_MAX: u64 = 256 << 10;
+
+/// Runs `work` on a compressed buffer (`body`, whose payload is `raw_size` bytes): inline when
+/// the payload is small, on the blocking pool when it is not ([`DECODE_INLINE_MAX`]).
+pub async fn decode_off_thread<T: Send + 'static>(
+    raw_size: u64,
+    body: Bytes,
+    work: fn(&[u8]) -> T,
+) -> Result<T, std::io::Error> {
+    if raw_size <= DECODE_INLINE_MAX {
+        return Ok(work(&body));
+    }
+    tokio::task::spawn_blocking(move || work(&body))
+        .await
+        .map_err(|e| std::io::Error::other(format!("decoding the compressed buffer did not finish: {e}")))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContentError {
@@ -71,27 +91,29 @@ impl Content {
     /// Checks, in the order of the spec: header and block table, raw hash against `id`, and,
     /// when the blocks can be decoded here, the decoded payload against the raw hash. Returns
     /// the raw hash.
+    ///
+    /// A large payload is verified on the blocking pool ([`decode_off_thread`]).
     pub async fn put_compressed(
         &self,
         ns: &Name,
         id: Option<IoHash>,
-        body: &[u8],
+        body: Bytes,
     ) -> Result<IoHash, ContentError> {
-        let header = compressed::check(body)?;
+        let header = compressed::check(&body)?;
         let raw = header.raw_hash;
         if let Some(url) = id
             && url != raw
         {
             return Err(ContentError::RawHashMismatch { header: raw, url });
         }
-        match compressed::verify(body) {
+        match decode_off_thread(header.total_raw_size, body.clone(), compressed::verify).await? {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),
         }
         if let Some(Located::Compressed(_)) = self.locate(ns, raw).await? {
             return Ok(raw); // Already stored: an idempotent re-upload.
         }
-        let (blob, _) = self.blobs.put(ns, None, body, u64::MAX).await?;
+        let (blob, _) = self.blobs.put(ns, None, &body[..], u64::MAX).await?;
         self.meta.put_content(ns, raw, blob).await?;
         Ok(raw)
     }

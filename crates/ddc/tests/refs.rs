@@ -641,3 +641,31 @@ fn json_renderings_are_bounded() {
     let json = get_ref(&s, "small", &key("small"), "application/json");
     assert_eq!((json.status, json.json()["n"].as_i64()), (200, Some(7)));
 }
+
+/// A compressed buffer whose payload is past `storage::DECODE_INLINE_MAX` is verified and
+/// decoded on the blocking pool: a good one is stored and served `.raw`, a corrupt one is
+/// refused as any corrupt buffer is.
+#[test]
+fn a_large_compressed_buffer_is_verified_and_decoded() {
+    let s = start();
+    let payload: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    assert!(payload.len() as u64 > tickwire_ddc::storage::DECODE_INLINE_MAX);
+    let buffer = tickwire_ddc::compressed::encode_none(&payload);
+    let raw = IoHash::of(&payload);
+    let mut corrupt = buffer.clone();
+    *corrupt.last_mut().unwrap() ^= 1;
+    let path = format!("/api/v1/compressed-blobs/{NS}/{}", raw.to_hex());
+    let refused = send(req(&s, "PUT", &path).set("Content-Type", COMP), Some(&corrupt));
+    assert_eq!(refused.status, 400, "{}", String::from_utf8_lossy(&refused.body));
+    assert_eq!(send(req(&s, "PUT", &path).set("Content-Type", COMP), Some(&buffer)).status, 200);
+    let value = Value::Object(vec![
+        ("RawHash".into(), Value::BinaryAttachment(*raw.as_bytes())),
+        ("RawSize".into(), Value::Integer(payload.len() as i128)),
+    ])
+    .to_bytes();
+    let k = key("large");
+    assert!(needs(&put_ref(&s, "bucket", &k, &value)).is_empty());
+    let got = send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.raw")), None);
+    assert_eq!(got.status, 200);
+    assert!(got.body == payload, "the payload, decoded");
+}

@@ -269,7 +269,8 @@ async fn exist<const ANY: bool>(
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
     let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
     let _scratch = scratch_budget(ddc, &body.bytes)?;
-    Ok(ddc.content.put_compressed(ns, id, &body.bytes).await?)
+    let (bytes, _held) = body.into_parts();
+    Ok(ddc.content.put_compressed(ns, id, bytes.into()).await?)
 }
 
 /// The memory budget for verifying compressed buffer `body` (one decoded block: up to 2 GiB for

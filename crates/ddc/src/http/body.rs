@@ -4,10 +4,14 @@
 //! server-wide memory budget. A request that would overdraw the budget gets 429, which the
 //! editor retries, instead of the server running out of memory.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::io::StreamReader;
@@ -76,6 +80,24 @@ impl Held {
     }
 }
 
+/// A response of `bytes` (with its `Content-Type` and `Content-Length`) that keeps `held`, the
+/// bytes' share of the memory budget, until its body is dropped: once the body has been handed
+/// to the connection, or the connection is gone. A slow reader then counts against the budget
+/// for as long as it keeps the bytes in memory.
+pub fn held_response(content_type: &'static str, bytes: Bytes, held: Held) -> Response {
+    let length = bytes.len();
+    let chunk = futures_util::stream::once(async move { Ok::<_, Infallible>(bytes) });
+    let body = Body::from_stream(chunk.map(move |chunk| {
+        let _keep = &held;
+        chunk
+    }));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    response
+}
+
 impl Buffered {
     /// The bytes, and the budget they hold (keep it as long as the bytes).
     pub fn into_parts(self) -> (Vec<u8>, Held) {
@@ -122,8 +144,6 @@ pub async fn read_body(
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use super::*;
 
     /// A body in one-byte chunks is charged what its buffer holds, in one permit, and gives it
@@ -147,5 +167,23 @@ mod tests {
         let refused = read_body(body, 1000, Duration::from_secs(5), &budget).await;
         assert!(matches!(refused, Err(ApiError::Busy)));
         assert_eq!(budget.0.available_permits(), 100, "nothing kept");
+    }
+
+    /// A response keeps its share of the budget until its body has been read to the end and
+    /// dropped, not only until the handler returns it.
+    #[tokio::test]
+    async fn a_held_response_keeps_its_budget_until_its_body_is_gone() {
+        let budget = MemoryBudget::new(100);
+        let mut held = Held::default();
+        held.grow(&budget, 40).unwrap();
+        let response = held_response("application/octet-stream", Bytes::from_static(b"payload"), held);
+        assert_eq!(response.headers()[header::CONTENT_LENGTH], "7");
+        assert_eq!(budget.0.available_permits(), 60, "held while the response waits to be sent");
+        let mut body = response.into_body().into_data_stream();
+        assert_eq!(body.next().await.unwrap().unwrap(), "payload");
+        assert_eq!(budget.0.available_permits(), 60, "held while the bytes may still be queued");
+        assert!(body.next().await.is_none());
+        drop(body);
+        assert_eq!(budget.0.available_permits(), 100);
     }
 }

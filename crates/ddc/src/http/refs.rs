@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
 
-use super::body::read_body;
+use super::body::{Held, held_response, read_body};
 use super::{
     ApiError, CB, CBPKG, Ddc, INLINE, IOHASH_HEADER, JSON, OCTET, accepted, content_type, hash_value,
 };
@@ -23,7 +23,7 @@ use crate::auth::Action;
 use crate::cb::{self, EntryFlags, Package};
 use crate::meta::RefRow;
 use crate::refs::{self, FinalizeOutcome, Lookup, PutOutcome, RefAddr};
-use crate::storage::{Located, MAX_ATTACHED_OBJECT, MAX_OBJECT_DEPTH};
+use crate::storage::{Located, MAX_ATTACHED_OBJECT, MAX_OBJECT_DEPTH, decode_off_thread};
 use crate::{IoHash, Name, RefKey};
 
 const LAST_ACCESS_HEADER: &str = "X-Jupiter-LastAccess";
@@ -109,7 +109,8 @@ pub async fn put_ref(
         Some(CBPKG) => {
             let body =
                 read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
-            (store_package(&ddc, &addr.ns, &body.bytes).await?, Some(body.into_parts().1))
+            let (bytes, held) = body.into_parts();
+            (store_package(&ddc, &addr.ns, bytes.into()).await?, Some(held))
         }
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     };
@@ -121,8 +122,8 @@ pub async fn put_ref(
 
 /// Stores a package's attachments (each checked against its entry hash) and returns its root
 /// object.
-async fn store_package(ddc: &Ddc, ns: &Name, body: &[u8]) -> Result<Vec<u8>, ApiError> {
-    let package = Package::parse(body)?;
+async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes) -> Result<Vec<u8>, ApiError> {
+    let package = Package::parse(&body)?;
     for (i, entry) in package.attachments.iter().enumerate() {
         let hash = IoHash::from_bytes(entry.hash);
         if entry.flags.contains(EntryFlags::ERROR) {
@@ -130,7 +131,7 @@ async fn store_package(ddc: &Ddc, ns: &Name, body: &[u8]) -> Result<Vec<u8>, Api
         }
         if entry.flags.contains(EntryFlags::COMPRESSED) {
             let _scratch = super::blobs::scratch_budget(ddc, entry.payload)?;
-            ddc.content.put_compressed(ns, Some(hash), entry.payload).await?;
+            ddc.content.put_compressed(ns, Some(hash), body.slice_ref(entry.payload)).await?;
         } else if !ddc.content.blobs.exists(ns, &hash).await? {
             ddc.content.blobs.put(ns, Some(hash), entry.payload, u64::MAX).await?;
         }
@@ -232,20 +233,29 @@ pub async fn get_ref(
 ) -> Result<Response, ApiError> {
     let (addr, suffix) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
     let format = Format::choose(suffix.as_deref(), &headers)?;
-    let row = finalized_ref(&ddc, &addr).await?;
+    let mut row = finalized_ref(&ddc, &addr).await?;
     let mut response = match format {
-        Format::Cb => ([(header::CONTENT_TYPE, CB)], row.object.clone()).into_response(),
+        // The object, charged to the memory budget until it has been sent (it was read before
+        // its size was known; a request the budget cannot hold lets it go at once).
+        Format::Cb => {
+            let mut held = Held::default();
+            held.grow(&ddc.budget, row.object.len())?;
+            held_response(CB, std::mem::take(&mut row.object).into(), held)
+        }
         Format::Json => {
             // A JSON tree takes tens of bytes per byte of compact binary (an array of nulls:
-            // 80): bounded, and charged while it is built.
+            // 80): bounded, and charged while it is built; then its text until it is sent.
             // Past what the budget could ever give: 413, not a 429 its retries would meet again.
             let most = MAX_JSON_OBJECT_BYTES.min(ddc.limits.memory_budget as usize / JSON_BYTES_PER_BYTE);
             if row.object.len() > most {
                 return Err(ApiError::TooLarge { limit: most as u64 });
             }
-            let _budget = ddc.budget.take(row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
-            let json = cb::to_json(&cb::parse(&row.object)?);
-            ([(header::CONTENT_TYPE, JSON)], json.to_string()).into_response()
+            let building = ddc.budget.take(row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
+            let text = cb::to_json(&cb::parse(&row.object)?).to_string();
+            drop(building);
+            let mut held = Held::default();
+            held.grow(&ddc.budget, text.len())?;
+            held_response(JSON, text.into(), held)
         }
         Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
         Format::Inline => inline_payload(&ddc, &addr.ns, &row).await?,
@@ -261,7 +271,9 @@ pub async fn get_ref(
 /// decompressed when it can be), or the object itself when it has no single attachment.
 async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
     let refs::Payload::Attachment(id) = refs::payload(&row.object) else {
-        return Ok(([(header::CONTENT_TYPE, OCTET)], row.object.clone()).into_response());
+        let mut held = Held::default();
+        held.grow(&ddc.budget, row.object.len())?;
+        return Ok(held_response(OCTET, row.object.clone().into(), held));
     };
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
         Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
@@ -273,7 +285,7 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
             if size > ddc.limits.max_buffered_bytes {
                 return Err(too_large);
             }
-            let mut budget = super::body::Held::default();
+            let mut budget = Held::default();
             budget.grow(&ddc.budget, size as usize)?;
             let bytes = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
             let header = crate::compressed::check(&bytes)?;
@@ -281,8 +293,11 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
             budget.grow(&ddc.budget, header.total_raw_size as usize)?;
-            match crate::compressed::decode(&bytes) {
-                Ok((_, payload)) => Ok(([(header::CONTENT_TYPE, OCTET)], payload).into_response()),
+            let decoded =
+                decode_off_thread(header.total_raw_size, bytes.into(), crate::compressed::decode).await?;
+            match decoded {
+                // The buffer is gone; the payload keeps the whole share until it is sent.
+                Ok((_, payload)) => Ok(held_response(OCTET, payload.into(), budget)),
                 Err(crate::compressed::CompressedError::Oodle) => Err(ApiError::NotFound(
                     "the attachment is Oodle-compressed and cannot be decompressed here",
                 )),
@@ -300,7 +315,9 @@ async fn inline_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, 
             return Err(ApiError::Invalid("the ref has more than one attachment, or an object one".into()));
         }
         refs::Payload::Object => {
-            let mut r = ([(header::CONTENT_TYPE, INLINE)], row.object.clone()).into_response();
+            let mut held = Held::default();
+            held.grow(&ddc.budget, row.object.len())?;
+            let mut r = held_response(INLINE, row.object.clone().into(), held);
             r.headers_mut().insert(INLINE_HASH_HEADER, hash_value(&row.object_hash));
             r
         }
@@ -375,7 +392,12 @@ fn blob_stream(
 
 /// `.uecbpkg`: the object, then every attachment it reaches (object attachments' own ones
 /// too), streamed from the blob files; an attachment that cannot be read is an error entry.
+///
+/// The objects it holds in memory (the ref's and its object attachments) are charged to the
+/// memory budget until the answer has been sent; the binary attachments are streamed from disk.
 async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+    let mut held = Held::default();
+    held.grow(&ddc.budget, row.object.len())?;
     let mut parts = vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, row.object.clone())];
     let mut object_bytes = 0u64;
     let mut seen = std::collections::HashSet::new();
@@ -412,7 +434,10 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
             }
             continue;
         }
-        let limit = MAX_ATTACHED_OBJECT.min(MAX_PACKAGE_OBJECT_BYTES - object_bytes);
+        // Never more than half the budget in all, so that an answer is never a 429 its retries
+        // would meet again; an object past it is an error entry.
+        let most = MAX_PACKAGE_OBJECT_BYTES.min(u64::from(ddc.limits.memory_budget) / 2);
+        let limit = MAX_ATTACHED_OBJECT.min(most.saturating_sub(object_bytes));
         let object = match ddc.content.read_blob(ns, &id, limit).await? {
             Some(bytes) if cb::parse(&bytes).is_ok() => bytes,
             _ => {
@@ -424,6 +449,7 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
             let children = cb::parse(&object)?.attachments();
             pending.extend(children.into_iter().rev().map(|(t, h)| (t, h, depth + 1)));
         }
+        held.grow(&ddc.budget, object.len())?;
         object_bytes += object.len() as u64;
         parts.push(Part::bytes(hash, EntryFlags::OBJECT, object));
     }
@@ -432,6 +458,10 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
     let length = head.len() as u64 + parts.iter().map(|p| p.size).sum::<u64>();
     let payloads = futures_util::stream::iter(parts.into_iter().map(|p| p.payload)).flatten();
     let stream = futures_util::stream::once(async move { Ok(Bytes::from(head)) }).chain(payloads);
+    let stream = stream.map(move |chunk| {
+        let _keep = &held;
+        chunk
+    });
     let mut response = Body::from_stream(stream).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CBPKG));
     response.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(length));
