@@ -6,9 +6,11 @@
 //! after the blob is durable. Stored bytes are never re-encoded.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
+use tokio::sync::Semaphore;
 
 use crate::cb::{self, CbType};
 use crate::compressed::{self, CompressedError};
@@ -32,19 +34,43 @@ pub const MAX_ATTACHMENTS: usize = 4_096;
 /// stored size, and hashing that there would hold up every other request on the thread.
 pub const DECODE_INLINE_MAX: u64 = 256 << 10;
 
-/// Runs `work` on a compressed buffer (`body`, whose payload is `raw_size` bytes): inline when
-/// the payload is small, on the blocking pool when it is not ([`DECODE_INLINE_MAX`]).
-pub async fn decode_off_thread<T: Send + 'static>(
-    raw_size: u64,
-    body: Bytes,
-    work: fn(&[u8]) -> T,
-) -> Result<T, std::io::Error> {
-    if raw_size <= DECODE_INLINE_MAX {
-        return Ok(work(&body));
+/// Decodes of large compressed buffers at once: as many as there are cores, so that they
+/// neither take every core nor fill the blocking pool that SQLite and the blob files share
+/// (`tokio::fs`); more wait their turn.
+#[derive(Debug, Clone)]
+pub struct DecodeSlots(Arc<Semaphore>);
+
+impl Default for DecodeSlots {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        DecodeSlots(Arc::new(Semaphore::new(cores)))
     }
-    tokio::task::spawn_blocking(move || work(&body))
+}
+
+impl DecodeSlots {
+    /// Runs `work` on a compressed buffer (`body`, whose payload is `raw_size` bytes): inline
+    /// when the payload is small, else on the blocking pool, in one of the slots
+    /// ([`DECODE_INLINE_MAX`]). `keep` (what the caller holds of the memory budget for the
+    /// body and its decoding) is moved along and handed back with the result: a request
+    /// dropped mid-way (its client gone) does not give the budget back while the work runs on.
+    pub async fn decode<T: Send + 'static, K: Send + 'static>(
+        &self,
+        raw_size: u64,
+        body: Bytes,
+        keep: K,
+        work: fn(&[u8]) -> T,
+    ) -> Result<(T, K), std::io::Error> {
+        if raw_size <= DECODE_INLINE_MAX {
+            return Ok((work(&body), keep));
+        }
+        let slot = self.0.clone().acquire_owned().await.map_err(std::io::Error::other)?;
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            (work(&body), keep)
+        })
         .await
         .map_err(|e| std::io::Error::other(format!("decoding the compressed buffer did not finish: {e}")))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +110,7 @@ impl Located {
 pub struct Content {
     pub blobs: BlobStore,
     pub meta: MetaStore,
+    pub decodes: DecodeSlots,
 }
 
 impl Content {
@@ -92,12 +119,14 @@ impl Content {
     /// when the blocks can be decoded here, the decoded payload against the raw hash. Returns
     /// the raw hash.
     ///
-    /// A large payload is verified on the blocking pool ([`decode_off_thread`]).
-    pub async fn put_compressed(
+    /// A large payload is verified on the blocking pool ([`DecodeSlots::decode`]), holding
+    /// `budget` (the caller's share of the memory budget for it) until the check ends.
+    pub async fn put_compressed<K: Send + 'static>(
         &self,
         ns: &Name,
         id: Option<IoHash>,
         body: Bytes,
+        budget: K,
     ) -> Result<IoHash, ContentError> {
         let header = compressed::check(&body)?;
         let raw = header.raw_hash;
@@ -106,7 +135,10 @@ impl Content {
         {
             return Err(ContentError::RawHashMismatch { header: raw, url });
         }
-        match decode_off_thread(header.total_raw_size, body.clone(), compressed::verify).await? {
+        let (verified, budget) =
+            self.decodes.decode(header.total_raw_size, body.clone(), budget, compressed::verify).await?;
+        drop(budget);
+        match verified {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),
         }
@@ -234,4 +266,28 @@ pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
 struct Resolver {
     known: HashMap<IoHash, bool>,
     objects_left: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread::ThreadId;
+
+    use super::*;
+
+    fn thread(_: &[u8]) -> ThreadId {
+        std::thread::current().id()
+    }
+
+    /// On a runtime of one thread, a small payload's work runs there and a large one's on
+    /// another (the blocking pool), with what the caller keeps handed back.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_payload_is_decoded_off_the_runtime_thread() {
+        let here = std::thread::current().id();
+        let slots = DecodeSlots::default();
+        let (small, kept) = slots.decode(DECODE_INLINE_MAX, Bytes::new(), 7u8, thread).await.unwrap();
+        assert_eq!((small, kept), (here, 7));
+        let (large, kept) = slots.decode(DECODE_INLINE_MAX + 1, Bytes::new(), 8u8, thread).await.unwrap();
+        assert_ne!(large, here);
+        assert_eq!(kept, 8);
+    }
 }

@@ -268,9 +268,9 @@ async fn exist<const ANY: bool>(
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
     let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
-    let _scratch = scratch_budget(ddc, &body.bytes)?;
-    let (bytes, _held) = body.into_parts();
-    Ok(ddc.content.put_compressed(ns, id, bytes.into()).await?)
+    let scratch = scratch_budget(ddc, &body.bytes)?;
+    let (bytes, held) = body.into_parts();
+    Ok(ddc.content.put_compressed(ns, id, bytes.into(), (held, scratch)).await?)
 }
 
 /// The memory budget for verifying compressed buffer `body` (one decoded block: up to 2 GiB for

@@ -81,7 +81,7 @@ impl Ddc {
         let blobs = BlobStore::open(root).await?;
         let meta = MetaStore::open(root).await?;
         Ok(Ddc {
-            content: Content { blobs, meta },
+            content: Content { blobs, meta, decodes: Default::default() },
             auth,
             limits,
             allow_overwrite: true,

@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
 
-use super::body::{Held, held_response, read_body};
+use super::body::{Held, Sending, held_response, read_body};
 use super::{
     ApiError, CB, CBPKG, Ddc, INLINE, IOHASH_HEADER, JSON, OCTET, accepted, content_type, hash_value,
 };
@@ -23,7 +23,7 @@ use crate::auth::Action;
 use crate::cb::{self, EntryFlags, Package};
 use crate::meta::RefRow;
 use crate::refs::{self, FinalizeOutcome, Lookup, PutOutcome, RefAddr};
-use crate::storage::{Located, MAX_ATTACHED_OBJECT, MAX_OBJECT_DEPTH, decode_off_thread};
+use crate::storage::{Located, MAX_ATTACHED_OBJECT, MAX_OBJECT_DEPTH};
 use crate::{IoHash, Name, RefKey};
 
 const LAST_ACCESS_HEADER: &str = "X-Jupiter-LastAccess";
@@ -97,7 +97,7 @@ pub async fn put_ref(
                 return Err(ApiError::HashMismatch { what: "the object", claimed, actual });
             }
             let (bytes, held) = body.into_parts();
-            (bytes, Some(held))
+            (bytes, Some(Arc::new(held)))
         }
         // A raw payload (and, as the reference server does, a JSON text): stored as a blob,
         // and the ref is an object naming it.
@@ -110,7 +110,8 @@ pub async fn put_ref(
             let body =
                 read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
             let (bytes, held) = body.into_parts();
-            (store_package(&ddc, &addr.ns, bytes.into()).await?, Some(held))
+            let held = Arc::new(held);
+            (store_package(&ddc, &addr.ns, bytes.into(), &held).await?, Some(held))
         }
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     };
@@ -121,8 +122,9 @@ pub async fn put_ref(
 }
 
 /// Stores a package's attachments (each checked against its entry hash) and returns its root
-/// object.
-async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes) -> Result<Vec<u8>, ApiError> {
+/// object. `held` is the body's share of the memory budget: a check that runs on after the
+/// request is dropped keeps it.
+async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes, held: &Arc<Held>) -> Result<Vec<u8>, ApiError> {
     let package = Package::parse(&body)?;
     for (i, entry) in package.attachments.iter().enumerate() {
         let hash = IoHash::from_bytes(entry.hash);
@@ -130,8 +132,9 @@ async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes) -> Result<Vec<u8>, Api
             return Err(ApiError::Invalid(format!("package entry {} is an error entry", i + 1)));
         }
         if entry.flags.contains(EntryFlags::COMPRESSED) {
-            let _scratch = super::blobs::scratch_budget(ddc, entry.payload)?;
-            ddc.content.put_compressed(ns, Some(hash), body.slice_ref(entry.payload)).await?;
+            let scratch = super::blobs::scratch_budget(ddc, entry.payload)?;
+            let budget = (held.clone(), scratch);
+            ddc.content.put_compressed(ns, Some(hash), body.slice_ref(entry.payload), budget).await?;
         } else if !ddc.content.blobs.exists(ns, &hash).await? {
             ddc.content.blobs.put(ns, Some(hash), entry.payload, u64::MAX).await?;
         }
@@ -250,11 +253,12 @@ pub async fn get_ref(
             if row.object.len() > most {
                 return Err(ApiError::TooLarge { limit: most as u64 });
             }
-            let building = ddc.budget.take(row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
-            let text = cb::to_json(&cb::parse(&row.object)?).to_string();
-            drop(building);
             let mut held = Held::default();
-            held.grow(&ddc.budget, text.len())?;
+            held.grow(&ddc.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
+            let text = cb::to_json(&cb::parse(&row.object)?).to_string();
+            // The tree is gone; the text keeps its part (it is smaller than what the tree was
+            // charged: at most 42 bytes per byte, a `[null,...]` of one-byte fields).
+            held.shrink_to(text.len());
             held_response(JSON, text.into(), held)
         }
         Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
@@ -293,8 +297,10 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
             budget.grow(&ddc.budget, header.total_raw_size as usize)?;
-            let decoded =
-                decode_off_thread(header.total_raw_size, bytes.into(), crate::compressed::decode).await?;
+            let decodes = &ddc.content.decodes;
+            let (decoded, budget) = decodes
+                .decode(header.total_raw_size, bytes.into(), budget, crate::compressed::decode)
+                .await?;
             match decoded {
                 // The buffer is gone; the payload keeps the whole share until it is sent.
                 Ok((_, payload)) => Ok(held_response(OCTET, payload.into(), budget)),
@@ -399,6 +405,7 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
     let mut held = Held::default();
     held.grow(&ddc.budget, row.object.len())?;
     let mut parts = vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, row.object.clone())];
+    // The object attachments' bytes the answer holds in memory (besides the ref's object).
     let mut object_bytes = 0u64;
     let mut seen = std::collections::HashSet::new();
     let mut pending: Vec<(cb::CbType, [u8; 20], usize)> =
@@ -434,10 +441,13 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
             }
             continue;
         }
-        // Never more than half the budget in all, so that an answer is never a 429 its retries
-        // would meet again; an object past it is an error entry.
-        let most = MAX_PACKAGE_OBJECT_BYTES.min(u64::from(ddc.limits.memory_budget) / 2);
-        let limit = MAX_ATTACHED_OBJECT.min(most.saturating_sub(object_bytes));
+        // Object attachments never take what the answer holds past half the budget (the ref's
+        // object alone may be more: it fits the budget), so that the answer is never a 429 its
+        // retries would meet again; an object past it is an error entry.
+        let room = (u64::from(ddc.limits.memory_budget) / 2).saturating_sub(row.object.len() as u64);
+        let limit = MAX_ATTACHED_OBJECT
+            .min(MAX_PACKAGE_OBJECT_BYTES - object_bytes)
+            .min(room.saturating_sub(object_bytes));
         let object = match ddc.content.read_blob(ns, &id, limit).await? {
             Some(bytes) if cb::parse(&bytes).is_ok() => bytes,
             _ => {
@@ -458,8 +468,9 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
     let length = head.len() as u64 + parts.iter().map(|p| p.size).sum::<u64>();
     let payloads = futures_util::stream::iter(parts.into_iter().map(|p| p.payload)).flatten();
     let stream = futures_util::stream::once(async move { Ok(Bytes::from(head)) }).chain(payloads);
+    let sending = Sending::hold(held);
     let stream = stream.map(move |chunk| {
-        let _keep = &held;
+        let _keep = &sending;
         chunk
     });
     let mut response = Body::from_stream(stream).into_response();

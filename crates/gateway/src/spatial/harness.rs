@@ -270,6 +270,44 @@ impl WorldHarness {
         Ok(entity_id)
     }
 
+    /// Spawns another entity at `position`, controlled by client `index` (in spawn order),
+    /// without changing its area.
+    pub fn spawn_for(
+        &mut self,
+        index: usize,
+        position: [f32; 3],
+        value_json: &str,
+    ) -> Result<u64, HarnessError> {
+        let conn = self.clients[index].handle.conn_id();
+        let cell = self.world.layout.cell_of(position).ok_or_else(|| HarnessError::Refused {
+            what: "a spawn",
+            message: format!("{position:?} is outside"),
+        })?;
+        let slot = self.world.slot_of_cell(self.world.cell_index(cell));
+        let req = SpawnEntity {
+            position: v3(position),
+            value_json: value_json.into(),
+            controller_connection: conn,
+        };
+        let id = self.request_id();
+        let r = self.world.spawn(&self.servers[slot as usize].handle, req, id);
+        if r.status != Status::Ok as i32 {
+            return Err(HarnessError::Refused { what: "a spawn", message: r.error });
+        }
+        let entity_id = SpawnResult::decode(r.body)
+            .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
+            .entity_id;
+        self.entities.push((entity_id, slot, index));
+        Ok(entity_id)
+    }
+
+    /// The cells client `index` sees, as the world last set them (sorted).
+    #[cfg(test)]
+    pub fn view_cells(&self, index: usize) -> Vec<u32> {
+        let conn = self.clients[index].handle.conn_id();
+        self.world.viewers.get(&conn).map(|v| v.cells.clone()).unwrap_or_default()
+    }
+
     /// The entities spawned, in order.
     pub fn entity_ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.entities.iter().map(|&(id, _, _)| id)

@@ -36,7 +36,7 @@ pub(super) struct Viewer {
     codec: DeltaCodec,
     options: Options,
     /// The cells in view, sorted (at most `spatial.max_view_cells`).
-    cells: Vec<u32>,
+    pub(super) cells: Vec<u32>,
     /// When it became a viewer.
     joined: Instant,
     mailbox: Arc<Mailbox>,
@@ -235,10 +235,14 @@ impl World {
     }
 
     /// After entity `entity_id` moved: the area of the client controlling it follows, if it
-    /// asked to (on every move, or only when the entity changed cell).
+    /// asked to (on every move, or only when the entity changed cell), and if it is the
+    /// latest the client controls (the one its area was centred on when set).
     pub fn follow(&mut self, entity_id: u64, cell_changed: bool) {
         let Some(e) = self.entities.get(&entity_id) else { return };
         let (conn, position) = (e.controller, e.position);
+        if self.controlled.get(&conn).and_then(|ids| ids.last()) != Some(&entity_id) {
+            return;
+        }
         let Some(viewer) = self.viewers.get(&conn) else { return };
         let moves = match viewer.follow {
             Follow::Off => false,

@@ -6,7 +6,7 @@
 //! world and its servers; what entities do (spawn, publish, handover, messages) is
 //! `world/entities.rs`, and what clients see of the cells is `view.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -92,10 +92,14 @@ pub(super) struct World {
     servers: HashMap<u64, Option<u32>>,
     observers: Vec<SessionHandle>,
     pub entities: HashMap<u64, Entity>,
-    /// Connection id of a controller → the entities it controls, in the order they were spawned
-    /// (`follow` centres an area on the last). Kept while they exist, so a controller's end
-    /// reaches every one of them.
-    pub controlled: HashMap<u64, Vec<u64>>,
+    /// Connection id of a controller → the entities it controls. Ids only grow, so the set's
+    /// order is the order they were spawned in, and its last is the latest, the one an area
+    /// is centred on (`set_interest`, `follow`). An entry goes when its last entity is
+    /// despawned or when the controller's session ends (so that the end reaches every one of
+    /// them); a spawn handled after that end (servers' and players' requests travel in
+    /// different inboxes) makes an entry that stays until its entities are despawned, bounded
+    /// by `max_entities`.
+    pub controlled: HashMap<u64, BTreeSet<u64>>,
     /// Sessions that have set an area of interest, by connection id: an entity spawned for one
     /// of them as controller gets its session at once (a server's messages reach it). Its
     /// entities spawned before are given it at its first `spatial.interest` only, so that later

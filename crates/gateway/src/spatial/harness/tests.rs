@@ -538,3 +538,23 @@ fn a_viewer_entering_many_large_cells_gets_them_in_bounded_messages() {
     assert_eq!(h.replicas_differ(), None, "converged");
     assert!(passes >= 4, "{passes} passes");
 }
+
+/// A client controlling two entities has its area follow the latest spawned only: the other's
+/// moves do not pull the area back and forth.
+#[test]
+fn an_area_follows_the_latest_entity_its_client_controls() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    let first = h.spawn_player([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 5.0, start).expect("spawned");
+    let cell = |x: u32, z: u32| x + 6 * z;
+    assert_eq!(h.view_cells(0), [cell(0, 0)]);
+    let latest = h.spawn_for(0, [45.0, 0.0, 45.0], r#"{"yaw": 0}"#).expect("spawned");
+    // The first walks into the next cell: the area stays.
+    let mut at = std::collections::HashMap::from([(first, [25.0, 0.0, 5.0]), (latest, [45.0, 0.0, 45.0])]);
+    h.publish_frame(|id| (at[&id], r#"{"yaw": 1}"#.into())).expect("published");
+    assert_eq!(h.view_cells(0), [cell(0, 0)], "not the first entity's");
+    // The latest walks into the next cell: the area follows it.
+    at.insert(latest, [45.0, 0.0, 25.0]);
+    h.publish_frame(|id| (at[&id], r#"{"yaw": 2}"#.into())).expect("published");
+    assert_eq!(h.view_cells(0), [cell(2, 1)], "the latest entity's");
+}

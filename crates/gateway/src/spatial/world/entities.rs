@@ -68,7 +68,7 @@ impl World {
         };
         self.entities.insert(entity_id, entity);
         if req.controller_connection != 0 {
-            self.controlled.entry(req.controller_connection).or_default().push(entity_id);
+            self.controlled.entry(req.controller_connection).or_default().insert(entity_id);
         }
         self.figures.entities.store(self.entities.len() as u64, Ordering::Relaxed);
         let result = SpawnResult { entity_id, cell: Some(self.cell_info(index)) };
@@ -285,7 +285,7 @@ impl World {
         self.remove_from_cell(cell, entity_id);
         self.entities.remove(&entity_id);
         if let Some(ids) = self.controlled.get_mut(&controller) {
-            ids.retain(|&id| id != entity_id);
+            ids.remove(&entity_id);
             if ids.is_empty() {
                 self.controlled.remove(&controller);
             }
