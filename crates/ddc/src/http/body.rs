@@ -80,13 +80,16 @@ impl Held {
         Ok(())
     }
 
-    /// Gives back all but `bytes` of this share (nothing if it holds no more).
-    pub(super) fn shrink_to(&mut self, bytes: usize) {
-        if let Some(permit) = self.0.as_mut()
-            && permit.num_permits() > bytes
-        {
-            drop(permit.split(permit.num_permits() - bytes));
+    /// Makes this share exactly `bytes`: gives back what it holds beyond, or takes what it
+    /// lacks from `budget` (429 if the budget cannot give it).
+    pub(super) fn resize(&mut self, budget: &MemoryBudget, bytes: usize) -> Result<(), ApiError> {
+        let holds = self.0.as_ref().map_or(0, |p| p.num_permits());
+        match self.0.as_mut() {
+            Some(permit) if holds > bytes => drop(permit.split(holds - bytes)),
+            _ if holds < bytes => self.grow(budget, bytes - holds)?,
+            _ => {}
         }
+        Ok(())
     }
 }
 
@@ -240,6 +243,20 @@ mod tests {
         assert_eq!(budget.0.available_permits(), 60, "held while the bytes may still be queued");
         assert!(body.next().await.is_none());
         drop(body);
+        assert_eq!(budget.0.available_permits(), 100);
+    }
+
+    #[test]
+    fn a_share_resizes_both_ways() {
+        let budget = MemoryBudget::new(100);
+        let mut held = Held::default();
+        held.resize(&budget, 30).unwrap();
+        assert_eq!(budget.0.available_permits(), 70);
+        held.resize(&budget, 10).unwrap();
+        assert_eq!(budget.0.available_permits(), 90);
+        assert!(matches!(held.resize(&budget, 200), Err(ApiError::Busy)));
+        assert_eq!(budget.0.available_permits(), 90, "a refused growth takes nothing");
+        drop(held);
         assert_eq!(budget.0.available_permits(), 100);
     }
 

@@ -256,9 +256,8 @@ pub async fn get_ref(
             let mut held = Held::default();
             held.grow(&ddc.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
             let text = cb::to_json(&cb::parse(&row.object)?).to_string();
-            // The tree is gone; the text keeps its part (it is smaller than what the tree was
-            // charged: at most 42 bytes per byte, a `[null,...]` of one-byte fields).
-            held.shrink_to(text.len());
+            // The tree is gone; the text keeps its own size (usually far less than the tree's).
+            held.resize(&ddc.budget, text.len())?;
             held_response(JSON, text.into(), held)
         }
         Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
