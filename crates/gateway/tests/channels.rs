@@ -407,3 +407,37 @@ async fn channel_list_finds_channels_by_type_and_name_and_hides_what_the_caller_
     let bad = player.call("channel.list", Bytes::from_static(&[0xff])).await;
     assert_eq!(status(bad), tickwire_wire::proto::Status::InvalidArgument);
 }
+
+/// A subscribe the channel refuses (an unknown field in its filter) gives its place in the
+/// session's quota back; one refused beside an accepted one to the same channel does not, as
+/// the channel holds the session. Before, every refused subscribe kept its place until the
+/// channel went or the session ended.
+#[tokio::test]
+async fn a_subscribe_the_channel_refuses_gives_its_quota_place_back() {
+    let gw = common::start(&["channels.max_subscriptions_per_session=1"]).await;
+    let server = client(&gw, "server:game-server").await;
+    let a = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    let b = create(&server, ChannelType::Subworld).await.unwrap().channel_id;
+    let alice = client(&gw, "alice").await;
+    let unknown = SubscriptionOptions { fields: vec!["nope".into()], ..Default::default() };
+    assert_eq!(status(subscribe(&alice, a, unknown.clone()).await), Status::InvalidArgument);
+    subscribe(&alice, b, SubscriptionOptions::default()).await.expect("a's refusal left the place");
+    let unsubscribe = ChannelRef { channel_id: b }.encode_to_vec();
+    alice.call("channel.unsubscribe", unsubscribe.into()).await.unwrap();
+
+    // A refused and an accepted subscribe to `a`, back to back: `a` keeps the place.
+    let call = |options: SubscriptionOptions| {
+        let body = Subscribe { channel_id: a, options: Some(options) }.encode_to_vec();
+        alice.queue_call("channel.subscribe", body.into())
+    };
+    let refused = call(unknown).await.unwrap();
+    let accepted = call(SubscriptionOptions::default()).await.unwrap();
+    assert_eq!(status(refused.answer().await), Status::InvalidArgument);
+    accepted.answer().await.expect("accepted");
+    assert_eq!(
+        status(subscribe(&alice, b, SubscriptionOptions::default()).await),
+        Status::ResourceExhausted,
+        "subscribed to a: the quota is full"
+    );
+    assert!(gw.shutdown(WAIT).await);
+}

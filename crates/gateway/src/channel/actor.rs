@@ -279,10 +279,16 @@ impl Channel {
     fn on_msg(&mut self, now: Instant, msg: Msg) -> Flow {
         match msg {
             Msg::Subscribe { member, server, options, request_id } => {
-                self.subscribe(now, member, server, options, request_id)
+                let caller = member.clone();
+                let response = self.subscribe(now, member, server, options, request_id);
+                // The quota first: a client that sends its next subscribe on this answer must
+                // find the place this one gave back.
+                self.handled(caller.conn_id(), true);
+                let _ = caller.respond(response);
             }
             Msg::Unsubscribe { member, request_id } => {
                 self.remove_subscriber(member.conn_id());
+                self.handled(member.conn_id(), false);
                 let _ = member.respond(ok(request_id, Bytes::new()));
             }
             Msg::Update { from, patch, request_id } => {
@@ -327,6 +333,16 @@ impl Channel {
         Flow::Continue
     }
 
+    /// Tells the registry this actor handled a subscribe (or an unsubscribe) of `conn_id`, and
+    /// whether it holds it as a subscriber now: its place in the quota goes when it is not
+    /// subscribed and nothing else is on its way ([`super::registry::Place`]).
+    fn handled(&self, conn_id: u64, subscribe: bool) {
+        if let Some(registry) = self.registry.upgrade() {
+            let active = self.subscribers.contains_key(&conn_id);
+            super::lock(&registry).handled(conn_id, self.id, subscribe, active);
+        }
+    }
+
     fn subscribe(
         &mut self,
         now: Instant,
@@ -334,7 +350,7 @@ impl Channel {
         server: bool,
         options: SubscriptionOptions,
         request_id: u64,
-    ) {
+    ) -> Response {
         let schedule = Options {
             interval: match options.fanout_interval_ms {
                 0 => self.default_fanout,
@@ -351,8 +367,7 @@ impl Channel {
                 Ok(mask) => Some(mask),
                 Err(e) => {
                     let msg = format!("channel {}: field filter: {e}", self.id);
-                    let _ = member.respond(error_response(request_id, Status::InvalidArgument, msg));
-                    return;
+                    return error_response(request_id, Status::InvalidArgument, msg);
                 }
             }
         };
@@ -376,8 +391,7 @@ impl Channel {
             if self.subscribers.len() >= self.max_subscribers {
                 let msg =
                     format!("channel {} has its maximum of {} subscribers", self.id, self.max_subscribers);
-                let _ = member.respond(error_response(request_id, Status::Unavailable, msg));
-                return;
+                return error_response(request_id, Status::Unavailable, msg);
             }
             // Updates of an earlier subscription still in flight must not rewind this one.
             member.flow.lock().forget(self.id);
@@ -400,7 +414,7 @@ impl Channel {
             connection_id: conn_id,
             schema_json: self.schema_json.to_string(),
         };
-        let _ = member.respond(ok(request_id, result.encode_to_vec().into()));
+        ok(request_id, result.encode_to_vec().into())
     }
 
     fn may_write(&self, from: &SessionHandle) -> bool {

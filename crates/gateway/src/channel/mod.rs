@@ -296,7 +296,7 @@ impl ChannelRouter {
             // subscribers are told (REMOVED), not made to unsubscribe.
             let Registry { channels, members, .. } = &mut *reg;
             if let Some(m) = members.get_mut(&session.conn_id()) {
-                m.subscribed.retain(|c| channels.contains_key(c));
+                m.subscribed.retain(|c, _| channels.contains_key(c));
             }
         }
         let Some(entry) = reg.channels.get(&channel_id) else {
@@ -326,7 +326,7 @@ impl ChannelRouter {
         if let Msg::Subscribe { .. } = &msg {
             let member = reg.members.get(&session.conn_id());
             let subscribed = member.map_or(0, |m| m.subscribed.len());
-            let again = member.is_some_and(|m| m.subscribed.contains(&channel_id));
+            let again = member.is_some_and(|m| m.subscribed.contains_key(&channel_id));
             if subscribed >= self.config.max_subscriptions_per_session && !again {
                 let msg = format!("this session has {subscribed} subscriptions, its quota");
                 return Some(error_response(id, Status::ResourceExhausted, msg));
@@ -342,15 +342,13 @@ impl ChannelRouter {
             Msg::Remove { .. } => {
                 reg.forget(channel_id);
             }
+            // The place is the actor's to give back, once it has handled this subscribe
+            // (`Registry::handled`); an unsubscribe gives it back when the actor has handled it,
+            // so one refused as busy leaves the subscription and its place.
             Msg::Subscribe { .. } => {
-                reg.members.entry(session.conn_id()).or_default().subscribed.insert(channel_id);
-            }
-            // Only once it will reach the actor: an unsubscribe refused as busy leaves the
-            // subscription, and so its place in the quota.
-            Msg::Unsubscribe { .. } => {
-                if let Some(m) = reg.members.get_mut(&session.conn_id()) {
-                    m.subscribed.remove(&channel_id);
-                }
+                let member = reg.members.entry(session.conn_id()).or_default();
+                let place = member.subscribed.entry(channel_id).or_default();
+                place.pending = place.pending.saturating_add(1);
             }
             _ => {}
         }
@@ -581,7 +579,7 @@ impl Router for ChannelRouter {
             if reg.master == Some(conn_id) {
                 reg.master = None;
             }
-            for channel_id in member.subscribed.iter().chain(&member.owned) {
+            for channel_id in member.subscribed.keys().chain(&member.owned) {
                 let Some(entry) = reg.channels.get_mut(channel_id) else { continue };
                 inboxes.push(entry.inbox.clone());
                 if entry.owner == Some(conn_id) {

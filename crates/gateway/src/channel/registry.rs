@@ -21,7 +21,23 @@ pub(super) struct Entry {
 #[derive(Default)]
 pub(super) struct Member {
     pub owned: HashSet<u64>,
-    pub subscribed: HashSet<u64>,
+    /// Its places in its quota of subscriptions (`channels.max_subscriptions_per_session`),
+    /// by channel.
+    pub subscribed: HashMap<u64, Place>,
+}
+
+/// A session's place in its quota of subscriptions, for one channel. Taken when a subscribe is
+/// queued for the channel's actor, given back only when the actor has handled every subscribe
+/// queued and does not hold the session as a subscriber: a subscribe the actor refuses (a bad
+/// field filter, a full channel) gives it back, and a refused one beside an accepted one to the
+/// same channel does not.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place {
+    /// Subscribes queued for the channel's actor that it has not handled yet.
+    pub pending: u32,
+    /// The actor holds the session as a subscriber, as of the last subscribe or unsubscribe it
+    /// handled.
+    pub active: bool,
 }
 
 #[derive(Default)]
@@ -34,6 +50,20 @@ pub(super) struct Registry {
 }
 
 impl Registry {
+    /// The actor of `channel_id` has handled a subscribe (`subscribe`) or an unsubscribe of
+    /// session `conn`, and holds it as a subscriber now or not (`active`).
+    pub fn handled(&mut self, conn: u64, channel_id: u64, subscribe: bool, active: bool) {
+        let Some(member) = self.members.get_mut(&conn) else { return };
+        let Some(place) = member.subscribed.get_mut(&channel_id) else { return };
+        if subscribe {
+            place.pending = place.pending.saturating_sub(1);
+        }
+        place.active = active;
+        if place.pending == 0 && !place.active {
+            member.subscribed.remove(&channel_id);
+        }
+    }
+
     /// Drops a channel and the bookkeeping that names it (its owner's set, the global slot).
     pub fn forget(&mut self, channel_id: u64) -> Option<Entry> {
         let entry = self.channels.remove(&channel_id)?;
