@@ -235,26 +235,7 @@ impl WorldHarness {
     ) -> Result<u64, HarnessError> {
         let conn = 1_000_000 + self.clients.len() as u64;
         let mut client = Sink::new(conn, Role::Player, &self.config);
-        let Some(cell) = self.world.layout.cell_of(position) else {
-            return Err(HarnessError::Refused {
-                what: "a spawn",
-                message: format!("{position:?} is outside"),
-            });
-        };
-        let slot = self.world.slot_of_cell(self.world.cell_index(cell));
-        let req = SpawnEntity {
-            position: v3(position),
-            value_json: value_json.into(),
-            controller_connection: conn,
-        };
-        let id = self.request_id();
-        let r = self.world.spawn(&self.servers[slot as usize].handle, req, id);
-        if r.status != Status::Ok as i32 {
-            return Err(HarnessError::Refused { what: "a spawn", message: r.error });
-        }
-        let entity_id = SpawnResult::decode(r.body)
-            .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
-            .entity_id;
+        let (entity_id, slot) = self.spawn_entity(position, value_json, conn)?;
         let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
         let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
         let id = self.request_id();
@@ -279,6 +260,19 @@ impl WorldHarness {
         value_json: &str,
     ) -> Result<u64, HarnessError> {
         let conn = self.clients[index].handle.conn_id();
+        let (entity_id, slot) = self.spawn_entity(position, value_json, conn)?;
+        self.entities.push((entity_id, slot, index));
+        Ok(entity_id)
+    }
+
+    /// The server of `position`'s slot spawns an entity there for controller `conn`: its id
+    /// and slot.
+    fn spawn_entity(
+        &mut self,
+        position: [f32; 3],
+        value_json: &str,
+        conn: u64,
+    ) -> Result<(u64, u32), HarnessError> {
         let cell = self.world.layout.cell_of(position).ok_or_else(|| HarnessError::Refused {
             what: "a spawn",
             message: format!("{position:?} is outside"),
@@ -297,8 +291,7 @@ impl WorldHarness {
         let entity_id = SpawnResult::decode(r.body)
             .map_err(|e| HarnessError::Refused { what: "a spawn", message: e.to_string() })?
             .entity_id;
-        self.entities.push((entity_id, slot, index));
-        Ok(entity_id)
+        Ok((entity_id, slot))
     }
 
     /// The cells client `index` sees, as the world last set them (sorted).
