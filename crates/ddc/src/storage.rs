@@ -119,8 +119,9 @@ impl Content {
     /// when the blocks can be decoded here, the decoded payload against the raw hash. Returns
     /// the raw hash.
     ///
-    /// A large payload is verified on the blocking pool ([`DecodeSlots::decode`]), holding
-    /// `budget` (the caller's share of the memory budget for it) until the check ends.
+    /// A large payload is verified on the blocking pool ([`DecodeSlots::decode`]). `budget` (the
+    /// caller's share of the memory budget for the body and its check) is held until the
+    /// buffer is stored or refused, even if the caller's request is dropped meanwhile.
     pub async fn put_compressed<K: Send + 'static>(
         &self,
         ns: &Name,
@@ -135,9 +136,9 @@ impl Content {
         {
             return Err(ContentError::RawHashMismatch { header: raw, url });
         }
-        let (verified, budget) =
+        // The budget is kept until the buffer is stored: the body is written below.
+        let (verified, _budget) =
             self.decodes.decode(header.total_raw_size, body.clone(), budget, compressed::verify).await?;
-        drop(budget);
         match verified {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),

@@ -3,18 +3,14 @@
 //! batches), read into memory by [`read_body`] against both a per-request cap and a
 //! server-wide memory budget. A request that would overdraw the budget gets 429, which the
 //! editor retries, instead of the server running out of memory. Responses served from memory
-//! keep their share of the budget while they are sent ([`held_response`], [`Sending`]).
+//! keep their share while they are sent: `sending.rs`.
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::io::StreamReader;
 
 use super::ApiError;
@@ -50,6 +46,12 @@ pub struct MemoryBudget(Arc<Semaphore>);
 impl MemoryBudget {
     pub fn new(bytes: u32) -> MemoryBudget {
         MemoryBudget(Arc::new(Semaphore::new(bytes as usize)))
+    }
+
+    /// What is left of the budget.
+    #[cfg(test)]
+    pub(crate) fn available(&self) -> usize {
+        self.0.available_permits()
     }
 
     pub(super) fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
@@ -91,70 +93,6 @@ impl Held {
         }
         Ok(())
     }
-}
-
-/// The longest a response keeps its share of the memory budget. A reader that stops reading
-/// (HTTP/1.1 with the socket full, HTTP/2 with no flow-control credit left) would otherwise pin
-/// the budget, and every request needing it would get 429 for as long as it liked. Past this,
-/// its bytes stay in memory uncounted until the connection ends (HTTP/2 keep-alive pings end
-/// a dead peer's; a live one that never reads keeps its connection, within the cap on
-/// connections).
-pub const RESPONSE_HOLD: Duration = Duration::from_secs(60);
-
-/// A response body's hold on its share of the memory budget: given back when this is dropped
-/// (with the body: once it has been handed to the connection, or the connection is gone), or
-/// after [`RESPONSE_HOLD`], whichever comes first.
-pub struct Sending {
-    held: Arc<Mutex<Option<Held>>>,
-    /// Dropped with this: ends the timer's task.
-    _done: oneshot::Sender<()>,
-}
-
-impl Sending {
-    /// Holds `held` for a response being sent. Needs a tokio runtime (with a timer).
-    pub fn hold(held: Held) -> Sending {
-        let held = Arc::new(Mutex::new(Some(held)));
-        let (done, gone) = oneshot::channel::<()>();
-        let timed = held.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = tokio::time::sleep(RESPONSE_HOLD) => {
-                    lock(&timed).take();
-                }
-                _ = gone => {}
-            }
-        });
-        Sending { held, _done: done }
-    }
-}
-
-impl Drop for Sending {
-    fn drop(&mut self) {
-        lock(&self.held).take();
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Only `take` runs under it: a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A response of `bytes` (with its `Content-Type` and `Content-Length`) whose body keeps
-/// `held`, the bytes' share of the memory budget, while it is sent ([`Sending`]). The bytes
-/// are one allocation: it is freed when the last of them has been written.
-pub fn held_response(content_type: &'static str, bytes: Bytes, held: Held) -> Response {
-    let length = bytes.len();
-    let sending = Sending::hold(held);
-    let chunk = futures_util::stream::once(async move { Ok::<_, Infallible>(bytes) });
-    let body = Body::from_stream(chunk.map(move |chunk| {
-        let _keep = &sending;
-        chunk
-    }));
-    let mut response = body.into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-    response
 }
 
 impl Buffered {
@@ -203,6 +141,8 @@ pub async fn read_body(
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use super::*;
 
     /// A body in one-byte chunks is charged what its buffer holds, in one permit, and gives it
@@ -228,24 +168,6 @@ mod tests {
         assert_eq!(budget.0.available_permits(), 100, "nothing kept");
     }
 
-    /// A response keeps its share of the budget until its body has been read to the end and
-    /// dropped, not only until the handler returns it.
-    #[tokio::test]
-    async fn a_held_response_keeps_its_budget_until_its_body_is_gone() {
-        let budget = MemoryBudget::new(100);
-        let mut held = Held::default();
-        held.grow(&budget, 40).unwrap();
-        let response = held_response("application/octet-stream", Bytes::from_static(b"payload"), held);
-        assert_eq!(response.headers()[header::CONTENT_LENGTH], "7");
-        assert_eq!(budget.0.available_permits(), 60, "held while the response waits to be sent");
-        let mut body = response.into_body().into_data_stream();
-        assert_eq!(body.next().await.unwrap().unwrap(), "payload");
-        assert_eq!(budget.0.available_permits(), 60, "held while the bytes may still be queued");
-        assert!(body.next().await.is_none());
-        drop(body);
-        assert_eq!(budget.0.available_permits(), 100);
-    }
-
     #[test]
     fn a_share_resizes_both_ways() {
         let budget = MemoryBudget::new(100);
@@ -257,21 +179,6 @@ mod tests {
         assert!(matches!(held.resize(&budget, 200), Err(ApiError::Busy)));
         assert_eq!(budget.0.available_permits(), 90, "a refused growth takes nothing");
         drop(held);
-        assert_eq!(budget.0.available_permits(), 100);
-    }
-
-    /// A body nobody reads gives its share back after `RESPONSE_HOLD`, not never.
-    #[tokio::test(start_paused = true)]
-    async fn a_response_nobody_reads_gives_its_budget_back_in_time() {
-        let budget = MemoryBudget::new(100);
-        let mut held = Held::default();
-        held.grow(&budget, 40).unwrap();
-        let response = held_response("application/octet-stream", Bytes::from_static(b"payload"), held);
-        tokio::time::sleep(RESPONSE_HOLD - Duration::from_secs(1)).await;
-        assert_eq!(budget.0.available_permits(), 60, "held while it may still be sent");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(budget.0.available_permits(), 100, "given back though the body lives on");
-        drop(response);
         assert_eq!(budget.0.available_permits(), 100);
     }
 }

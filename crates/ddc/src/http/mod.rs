@@ -8,6 +8,7 @@ mod blobs;
 pub mod body;
 mod metrics;
 mod refs;
+mod sending;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -15,7 +15,8 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
 
-use super::body::{Held, Sending, held_response, read_body};
+use super::body::{Held, read_body};
+use super::sending::{Sending, chunks, held_response};
 use super::{
     ApiError, CB, CBPKG, Ddc, INLINE, IOHASH_HEADER, JSON, OCTET, accepted, content_type, hash_value,
 };
@@ -351,12 +352,7 @@ struct Part {
 impl Part {
     fn bytes(hash: [u8; 20], flags: EntryFlags, bytes: Vec<u8>) -> Part {
         let size = bytes.len() as u64;
-        Part {
-            hash,
-            flags,
-            size,
-            payload: futures_util::stream::once(async { Ok(Bytes::from(bytes)) }).boxed(),
-        }
+        Part { hash, flags, size, payload: chunks(Bytes::from(bytes)) }
     }
 
     fn error(hash: [u8; 20], title: &str, status: u16) -> Part {
@@ -467,12 +463,7 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
     let length = head.len() as u64 + parts.iter().map(|p| p.size).sum::<u64>();
     let payloads = futures_util::stream::iter(parts.into_iter().map(|p| p.payload)).flatten();
     let stream = futures_util::stream::once(async move { Ok(Bytes::from(head)) }).chain(payloads);
-    let sending = Sending::hold(held);
-    let stream = stream.map(move |chunk| {
-        let _keep = &sending;
-        chunk
-    });
-    let mut response = Body::from_stream(stream).into_response();
+    let mut response = Body::from_stream(Sending::new(stream.boxed(), held)).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CBPKG));
     response.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     Ok(response)

@@ -342,13 +342,23 @@ impl ChannelRouter {
             Msg::Remove { .. } => {
                 reg.forget(channel_id);
             }
-            // The place is the actor's to give back, once it has handled this subscribe
-            // (`Registry::handled`); an unsubscribe gives it back when the actor has handled it,
-            // so one refused as busy leaves the subscription and its place.
+            // The place is the actor's to give back once it has handled this subscribe
+            // (`Registry::handled`).
             Msg::Subscribe { .. } => {
                 let member = reg.members.entry(session.conn_id()).or_default();
                 let place = member.subscribed.entry(channel_id).or_default();
                 place.pending = place.pending.saturating_add(1);
+            }
+            // Given back now when no subscribe of it is on its way (the actor handles this one
+            // before any later), so that an unsubscribe and a subscribe sent back to back fit a
+            // full quota; otherwise when the actor has handled them. Only once it will reach
+            // the actor: one refused as busy leaves the subscription, and so its place.
+            Msg::Unsubscribe { .. } => {
+                if let Some(m) = reg.members.get_mut(&session.conn_id())
+                    && m.subscribed.get(&channel_id).is_some_and(|p| p.pending == 0)
+                {
+                    m.subscribed.remove(&channel_id);
+                }
             }
             _ => {}
         }

@@ -97,3 +97,28 @@ async fn a_removed_channel_frees_its_subscribers_places() {
     assert_eq!(gone.map(|r| r.status()), Some(Status::NotFound));
     assert_eq!(s.subscribe(9, c), None, "b's too");
 }
+
+/// The places' bookkeeping in the order a channel's actor reports it: a refused subscribe queued
+/// beside an accepted one to the same channel leaves the place (the actor holds the session),
+/// one refused alone frees it, and an unsubscribe frees it once nothing else is on its way.
+#[tokio::test]
+async fn a_place_goes_only_when_nothing_is_queued_and_the_session_is_not_subscribed() {
+    let s = Setup::new(&["channels.max_subscriptions_per_session=1"]);
+    let (a, b) = (s.create(1), s.create(2));
+    let conn = s.player.conn_id();
+    // A refused and an accepted subscribe to `a`, queued back to back (the actor never runs).
+    assert_eq!(s.subscribe(3, a), None);
+    assert_eq!(s.subscribe(4, a), None);
+    let full = |s: &Setup, id: u64| s.subscribe(id, b).map(|r| r.status());
+    s.router.registry().handled(conn, a, true, false);
+    assert_eq!(full(&s, 5), Some(Status::ResourceExhausted), "the accepted one is still on its way");
+    s.router.registry().handled(conn, a, true, true);
+    assert_eq!(full(&s, 6), Some(Status::ResourceExhausted), "subscribed to a");
+    // An unsubscribe with nothing else on its way frees the place when it is queued.
+    let unsubscribe = ChannelRef { channel_id: a }.encode_to_vec();
+    assert_eq!(s.router.on_request(&s.player, request(7, "channel.unsubscribe", unsubscribe)), None);
+    assert_eq!(s.subscribe(8, b), None, "a's place was given back");
+    // A subscribe refused alone frees its place.
+    s.router.registry().handled(conn, b, true, false);
+    assert_eq!(s.subscribe(9, a), None, "b's refusal gave its place back");
+}

@@ -236,7 +236,7 @@ impl World {
 
     /// After entity `entity_id` moved: the area of the client controlling it follows, if it
     /// asked to (on every move, or only when the entity changed cell), and if it is the
-    /// latest the client controls (the one its area was centred on when set).
+    /// latest spawned of those the client controls (as `set_interest` centres on).
     pub fn follow(&mut self, entity_id: u64, cell_changed: bool) {
         let Some(e) = self.entities.get(&entity_id) else { return };
         let (conn, position) = (e.controller, e.position);
