@@ -1,8 +1,8 @@
 //! The HTTP server's limits, tried as an attacker would, over real sockets: idle sockets that
 //! never send a request, more connections than the cap, a body that stalls halfway, and a
 //! non-text `X-Jupiter-IoHash`, a compressed buffer that claims a block larger than the memory
-//! budget. The attacker is cut off with a status or a closed socket, and a health check and an
-//! authenticated upload beside it still succeed.
+//! budget, a reader that stops reading a large answer. The attacker is cut off with a status or
+//! a closed socket, and a health check and an authenticated upload beside it still succeed.
 
 mod common;
 
@@ -127,4 +127,50 @@ fn a_compressed_block_larger_than_the_memory_budget_is_refused() {
         .set("Authorization", "Bearer writer")
         .send_bytes(&data);
     assert_eq!(status(small), 200);
+}
+
+/// A GET whose reader stops reading keeps its object's share of the memory budget while its
+/// answer waits to be sent, and a HEAD of the same ref (which reads the object too) is charged
+/// for it: the two do not fit the budget, so the HEAD gets 429 until the reader goes.
+#[test]
+fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
+    let api = tickwire_ddc::http::Limits {
+        memory_budget: 12 << 20,
+        max_buffered_bytes: 8 << 20,
+        ..tickwire_ddc::http::Limits::default()
+    };
+    let s = common::start_api(ServeLimits::default(), api, None);
+    let field = tickwire_ddc::cb::Value::Binary(vec![5u8; 7 << 20]);
+    let object = tickwire_ddc::cb::Value::Object(vec![("Payload".into(), field)]).to_bytes();
+    let path = "/api/v1/refs/ue.ddc/bucket/0123456789abcdef0123456789abcdef01234567";
+    let put = ureq::put(&url(&s, path))
+        .set("Authorization", "Bearer writer")
+        .set("Content-Type", "application/x-ue-cb")
+        .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex())
+        .send_bytes(&object);
+    assert_eq!(status(put), 200);
+    let head = || status(ureq::head(&url(&s, path)).set("Authorization", "Bearer writer").call());
+    assert_eq!(head(), 200, "alone, the object fits");
+    // A reader that asks for the object and reads nothing: the kernel's buffers take a few MiB
+    // of the 7, the rest waits in the server.
+    let mut stalled = TcpStream::connect(s.addr).unwrap();
+    let get = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer\r\nAccept: application/x-ue-cb\r\n\r\n"
+    );
+    stalled.write_all(get.as_bytes()).unwrap();
+    let mut first = [0u8; 12];
+    stalled.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200", "the answer started");
+    assert_eq!(head(), 429, "the stopped reader's share and the HEAD's do not fit");
+    drop(stalled);
+    // Its connection gone, the share comes back (the server notices at its next write).
+    let mut last = 0;
+    for _ in 0..100 {
+        last = head();
+        if last == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(last, 200, "the share came back");
 }

@@ -208,10 +208,24 @@ impl Format {
     }
 }
 
-/// A finalized ref, or the error a read of it gets.
-async fn finalized_ref(ddc: &Ddc, addr: &RefAddr) -> Result<RefRow, ApiError> {
-    match refs::lookup(&ddc.content, addr, true).await? {
-        Lookup::Found(row) => Ok(row),
+/// [`refs::lookup`], with the object it read charged to the memory budget for as long as the
+/// caller keeps the share: charged once read (its size is not known before), so a read the
+/// budget cannot hold gives it back at once (429).
+async fn charged_lookup(ddc: &Ddc, addr: &RefAddr, resolve: bool) -> Result<(Lookup, Held), ApiError> {
+    let lookup = refs::lookup(&ddc.content, addr, resolve).await?;
+    let mut held = Held::default();
+    if let Lookup::Found(row) | Lookup::NotFinalized(row) = &lookup {
+        held.grow(&ddc.budget, row.object.len())?;
+    }
+    Ok((lookup, held))
+}
+
+/// A finalized ref and its object's share of the budget ([`charged_lookup`]), or the error a
+/// read of it gets.
+async fn finalized_ref(ddc: &Ddc, addr: &RefAddr) -> Result<(RefRow, Held), ApiError> {
+    let (lookup, held) = charged_lookup(ddc, addr, true).await?;
+    match lookup {
+        Lookup::Found(row) => Ok((row, held)),
         Lookup::Missing => Err(ApiError::NotFound("ref not found")),
         Lookup::NotFinalized(row) if !row.finalized => Err(ApiError::NotFinalized),
         Lookup::NotFinalized(_) => Err(ApiError::NotFound("an attachment of the ref is missing")),
@@ -237,15 +251,10 @@ pub async fn get_ref(
 ) -> Result<Response, ApiError> {
     let (addr, suffix) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
     let format = Format::choose(suffix.as_deref(), &headers)?;
-    let mut row = finalized_ref(&ddc, &addr).await?;
+    let (mut row, mut held) = finalized_ref(&ddc, &addr).await?;
     let mut response = match format {
-        // The object, charged to the memory budget until it has been sent (it was read before
-        // its size was known; a request the budget cannot hold lets it go at once).
-        Format::Cb => {
-            let mut held = Held::default();
-            held.grow(&ddc.budget, row.object.len())?;
-            held_response(CB, std::mem::take(&mut row.object).into(), held)
-        }
+        // The object, with its share of the budget until it has been sent.
+        Format::Cb => held_response(CB, std::mem::take(&mut row.object).into(), held),
         Format::Json => {
             // A JSON tree takes tens of bytes per byte of compact binary (an array of nulls:
             // 80): bounded, and charged while it is built; then its text until it is sent.
@@ -254,13 +263,13 @@ pub async fn get_ref(
             if row.object.len() > most {
                 return Err(ApiError::TooLarge { limit: most as u64 });
             }
-            let mut held = Held::default();
-            held.grow(&ddc.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
+            held.resize(&ddc.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
             let text = cb::to_json(&cb::parse(&row.object)?).to_string();
             // The tree is gone; the text keeps its own size (usually far less than the tree's).
             held.resize(&ddc.budget, text.len())?;
             held_response(JSON, text.into(), held)
         }
+        // Each charges what it answers from memory itself.
         Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
         Format::Inline => inline_payload(&ddc, &addr.ns, &row).await?,
         Format::Package => package(&ddc, &addr.ns, &row).await?,
@@ -475,7 +484,8 @@ pub async fn head_ref(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
-    let (status, hash) = match refs::lookup(&ddc.content, &addr, true).await? {
+    let (lookup, _held) = charged_lookup(&ddc, &addr, true).await?;
+    let (status, hash) = match lookup {
         Lookup::Found(row) => (StatusCode::OK, Some(row.object_hash)),
         Lookup::NotFinalized(row) => (StatusCode::NOT_FOUND, Some(row.object_hash)),
         Lookup::Missing => (StatusCode::NOT_FOUND, None),
@@ -504,7 +514,7 @@ pub async fn exists(
         let (bucket, key) =
             name.split_once('.').ok_or_else(|| ApiError::Invalid(format!("{name:?} is not bucket.key")))?;
         let addr = RefAddr { ns: ns.clone(), bucket: Name::bucket(bucket)?, key: key.parse()? };
-        if !matches!(refs::lookup(&ddc.content, &addr, true).await?, Lookup::Found(_)) {
+        if !matches!(charged_lookup(&ddc, &addr, true).await?.0, Lookup::Found(_)) {
             missing.push(json!({ "bucket": addr.bucket.as_str(), "key": addr.key.as_str() }));
         }
     }
@@ -523,6 +533,9 @@ pub async fn metadata(
         .get_ref(&addr.ns, &addr.bucket, &addr.key)
         .await?
         .ok_or(ApiError::NotFound("ref not found"))?;
+    // The object, its base64 text and the JSON around it (4/3 of it): charged once read.
+    let mut held = Held::default();
+    held.grow(&ddc.budget, row.object.len().saturating_mul(3))?;
     use base64::Engine;
     Ok(axum::Json(json!({
         "ns": addr.ns.as_str(),
