@@ -533,9 +533,10 @@ pub async fn metadata(
         .get_ref(&addr.ns, &addr.bucket, &addr.key)
         .await?
         .ok_or(ApiError::NotFound("ref not found"))?;
-    // The object, its base64 text and the JSON around it (4/3 of it): charged once read.
+    // The object, its base64 text and the JSON around it (4/3 of it): charged once read, at
+    // most the whole budget (an answer no retry could ever get would be a 429 forever).
     let mut held = Held::default();
-    held.grow(&ddc.budget, row.object.len().saturating_mul(3))?;
+    held.grow(&ddc.budget, row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize))?;
     use base64::Engine;
     Ok(axum::Json(json!({
         "ns": addr.ns.as_str(),
