@@ -269,10 +269,19 @@ pub async fn get_ref(
             held.resize(&ddc.budget, text.len())?;
             held_response(JSON, text.into(), held)
         }
-        // Each charges what it answers from memory itself.
-        Format::Raw => raw_payload(&ddc, &addr.ns, &row).await?,
-        Format::Inline => inline_payload(&ddc, &addr.ns, &row).await?,
-        Format::Package => package(&ddc, &addr.ns, &row).await?,
+        // (The object's own share goes first: each charges what it keeps of it again.)
+        Format::Raw => {
+            drop(held);
+            raw_payload(&ddc, &addr.ns, &row).await?
+        }
+        Format::Inline => {
+            drop(held);
+            inline_payload(&ddc, &addr.ns, &row).await?
+        }
+        Format::Package => {
+            drop(held);
+            package(&ddc, &addr.ns, &row).await?
+        }
     };
     let h = response.headers_mut();
     h.insert(IOHASH_HEADER, hash_value(&row.object_hash));
@@ -525,7 +534,7 @@ pub async fn metadata(
     State(ddc): State<Arc<Ddc>>,
     Path((ns, bucket, key)): Path<(String, String, String)>,
     headers: HeaderMap,
-) -> Result<axum::Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
     let row = ddc
         .content
@@ -538,7 +547,7 @@ pub async fn metadata(
     let mut held = Held::default();
     held.grow(&ddc.budget, row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize))?;
     use base64::Engine;
-    Ok(axum::Json(json!({
+    let text = json!({
         "ns": addr.ns.as_str(),
         "bucket": addr.bucket.as_str(),
         "name": addr.key.as_str(),
@@ -546,7 +555,12 @@ pub async fn metadata(
         "lastAccess": last_access(row.last_access_ms).to_str().unwrap_or_default(),
         "isFinalized": row.finalized,
         "inlinePayload": base64::engine::general_purpose::STANDARD.encode(&row.object),
-    })))
+    })
+    .to_string();
+    drop(row);
+    // The text keeps its own size while it is sent.
+    held.resize(&ddc.budget, text.len())?;
+    Ok(held_response(JSON, text.into(), held))
 }
 
 pub async fn namespaces(

@@ -7,9 +7,11 @@
 //! reading (HTTP/1.1 with its socket full, HTTP/2 with no flow-control credit left, while it
 //! still answers keep-alive pings) would pin the budget, and every request needing it would
 //! get 429 for as long as it liked. So a body that its connection has not asked data of for
-//! [`STALL`] ends with an error (the connection or HTTP/2 stream is reset), and its bytes and
-//! its share go at once. The bytes reach the connection in copies of [`CHUNK`] bytes, so that
-//! what the connection holds of a stopped reader's answer is one chunk, not the answer.
+//! [`STALL`] is cut off: its bytes and its share go, and the next time the connection polls it
+//! (when the reader moves again, or the connection is dropped) it ends with an error, which
+//! resets the connection or HTTP/2 stream. The bytes reach the connection in copies of
+//! [`CHUNK`] bytes, so what the connection itself holds of a stopped reader's answer (hyper
+//! queues a few chunks, h2 one or two per stream) stays small and is not counted.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,12 +30,12 @@ use tokio::time::Instant;
 use super::body::Held;
 
 /// How long a response's connection may go without asking its body for data before the
-/// response is cut off. A download that keeps moving is never cut off, however long it takes:
-/// a reader taking 256 KiB a minute keeps it going.
+/// response is cut off. A download that keeps moving is not cut off, however long it takes:
+/// a reader taking a chunk (64 KiB) a minute keeps it going (with HTTP/2, per stream).
 pub const STALL: Duration = Duration::from_secs(60);
 
 /// The bytes handed to the connection at a time.
-pub const CHUNK: usize = 256 << 10;
+pub const CHUNK: usize = 64 << 10;
 
 /// A body's stream and its share, until the body ends, is dropped or stalls.
 struct Slot {
