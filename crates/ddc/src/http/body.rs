@@ -72,6 +72,11 @@ pub struct Buffered {
 pub struct Held(Option<OwnedSemaphorePermit>);
 
 impl Held {
+    /// A share of `bytes` taken from `budget` (429 if the budget cannot give them).
+    pub(super) fn take(budget: &MemoryBudget, bytes: usize) -> Result<Held, ApiError> {
+        Ok(Held(Some(budget.take(bytes)?)))
+    }
+
     /// Takes `bytes` more from `budget` into this share (429 if the budget cannot give them).
     pub(super) fn grow(&mut self, budget: &MemoryBudget, bytes: usize) -> Result<(), ApiError> {
         let more = budget.take(bytes)?;

@@ -213,10 +213,10 @@ impl Format {
 /// budget cannot hold gives it back at once (429).
 async fn charged_lookup(ddc: &Ddc, addr: &RefAddr, resolve: bool) -> Result<(Lookup, Held), ApiError> {
     let lookup = refs::lookup(&ddc.content, addr, resolve).await?;
-    let mut held = Held::default();
-    if let Lookup::Found(row) | Lookup::NotFinalized(row) = &lookup {
-        held.grow(&ddc.budget, row.object.len())?;
-    }
+    let held = match &lookup {
+        Lookup::Found(row) | Lookup::NotFinalized(row) => Held::take(&ddc.budget, row.object.len())?,
+        Lookup::Missing => Held::default(),
+    };
     Ok((lookup, held))
 }
 
@@ -269,19 +269,10 @@ pub async fn get_ref(
             held.resize(&ddc.budget, text.len())?;
             held_response(JSON, text.into(), held)
         }
-        // (The object's own share goes first: each charges what it keeps of it again.)
-        Format::Raw => {
-            drop(held);
-            raw_payload(&ddc, &addr.ns, &row).await?
-        }
-        Format::Inline => {
-            drop(held);
-            inline_payload(&ddc, &addr.ns, &row).await?
-        }
-        Format::Package => {
-            drop(held);
-            package(&ddc, &addr.ns, &row).await?
-        }
+        // Each takes the object and its share, for an answer that sends the object.
+        Format::Raw => raw_payload(&ddc, &addr.ns, &mut row, held).await?,
+        Format::Inline => inline_payload(&ddc, &addr.ns, &mut row, held).await?,
+        Format::Package => package(&ddc, &addr.ns, &mut row, held).await?,
     };
     let h = response.headers_mut();
     h.insert(IOHASH_HEADER, hash_value(&row.object_hash));
@@ -291,12 +282,12 @@ pub async fn get_ref(
 
 /// `.raw`: the single binary attachment's payload (a raw blob as stored, a compressed one
 /// decompressed when it can be), or the object itself when it has no single attachment.
-async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+/// `held` is the object's share of the budget: it goes with the object when that is the answer.
+async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Result<Response, ApiError> {
     let refs::Payload::Attachment(id) = refs::payload(&row.object) else {
-        let mut held = Held::default();
-        held.grow(&ddc.budget, row.object.len())?;
-        return Ok(held_response(OCTET, row.object.clone().into(), held));
+        return Ok(held_response(OCTET, std::mem::take(&mut row.object).into(), held));
     };
+    drop(held);
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
         Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
         Located::Compressed(blob) => {
@@ -307,8 +298,7 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
             if size > ddc.limits.max_buffered_bytes {
                 return Err(too_large);
             }
-            let mut budget = Held::default();
-            budget.grow(&ddc.budget, size as usize)?;
+            let mut budget = Held::take(&ddc.budget, size as usize)?;
             let bytes = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
             let header = crate::compressed::check(&bytes)?;
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
@@ -332,20 +322,19 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, Api
 }
 
 /// `x-jupiter-inline`: the single binary attachment as stored, or the object when it has no
-/// attachments.
-async fn inline_payload(ddc: &Ddc, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
+/// attachments. `held` is the object's share of the budget, as for [`raw_payload`].
+async fn inline_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Result<Response, ApiError> {
     let mut response = match refs::payload(&row.object) {
         refs::Payload::Ambiguous => {
             return Err(ApiError::Invalid("the ref has more than one attachment, or an object one".into()));
         }
         refs::Payload::Object => {
-            let mut held = Held::default();
-            held.grow(&ddc.budget, row.object.len())?;
-            let mut r = held_response(INLINE, row.object.clone().into(), held);
+            let mut r = held_response(INLINE, std::mem::take(&mut row.object).into(), held);
             r.headers_mut().insert(INLINE_HASH_HEADER, hash_value(&row.object_hash));
             r
         }
         refs::Payload::Attachment(id) => {
+            drop(held);
             let located =
                 ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))?;
             // Blobs are content-addressed: the returned bytes hash to the blob's id.
@@ -413,16 +402,17 @@ fn blob_stream(
 /// too), streamed from the blob files; an attachment that cannot be read is an error entry.
 ///
 /// The objects it holds in memory (the ref's and its object attachments) are charged to the
-/// memory budget until the answer has been sent; the binary attachments are streamed from disk.
-async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, ApiError> {
-    let mut held = Held::default();
-    held.grow(&ddc.budget, row.object.len())?;
-    let mut parts = vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, row.object.clone())];
+/// memory budget until the answer has been sent (`held` comes in as the ref's object's share);
+/// the binary attachments are streamed from disk.
+async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &mut RefRow, mut held: Held) -> Result<Response, ApiError> {
+    let root = cb::parse(&row.object)?.attachments();
+    let object_len = row.object.len() as u64;
+    let mut parts =
+        vec![Part::bytes(*row.object_hash.as_bytes(), EntryFlags::OBJECT, std::mem::take(&mut row.object))];
     // The object attachments' bytes the answer holds in memory (besides the ref's object).
     let mut object_bytes = 0u64;
     let mut seen = std::collections::HashSet::new();
-    let mut pending: Vec<(cb::CbType, [u8; 20], usize)> =
-        cb::parse(&row.object)?.attachments().into_iter().map(|(t, h)| (t, h, 0)).collect();
+    let mut pending: Vec<(cb::CbType, [u8; 20], usize)> = root.into_iter().map(|(t, h)| (t, h, 0)).collect();
     pending.reverse();
     while let Some((ty, hash, depth)) = pending.pop() {
         if !seen.insert(hash) {
@@ -457,7 +447,7 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &RefRow) -> Result<Response, Ap
         // Object attachments never take what the answer holds past half the budget (the ref's
         // object alone may be more: it fits the budget), so that the answer is never a 429 its
         // retries would meet again; an object past it is an error entry.
-        let room = (u64::from(ddc.limits.memory_budget) / 2).saturating_sub(row.object.len() as u64);
+        let room = (u64::from(ddc.limits.memory_budget) / 2).saturating_sub(object_len);
         let limit = MAX_ATTACHED_OBJECT
             .min(MAX_PACKAGE_OBJECT_BYTES - object_bytes)
             .min(room.saturating_sub(object_bytes));
@@ -544,8 +534,8 @@ pub async fn metadata(
         .ok_or(ApiError::NotFound("ref not found"))?;
     // The object, its base64 text and the JSON around it (4/3 of it): charged once read, at
     // most the whole budget (an answer no retry could ever get would be a 429 forever).
-    let mut held = Held::default();
-    held.grow(&ddc.budget, row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize))?;
+    let mut held =
+        Held::take(&ddc.budget, row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize))?;
     use base64::Engine;
     let text = json!({
         "ns": addr.ns.as_str(),
