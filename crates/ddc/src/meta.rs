@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::{IoHash, Name, RefKey};
 
 /// Where the metadata lives under the store's root. Names cannot start with `.`, so no
@@ -36,6 +37,8 @@ pub enum MetaError {
     Join(#[from] tokio::task::JoinError),
     #[error("metadata store: a stored hash is {0} bytes, not 20 (the file is damaged)")]
     Damaged(usize),
+    #[error(transparent)]
+    Busy(#[from] NoRoom),
 }
 
 /// One ref as stored.
@@ -171,25 +174,43 @@ impl MetaStore {
         all
     }
 
-    pub async fn get_ref(&self, ns: &Name, bucket: &Name, key: &RefKey) -> Result<Option<RefRow>, MetaError> {
+    /// Reads a ref, its object charged to `budget` before it is read (its length comes first,
+    /// in the same read transaction): a read the budget cannot hold now fails with
+    /// [`MetaError::Busy`] having read nothing but the length. The share comes back with the
+    /// row; keep it as long as the object.
+    pub async fn get_ref(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        budget: &MemoryBudget,
+    ) -> Result<Option<(RefRow, Held)>, MetaError> {
         let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        let budget = budget.clone();
         let row = self
             .read(move |c| {
-                let row = c
+                let tx = c.unchecked_transaction()?;
+                let head = tx
                     .query_row(
-                        "SELECT object_hash, object, finalized, last_access FROM refs
+                        "SELECT object_hash, length(object), finalized, last_access FROM refs
                          WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
                         params![n, b, k],
-                        |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                        |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?)),
                     )
                     .optional()?;
-                row.map(|(h, object, finalized, last_access_ms)| {
-                    Ok(RefRow { object_hash: hash_of(h)?, object, finalized, last_access_ms })
-                })
-                .transpose()
+                let Some((hash, len, finalized, last_access_ms)) = head else { return Ok(None) };
+                let held = Held::take(&budget, usize::try_from(len).unwrap_or(usize::MAX))?;
+                // The same row: both reads are in one transaction.
+                let object: Vec<u8> = tx.query_row(
+                    "SELECT object FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                    params![n, b, k],
+                    |r| r.get(0),
+                )?;
+                let row = RefRow { object_hash: hash_of(hash)?, object, finalized, last_access_ms };
+                Ok(Some((row, held)))
             })
             .await?;
-        if let Some(row) = &row {
+        if let Some((row, _)) = &row {
             let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
             touched.insert((ns.clone(), bucket.clone(), key.clone()), now_ms().max(row.last_access_ms));
         }
@@ -364,6 +385,12 @@ mod tests {
         ("ue.ddc".parse().unwrap(), Name::bucket("bucket").unwrap(), "a".repeat(40).parse().unwrap())
     }
 
+    /// A read with room to spare in its budget.
+    async fn get(meta: &MetaStore, ns: &Name, bucket: &Name, key: &RefKey) -> Option<RefRow> {
+        let budget = MemoryBudget::new(1 << 20);
+        meta.get_ref(ns, bucket, key, &budget).await.unwrap().map(|(row, _)| row)
+    }
+
     fn row(object: &[u8], finalized: bool) -> RefRow {
         RefRow { object_hash: IoHash::of(object), object: object.to_vec(), finalized, last_access_ms: 1 }
     }
@@ -382,10 +409,33 @@ mod tests {
         );
         assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap());
         assert!(!meta.put_ref(&ns, &bucket, &key, row(b"second", false), false).await.unwrap());
-        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap().object, b"first");
+        assert_eq!(get(&meta, &ns, &bucket, &key).await.unwrap().object, b"first");
         assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap(), "the same one");
         assert!(meta.put_ref(&ns, &bucket, &key, row(b"second", true), true).await.unwrap());
-        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap().object, b"second");
+        assert_eq!(get(&meta, &ns, &bucket, &key).await.unwrap().object, b"second");
+    }
+
+    /// A ref's object is charged before it is read: a budget without room for it gets
+    /// `Busy` and keeps all it had; one with room lends exactly the object's length until the
+    /// share is dropped.
+    #[tokio::test]
+    async fn a_refs_object_is_charged_to_the_budget_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ns, bucket, key) = names();
+        let meta = MetaStore::open(dir.path()).await.unwrap();
+        let object = vec![7u8; 1000];
+        assert!(meta.put_ref(&ns, &bucket, &key, row(&object, true), false).await.unwrap());
+        let budget = MemoryBudget::new(999);
+        let refused = meta.get_ref(&ns, &bucket, &key, &budget).await;
+        assert!(matches!(refused, Err(MetaError::Busy(NoRoom { bytes: 1000 }))), "{refused:?}");
+        assert_eq!(budget.available(), 999);
+        let budget = MemoryBudget::new(1500);
+        let (got, held) = meta.get_ref(&ns, &bucket, &key, &budget).await.unwrap().unwrap();
+        assert_eq!((got.object, held.bytes(), budget.available()), (object, 1000, 500));
+        drop(held);
+        assert_eq!(budget.available(), 1500);
+        let other = Name::bucket("other").unwrap();
+        assert!(meta.get_ref(&ns, &other, &key, &budget).await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -393,19 +443,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (ns, bucket, key) = names();
         let meta = MetaStore::open(dir.path()).await.unwrap();
-        assert_eq!(meta.get_ref(&ns, &bucket, &key).await.unwrap(), None);
+        assert_eq!(get(&meta, &ns, &bucket, &key).await, None);
         assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", false), false).await.unwrap());
         assert!(!meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"other"), true).await.unwrap());
         assert!(meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"first"), true).await.unwrap());
         assert_eq!(meta.flush_access().await.unwrap(), 0, "nothing was read yet");
-        let got = meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap();
+        let got = get(&meta, &ns, &bucket, &key).await.unwrap();
         assert!(got.finalized);
         assert_eq!(meta.flush_access().await.unwrap(), 1);
         meta.put_content(&ns, IoHash::of(b"raw"), IoHash::of(b"compressed")).await.unwrap();
         drop(meta);
 
         let meta = MetaStore::open(dir.path()).await.unwrap();
-        let got = meta.get_ref(&ns, &bucket, &key).await.unwrap().unwrap();
+        let got = get(&meta, &ns, &bucket, &key).await.unwrap();
         assert_eq!((got.object.as_slice(), got.finalized), (&b"first"[..], true));
         assert!(got.last_access_ms > 1, "the flushed read time was kept");
         assert_eq!(meta.namespaces(), vec![ns.clone()]);

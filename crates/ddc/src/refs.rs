@@ -2,6 +2,7 @@
 //! attachment it names is present (finalized). The rules of the DDC spec's section 5.3 live
 //! here, apart from HTTP, so the ref routes and the batch endpoint share them.
 
+use crate::budget::Held;
 use crate::cb::{CbType, Value};
 use crate::meta::{RefRow, now_ms};
 use crate::storage::{Content, ContentError};
@@ -56,7 +57,9 @@ pub async fn put(
     allow_overwrite: bool,
 ) -> Result<PutOutcome, ContentError> {
     let hash = IoHash::of(&object);
-    let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await?;
+    // The stored row's object is charged while it is compared.
+    let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?;
+    let existing = existing.map(|(row, _held)| row);
     if let Some(existing) = &existing
         && existing.finalized
         && existing.object_hash != hash
@@ -76,8 +79,10 @@ pub async fn put(
         let row = RefRow { object_hash: hash, object, finalized, last_access_ms: now_ms() };
         if !content.meta.put_ref(&addr.ns, &addr.bucket, &addr.key, row, allow_overwrite).await? {
             // Another writer finalized another object since the check above.
-            let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await?;
-            return Ok(PutOutcome::Conflict { existing: existing.map(|e| e.object).unwrap_or_default() });
+            let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?;
+            return Ok(PutOutcome::Conflict {
+                existing: existing.map(|(e, _)| e.object).unwrap_or_default(),
+            });
         }
     }
     Ok(PutOutcome::Stored { needs })
@@ -90,7 +95,8 @@ pub async fn finalize(
     addr: &RefAddr,
     hash: IoHash,
 ) -> Result<FinalizeOutcome, ContentError> {
-    let Some(row) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await? else {
+    let Some((row, _held)) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?
+    else {
         return Ok(FinalizeOutcome::NotFound);
     };
     if row.object_hash != hash {
@@ -109,15 +115,24 @@ pub async fn finalize(
 
 /// Reads a ref. With `resolve`, a ref whose attachments are not all present now counts as not
 /// finalized (every read that serves the object resolves: a ref is never served while an
-/// attachment is missing, even one deleted after it was finalized).
-pub async fn lookup(content: &Content, addr: &RefAddr, resolve: bool) -> Result<Lookup, ContentError> {
-    let Some(row) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key).await? else {
-        return Ok(Lookup::Missing);
+/// attachment is missing, even one deleted after it was finalized). The row's object is
+/// charged to the memory budget before it is read ([`MetaStore::get_ref`]); the share comes
+/// back with it (empty when the ref is missing), to keep as long as the object.
+///
+/// [`MetaStore::get_ref`]: crate::meta::MetaStore::get_ref
+pub async fn lookup(
+    content: &Content,
+    addr: &RefAddr,
+    resolve: bool,
+) -> Result<(Lookup, Held), ContentError> {
+    let Some((row, held)) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?
+    else {
+        return Ok((Lookup::Missing, Held::default()));
     };
     if !row.finalized || (resolve && !content.missing(&addr.ns, &row.object).await?.is_empty()) {
-        return Ok(Lookup::NotFinalized(row));
+        return Ok((Lookup::NotFinalized(row), held));
     }
-    Ok(Lookup::Found(row))
+    Ok((Lookup::Found(row), held))
 }
 
 /// The object a raw (octet-stream) PUT is stored as: `{RawHash: BinaryAttachment, RawSize}`.

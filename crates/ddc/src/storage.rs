@@ -12,6 +12,7 @@ use bytes::Bytes;
 use tokio::io::AsyncReadExt;
 use tokio::sync::Semaphore;
 
+use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::cb::{self, CbType};
 use crate::compressed::{self, CompressedError};
 use crate::meta::{MetaError, MetaStore};
@@ -26,9 +27,14 @@ pub const MAX_ATTACHED_OBJECT: u64 = 16 << 20;
 pub const MAX_RESOLVED_OBJECTS: usize = 1_000;
 /// The most attachments a ref's object may name directly when it is put: each is looked up at
 /// every check of the ref (its PUT, its finalize, and every read that resolves it). Objects
-/// attached to it are bounded by [`MAX_RESOLVED_OBJECTS`] in number, not in what they name;
-/// refs stored before the bound are still served. The editor's records name a handful.
+/// attached to it are bounded by [`MAX_RESOLVED_OBJECTS`] in number and
+/// [`MAX_JUDGED_ATTACHMENTS`] in what they name; refs stored before the bound are still
+/// served. The editor's records name a handful. An object attachment that names more is not
+/// read past by a check (its attachments count as missing).
 pub const MAX_ATTACHMENTS: usize = 4_096;
+/// The most attachments (binary or object, at any depth) one presence check judges; the rest
+/// count as missing. Four times what a ref may name directly.
+pub const MAX_JUDGED_ATTACHMENTS: usize = 4 * MAX_ATTACHMENTS;
 /// A compressed buffer whose payload is larger than this is decoded and hashed on the blocking
 /// pool, not on the request's runtime thread: an LZ4 buffer decodes to up to 255 times its
 /// stored size, and hashing that there would hold up every other request on the thread.
@@ -87,6 +93,8 @@ pub enum ContentError {
     RawHashMismatch { header: IoHash, url: IoHash },
     #[error("the object names {count} attachments; at most {max}")]
     TooManyAttachments { count: usize, max: usize },
+    #[error(transparent)]
+    Busy(#[from] NoRoom),
 }
 
 /// Where the bytes of a binary attachment (or a blob asked for by id) are.
@@ -111,6 +119,9 @@ pub struct Content {
     pub blobs: BlobStore,
     pub meta: MetaStore,
     pub decodes: DecodeSlots,
+    /// What requests may hold in memory at once. A ref's object ([`MetaStore::get_ref`]) and a
+    /// blob read whole ([`Content::read_blob`]) are charged to it before they are read.
+    pub budget: MemoryBudget,
 }
 
 impl Content {
@@ -165,20 +176,25 @@ impl Content {
         Ok(None)
     }
 
-    /// A stored blob, whole, if it is at most `limit` bytes; `None` if missing or larger.
+    /// A stored blob, whole, if it is at most `limit` bytes (`None` if missing or larger),
+    /// charged to the memory budget by its size before it is read ([`ContentError::Busy`] if
+    /// the budget cannot hold it now). Keep the share as long as the bytes.
     pub async fn read_blob(
         &self,
         ns: &Name,
         id: &IoHash,
         limit: u64,
-    ) -> Result<Option<Vec<u8>>, ContentError> {
+    ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
         let Some((file, size)) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
         if size > limit {
             return Ok(None);
         }
-        let mut out = Vec::with_capacity(size as usize);
-        file.take(limit).read_to_end(&mut out).await?;
-        Ok(Some(out))
+        let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
+        let held = Held::take(&self.budget, len)?;
+        let mut out = Vec::with_capacity(len);
+        // Never more than was charged (blobs are content-addressed: it is the whole blob).
+        file.take(size).read_to_end(&mut out).await?;
+        Ok(Some((out, held)))
     }
 
     /// The attachments of `object` (a validated compact-binary object) that are not present,
@@ -193,7 +209,19 @@ impl Content {
         ns: &Name,
         attachments: Vec<(CbType, [u8; 20])>,
     ) -> Result<Vec<IoHash>, ContentError> {
-        let mut resolver = Resolver { known: HashMap::new(), objects_left: MAX_RESOLVED_OBJECTS };
+        self.missing_within(ns, attachments, MAX_RESOLVED_OBJECTS, MAX_JUDGED_ATTACHMENTS).await
+    }
+
+    /// [`Content::missing_of`], reading at most `objects` object attachments and judging at
+    /// most `judged` hashes.
+    async fn missing_within(
+        &self,
+        ns: &Name,
+        attachments: Vec<(CbType, [u8; 20])>,
+        objects: usize,
+        judged: usize,
+    ) -> Result<Vec<IoHash>, ContentError> {
+        let mut resolver = Resolver { known: HashMap::new(), objects_left: objects, judged_left: judged };
         let mut missing = Vec::new();
         for (ty, hash) in attachments {
             let hash = IoHash::from_bytes(hash);
@@ -209,9 +237,13 @@ impl Content {
 
     /// Whether one attachment is present: a binary one as a compressed buffer or raw blob, an
     /// object one as a stored, valid object whose own attachments are present. Each hash is
-    /// judged once per check, and at most [`MAX_RESOLVED_OBJECTS`] objects are read: a
-    /// hostile object graph cannot make a check expensive (past the limit, attachments count
-    /// as missing).
+    /// judged once per check, and a check is bounded: it reads at most
+    /// [`MAX_RESOLVED_OBJECTS`] objects, each charged to the memory budget while it is read
+    /// and parsed (at most [`MAX_ATTACHED_OBJECT`], and half the budget), and judges at most
+    /// [`MAX_JUDGED_ATTACHMENTS`] hashes; an object attachment naming more than
+    /// [`MAX_ATTACHMENTS`] of its own is not read past. Past a bound, attachments count as
+    /// missing: a hostile object graph cannot make a check expensive. An object's bytes go
+    /// before its attachments are judged, so a chain of objects holds one at a time.
     fn present<'a>(
         &'a self,
         ns: &'a Name,
@@ -224,6 +256,10 @@ impl Content {
             if let Some(&known) = resolver.known.get(&hash) {
                 return Ok(known);
             }
+            if resolver.judged_left == 0 {
+                return Ok(false);
+            }
+            resolver.judged_left -= 1;
             let present = if ty == CbType::BinaryAttachment {
                 self.locate(ns, hash).await?.is_some()
             } else if depth >= MAX_OBJECT_DEPTH || resolver.objects_left == 0 {
@@ -233,21 +269,26 @@ impl Content {
                 // Provisionally missing while its children are judged (a cycle cannot be
                 // present).
                 resolver.known.insert(hash, false);
-                match self.read_blob(ns, &hash, MAX_ATTACHED_OBJECT).await? {
+                let limit = MAX_ATTACHED_OBJECT.min(self.budget.total() as u64 / 2);
+                let children = match self.read_blob(ns, &hash, limit).await? {
+                    None => None,
+                    Some((bytes, _held)) => cb::parse(&bytes)
+                        .ok()
+                        .map(|object| object.attachments())
+                        .filter(|children| children.len() <= MAX_ATTACHMENTS),
+                };
+                match children {
                     None => false,
-                    Some(bytes) => match cb::parse(&bytes) {
-                        Err(_) => false,
-                        Ok(object) => {
-                            let mut all = true;
-                            for (ty, h) in object.attachments() {
-                                if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await? {
-                                    all = false;
-                                    break;
-                                }
+                    Some(children) => {
+                        let mut all = true;
+                        for (ty, h) in children {
+                            if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await? {
+                                all = false;
+                                break;
                             }
-                            all
                         }
-                    },
+                        all
+                    }
                 }
             };
             resolver.known.insert(hash, present);
@@ -263,10 +304,11 @@ pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
 }
 
 /// One presence check's memory: what each hash was judged, and how many more objects it may
-/// read.
+/// read and hashes it may judge.
 struct Resolver {
     known: HashMap<IoHash, bool>,
     objects_left: usize,
+    judged_left: usize,
 }
 
 #[cfg(test)]
@@ -290,5 +332,94 @@ mod tests {
         let (large, kept) = slots.decode(DECODE_INLINE_MAX + 1, Bytes::new(), 8u8, thread).await.unwrap();
         assert_ne!(large, here);
         assert_eq!(kept, 8);
+    }
+
+    async fn content(dir: &std::path::Path, budget: u32) -> Content {
+        let (blobs, meta) = (BlobStore::open(dir).await.unwrap(), MetaStore::open(dir).await.unwrap());
+        Content { blobs, meta, decodes: DecodeSlots::default(), budget: MemoryBudget::new(budget) }
+    }
+
+    async fn store(content: &Content, ns: &Name, bytes: &[u8]) -> [u8; 20] {
+        content.blobs.put(ns, None, bytes, u64::MAX).await.unwrap();
+        *IoHash::of(bytes).as_bytes()
+    }
+
+    /// An object holding `field` once per hash in `hashes`, as `ty`.
+    fn naming(ty: CbType, hashes: &[[u8; 20]]) -> Vec<u8> {
+        let value = |h: &[u8; 20]| match ty {
+            CbType::ObjectAttachment => cb::Value::ObjectAttachment(*h),
+            _ => cb::Value::BinaryAttachment(*h),
+        };
+        let fields = hashes.iter().enumerate().map(|(i, h)| (format!("f{i}"), value(h))).collect();
+        cb::Value::Object(fields).to_bytes()
+    }
+
+    /// An object attachment is charged to the memory budget while a check reads it: a budget
+    /// without room for it makes the check `Busy` (429), taking nothing; with room, the check
+    /// gives every byte back.
+    #[tokio::test]
+    async fn a_check_charges_each_object_it_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 64 << 10).await;
+        let payload = store(&content, &ns, b"payload").await;
+        // About 20 KB: more than the 10,000 bytes left below.
+        let inner = cb::Value::Object(vec![
+            ("p".into(), cb::Value::BinaryAttachment(payload)),
+            ("pad".into(), cb::Value::Binary(vec![0; 20_000])),
+        ])
+        .to_bytes();
+        let object = store(&content, &ns, &inner).await;
+        let attachments = vec![(CbType::ObjectAttachment, object)];
+        let taken = Held::take(&content.budget, (64 << 10) - 10_000).unwrap();
+        let busy = content.missing_of(&ns, attachments.clone()).await;
+        assert!(matches!(busy, Err(ContentError::Busy(_))), "{busy:?}");
+        assert_eq!(content.budget.available(), 10_000, "a refused read takes nothing");
+        drop(taken);
+        assert_eq!(content.missing_of(&ns, attachments).await.unwrap(), vec![]);
+        assert_eq!(content.budget.available(), 64 << 10, "all given back");
+    }
+
+    /// An object attachment naming more than `MAX_ATTACHMENTS` of its own is not read past: it
+    /// counts as missing, however present they are. At the bound, it is judged.
+    #[tokio::test]
+    async fn an_object_naming_too_many_attachments_counts_as_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let payload = store(&content, &ns, b"payload").await;
+        let at_bound =
+            store(&content, &ns, &naming(CbType::BinaryAttachment, &[payload; MAX_ATTACHMENTS])).await;
+        let past =
+            store(&content, &ns, &naming(CbType::BinaryAttachment, &[payload; MAX_ATTACHMENTS + 1])).await;
+        let check = |h| content.missing_of(&ns, vec![(CbType::ObjectAttachment, h)]);
+        assert_eq!(check(at_bound).await.unwrap(), vec![]);
+        assert_eq!(check(past).await.unwrap(), vec![IoHash::from_bytes(past)]);
+    }
+
+    /// A check judges at most its bound of hashes, at any depth: past it, present attachments
+    /// count as missing, so an object graph naming millions cannot make a check long.
+    #[tokio::test]
+    async fn a_check_judges_a_bounded_number_of_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let mut blobs = Vec::new();
+        for i in 0..3u8 {
+            blobs.push(store(&content, &ns, &[i; 8]).await);
+        }
+        let object = store(&content, &ns, &naming(CbType::BinaryAttachment, &blobs)).await;
+        let direct: Vec<_> = blobs.iter().map(|&h| (CbType::BinaryAttachment, h)).collect();
+        let found = content.missing_within(&ns, direct.clone(), 10, 3).await.unwrap();
+        assert_eq!(found, vec![], "three hashes within a bound of three");
+        let found = content.missing_within(&ns, direct, 10, 2).await.unwrap();
+        assert_eq!(found, vec![IoHash::from_bytes(blobs[2])]);
+        // The object and its first child fit a bound of two; its second child does not.
+        let nested = vec![(CbType::ObjectAttachment, object)];
+        assert_eq!(content.missing_within(&ns, nested.clone(), 10, 4).await.unwrap(), vec![]);
+        assert_eq!(
+            content.missing_within(&ns, nested, 10, 2).await.unwrap(),
+            vec![IoHash::from_bytes(object)]
+        );
     }
 }

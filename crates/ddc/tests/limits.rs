@@ -131,7 +131,8 @@ fn a_compressed_block_larger_than_the_memory_budget_is_refused() {
 
 /// A GET whose reader stops reading keeps its object's share of the memory budget while its
 /// answer waits to be sent, and a HEAD of the same ref (which reads the object too) is charged
-/// for it: the two do not fit the budget, so the HEAD gets 429 until the reader goes. (On
+/// for it, alone or in a batch: the two do not fit the budget, so the HEAD gets 429 until the
+/// reader goes. (On
 /// Linux's default loopback buffers; buffers tuned past the object's 12 MiB would let the GET
 /// finish.)
 #[test]
@@ -169,6 +170,24 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
     stalled.read_exact(&mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200", "the answer started");
     assert_eq!(head(), 429, "the stopped reader's share and the HEAD's do not fit");
+    // A batch's HEAD op reads the object too, charged the same way: the whole batch gets 429.
+    use tickwire_ddc::cb::Value;
+    let op = Value::Object(vec![
+        ("opId".into(), Value::Integer(1)),
+        ("op".into(), Value::String("HEAD".into())),
+        ("bucket".into(), Value::String("bucket".into())),
+        ("key".into(), Value::String(path.rsplit('/').next().unwrap().into())),
+    ]);
+    let batch = Value::Object(vec![("ops".into(), Value::Array(vec![op]))]).to_bytes();
+    let post = || {
+        status(
+            ureq::post(&url(&s, "/api/v1/refs/ue.ddc"))
+                .set("Authorization", "Bearer writer")
+                .set("Content-Type", "application/x-ue-cb")
+                .send_bytes(&batch),
+        )
+    };
+    assert_eq!(post(), 429, "a batch HEAD is charged for the object it reads");
     drop(stalled);
     // Its connection gone, the share comes back (the server notices at its next write).
     let mut last = 0;
@@ -180,4 +199,5 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(last, 200, "the share came back");
+    assert_eq!(post(), 200);
 }

@@ -113,7 +113,8 @@ pub async fn batch(
         Some(CB) => {}
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     }
-    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+    let body =
+        read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
     let request = cb::parse(&body.bytes)?;
     let ops = request
         .get("ops")
@@ -137,7 +138,7 @@ pub async fn batch(
     // give, so a batch past it gets 413s, never a 429 its retries would meet again.
     let room = u64::from(ddc.limits.memory_budget).saturating_sub(body.bytes.capacity() as u64);
     let limit = ddc.limits.max_buffered_bytes.min(room / 2);
-    let mut size = ReplySize { budget: &ddc.budget, held: Held::default(), bytes: 0, limit };
+    let mut size = ReplySize { budget: &ddc.content.budget, held: Held::default(), bytes: 0, limit };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;
         results.push(Value::Object(vec![
@@ -162,7 +163,9 @@ async fn run(
 ) -> Result<(u16, Value), ApiError> {
     match kind {
         // A GET serves the object: its attachments are always resolved.
-        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, true).await? {
+        // The ref's object is charged while it is read and judged (the lookup's share), and
+        // twice more once it is in the reply.
+        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, true).await?.0 {
             Lookup::Found(row) if !size.take(row.object.len())? => {
                 let title = format!(
                     "the batch's reply would pass {} bytes: ask for this one in another batch",
@@ -181,7 +184,7 @@ async fn run(
             Lookup::NotFinalized(_) => (404, error_object("An attachment is missing", 404)),
         }),
         Kind::Head => {
-            let found = matches!(refs::lookup(&ddc.content, addr, resolve).await?, Lookup::Found(_));
+            let found = matches!(refs::lookup(&ddc.content, addr, resolve).await?.0, Lookup::Found(_));
             let status = if found { 200 } else { 404 };
             Ok((status, Value::Object(vec![("exists".into(), Value::Bool(found))])))
         }

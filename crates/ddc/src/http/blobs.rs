@@ -218,7 +218,7 @@ fn query_ids(query: Option<String>) -> Result<Vec<IoHash>, ApiError> {
 
 /// The ids of a JSON array body.
 async fn body_ids(ddc: &Ddc, body: Body) -> Result<Vec<IoHash>, ApiError> {
-    let body = read_body(body, 16 << 20, ddc.limits.body_timeout, &ddc.budget).await?;
+    let body = read_body(body, 16 << 20, ddc.limits.body_timeout, &ddc.content.budget).await?;
     let ids: Vec<String> = serde_json::from_slice(&body.bytes)
         .map_err(|e| ApiError::Invalid(format!("expected a JSON array of ids: {e}")))?;
     ids.iter().map(|s| s.parse().map_err(ApiError::from)).collect()
@@ -267,7 +267,8 @@ async fn exist<const ANY: bool>(
 
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
-    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+    let body =
+        read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
     let scratch = scratch_budget(ddc, &body.bytes)?;
     let (bytes, held) = body.into_parts();
     Ok(ddc.content.put_compressed(ns, id, bytes.into(), (held, scratch)).await?)
@@ -280,7 +281,7 @@ pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8]) -> Result<super::body::Held
     let mut held = super::body::Held::default();
     if let Ok(header) = crate::compressed::check(body) {
         let len = usize::try_from(header.scratch_len()).map_err(|_| ApiError::Busy)?;
-        held.grow(&ddc.budget, len)?;
+        held.grow(&ddc.content.budget, len)?;
     }
     Ok(held)
 }

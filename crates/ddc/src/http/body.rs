@@ -5,15 +5,14 @@
 //! editor retries, instead of the server running out of memory. Responses served from memory
 //! keep their share while they are sent: `sending.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::{StreamExt, TryStreamExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::io::StreamReader;
 
 use super::ApiError;
+pub use crate::budget::{Held, MemoryBudget};
 
 /// The request body as a reader. A body that breaks off (the client stopped sending) reads as
 /// `UnexpectedEof`, and one whose next piece takes longer than `timeout` as `TimedOut`: both
@@ -39,65 +38,10 @@ pub fn body_reader(body: Body, timeout: Duration) -> impl tokio::io::AsyncRead +
     StreamReader::new(Box::pin(paced))
 }
 
-/// Bytes of request bodies held in memory at once, server-wide.
-#[derive(Debug, Clone)]
-pub struct MemoryBudget(Arc<Semaphore>);
-
-impl MemoryBudget {
-    pub fn new(bytes: u32) -> MemoryBudget {
-        MemoryBudget(Arc::new(Semaphore::new(bytes as usize)))
-    }
-
-    /// What is left of the budget.
-    #[cfg(test)]
-    pub(crate) fn available(&self) -> usize {
-        self.0.available_permits()
-    }
-
-    pub(super) fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
-        let n = u32::try_from(bytes).map_err(|_| ApiError::Busy)?;
-        self.0.clone().try_acquire_many_owned(n).map_err(|_| ApiError::Busy)
-    }
-}
-
 /// A body read whole, and its share of the memory budget (returned when dropped).
 pub struct Buffered {
     pub bytes: Vec<u8>,
     held: Held,
-}
-
-/// A share of the memory budget, given back when dropped: one permit, however many times it
-/// grew.
-#[derive(Default)]
-pub struct Held(Option<OwnedSemaphorePermit>);
-
-impl Held {
-    /// A share of `bytes` taken from `budget` (429 if the budget cannot give them).
-    pub(super) fn take(budget: &MemoryBudget, bytes: usize) -> Result<Held, ApiError> {
-        Ok(Held(Some(budget.take(bytes)?)))
-    }
-
-    /// Takes `bytes` more from `budget` into this share (429 if the budget cannot give them).
-    pub(super) fn grow(&mut self, budget: &MemoryBudget, bytes: usize) -> Result<(), ApiError> {
-        let more = budget.take(bytes)?;
-        match self.0.as_mut() {
-            Some(held) => held.merge(more),
-            None => self.0 = Some(more),
-        }
-        Ok(())
-    }
-
-    /// Makes this share exactly `bytes`: gives back what it holds beyond, or takes what it
-    /// lacks from `budget` (429 if the budget cannot give it).
-    pub(super) fn resize(&mut self, budget: &MemoryBudget, bytes: usize) -> Result<(), ApiError> {
-        let holds = self.0.as_ref().map_or(0, |p| p.num_permits());
-        match self.0.as_mut() {
-            Some(permit) if holds > bytes => drop(permit.split(holds - bytes)),
-            _ if holds < bytes => self.grow(budget, bytes - holds)?,
-            _ => {}
-        }
-        Ok(())
-    }
 }
 
 impl Buffered {
@@ -162,28 +106,14 @@ mod tests {
         };
         assert_eq!(read.bytes, (0..60).collect::<Vec<u8>>());
         // Doubling from one byte: 64.
-        assert_eq!(budget.0.available_permits(), 100 - 64);
+        assert_eq!(budget.available(), 100 - 64);
         drop(read);
-        assert_eq!(budget.0.available_permits(), 100);
+        assert_eq!(budget.available(), 100);
 
         let chunks = (0..120u8).map(|i| Ok::<_, Infallible>(bytes::Bytes::from(vec![i])));
         let body = Body::from_stream(futures_util::stream::iter(chunks));
         let refused = read_body(body, 1000, Duration::from_secs(5), &budget).await;
         assert!(matches!(refused, Err(ApiError::Busy)));
-        assert_eq!(budget.0.available_permits(), 100, "nothing kept");
-    }
-
-    #[test]
-    fn a_share_resizes_both_ways() {
-        let budget = MemoryBudget::new(100);
-        let mut held = Held::default();
-        held.resize(&budget, 30).unwrap();
-        assert_eq!(budget.0.available_permits(), 70);
-        held.resize(&budget, 10).unwrap();
-        assert_eq!(budget.0.available_permits(), 90);
-        assert!(matches!(held.resize(&budget, 200), Err(ApiError::Busy)));
-        assert_eq!(budget.0.available_permits(), 90, "a refused growth takes nothing");
-        drop(held);
-        assert_eq!(budget.0.available_permits(), 100);
+        assert_eq!(budget.available(), 100, "nothing kept");
     }
 }

@@ -21,12 +21,12 @@ use axum::routing::{get, post, put};
 use serde_json::json;
 
 use crate::auth::{Action, Auth, AuthError};
+use crate::budget::{MemoryBudget, NoRoom};
 use crate::cb::{CbError, PackageError};
 use crate::compressed::CompressedError;
 use crate::meta::{MetaError, MetaStore};
 use crate::storage::{Content, ContentError};
 use crate::{BlobStore, IoHash, Name, StoreError};
-use body::MemoryBudget;
 
 /// The header Cloud DDC uses for a body's IoHash.
 pub const IOHASH_HEADER: &str = "X-Jupiter-IoHash";
@@ -71,7 +71,6 @@ pub struct Ddc {
     /// Whether a PUT may replace a finalized ref holding another object without
     /// `X-Jupiter-Allow-Overwrite: true` (the reference server's default policy allows it).
     pub allow_overwrite: bool,
-    budget: MemoryBudget,
     metrics: metrics::Metrics,
 }
 
@@ -82,11 +81,15 @@ impl Ddc {
         let blobs = BlobStore::open(root).await?;
         let meta = MetaStore::open(root).await?;
         Ok(Ddc {
-            content: Content { blobs, meta, decodes: Default::default() },
+            content: Content {
+                blobs,
+                meta,
+                decodes: Default::default(),
+                budget: MemoryBudget::new(limits.memory_budget),
+            },
             auth,
             limits,
             allow_overwrite: true,
-            budget: MemoryBudget::new(limits.memory_budget),
             metrics: metrics::Metrics::new(),
         })
     }
@@ -159,6 +162,12 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<NoRoom> for ApiError {
+    fn from(_: NoRoom) -> Self {
+        ApiError::Busy
+    }
+}
+
 impl From<MetaError> for ApiError {
     fn from(e: MetaError) -> Self {
         ApiError::Content(e.into())
@@ -196,6 +205,9 @@ impl ApiError {
                 | ContentError::Compressed(_)
                 | ContentError::RawHashMismatch { .. }
                 | ContentError::TooManyAttachments { .. } => StatusCode::BAD_REQUEST,
+                ContentError::Busy(_) | ContentError::Meta(MetaError::Busy(_)) => {
+                    StatusCode::TOO_MANY_REQUESTS
+                }
                 ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::TimedOut => {
                     StatusCode::REQUEST_TIMEOUT
                 }

@@ -91,7 +91,8 @@ pub async fn put_ref(
         Some(CB) => {
             let claimed = required_hash(&headers)?;
             let body =
-                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget)
+                    .await?;
             cb::parse(&body.bytes)?;
             let actual = IoHash::of(&body.bytes);
             if actual != claimed {
@@ -109,7 +110,8 @@ pub async fn put_ref(
         }
         Some(CBPKG) => {
             let body =
-                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.budget).await?;
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget)
+                    .await?;
             let (bytes, held) = body.into_parts();
             let held = Arc::new(held);
             (store_package(&ddc, &addr.ns, bytes.into(), &held).await?, Some(held))
@@ -208,22 +210,10 @@ impl Format {
     }
 }
 
-/// [`refs::lookup`], with the object it read charged to the memory budget for as long as the
-/// caller keeps the share: charged once read (its size is not known before), so a read the
-/// budget cannot hold gives it back at once (429).
-async fn charged_lookup(ddc: &Ddc, addr: &RefAddr, resolve: bool) -> Result<(Lookup, Held), ApiError> {
-    let lookup = refs::lookup(&ddc.content, addr, resolve).await?;
-    let held = match &lookup {
-        Lookup::Found(row) | Lookup::NotFinalized(row) => Held::take(&ddc.budget, row.object.len())?,
-        Lookup::Missing => Held::default(),
-    };
-    Ok((lookup, held))
-}
-
-/// A finalized ref and its object's share of the budget ([`charged_lookup`]), or the error a
+/// A finalized ref and its object's share of the budget ([`refs::lookup`]), or the error a
 /// read of it gets.
 async fn finalized_ref(ddc: &Ddc, addr: &RefAddr) -> Result<(RefRow, Held), ApiError> {
-    let (lookup, held) = charged_lookup(ddc, addr, true).await?;
+    let (lookup, held) = refs::lookup(&ddc.content, addr, true).await?;
     match lookup {
         Lookup::Found(row) => Ok((row, held)),
         Lookup::Missing => Err(ApiError::NotFound("ref not found")),
@@ -263,10 +253,10 @@ pub async fn get_ref(
             if row.object.len() > most {
                 return Err(ApiError::TooLarge { limit: most as u64 });
             }
-            held.resize(&ddc.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
+            held.resize(&ddc.content.budget, row.object.len().saturating_mul(JSON_BYTES_PER_BYTE))?;
             let text = cb::to_json(&cb::parse(&row.object)?).to_string();
             // The tree is gone; the text keeps its own size (usually far less than the tree's).
-            held.resize(&ddc.budget, text.len())?;
+            held.resize(&ddc.content.budget, text.len())?;
             held_response(JSON, text.into(), held)
         }
         // Each takes the object and its share, for an answer that sends the object.
@@ -298,13 +288,12 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
             if size > ddc.limits.max_buffered_bytes {
                 return Err(too_large);
             }
-            let mut budget = Held::take(&ddc.budget, size as usize)?;
-            let bytes = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
+            let (bytes, mut budget) = ddc.content.read_blob(ns, &blob, size).await?.ok_or(too_large)?;
             let header = crate::compressed::check(&bytes)?;
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
-            budget.grow(&ddc.budget, header.total_raw_size as usize)?;
+            budget.grow(&ddc.content.budget, header.total_raw_size as usize)?;
             let decodes = &ddc.content.decodes;
             let (decoded, budget) = decodes
                 .decode(header.total_raw_size, bytes.into(), budget, crate::compressed::decode)
@@ -452,7 +441,10 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &mut RefRow, mut held: Held) ->
             .min(MAX_PACKAGE_OBJECT_BYTES - object_bytes)
             .min(room.saturating_sub(object_bytes));
         let object = match ddc.content.read_blob(ns, &id, limit).await? {
-            Some(bytes) if cb::parse(&bytes).is_ok() => bytes,
+            Some((bytes, share)) if cb::parse(&bytes).is_ok() => {
+                held.join(share);
+                bytes
+            }
             _ => {
                 parts.push(Part::error(hash, "object attachment not found or not valid", 404));
                 continue;
@@ -462,7 +454,6 @@ async fn package(ddc: &Arc<Ddc>, ns: &Name, row: &mut RefRow, mut held: Held) ->
             let children = cb::parse(&object)?.attachments();
             pending.extend(children.into_iter().rev().map(|(t, h)| (t, h, depth + 1)));
         }
-        held.grow(&ddc.budget, object.len())?;
         object_bytes += object.len() as u64;
         parts.push(Part::bytes(hash, EntryFlags::OBJECT, object));
     }
@@ -483,7 +474,7 @@ pub async fn head_ref(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
-    let (lookup, _held) = charged_lookup(&ddc, &addr, true).await?;
+    let (lookup, _held) = refs::lookup(&ddc.content, &addr, true).await?;
     let (status, hash) = match lookup {
         Lookup::Found(row) => (StatusCode::OK, Some(row.object_hash)),
         Lookup::NotFinalized(row) => (StatusCode::NOT_FOUND, Some(row.object_hash)),
@@ -513,7 +504,7 @@ pub async fn exists(
         let (bucket, key) =
             name.split_once('.').ok_or_else(|| ApiError::Invalid(format!("{name:?} is not bucket.key")))?;
         let addr = RefAddr { ns: ns.clone(), bucket: Name::bucket(bucket)?, key: key.parse()? };
-        if !matches!(charged_lookup(&ddc, &addr, true).await?.0, Lookup::Found(_)) {
+        if !matches!(refs::lookup(&ddc.content, &addr, true).await?.0, Lookup::Found(_)) {
             missing.push(json!({ "bucket": addr.bucket.as_str(), "key": addr.key.as_str() }));
         }
     }
@@ -526,16 +517,16 @@ pub async fn metadata(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
-    let row = ddc
+    let (row, mut held) = ddc
         .content
         .meta
-        .get_ref(&addr.ns, &addr.bucket, &addr.key)
+        .get_ref(&addr.ns, &addr.bucket, &addr.key, &ddc.content.budget)
         .await?
         .ok_or(ApiError::NotFound("ref not found"))?;
-    // The object, its base64 text and the JSON around it (4/3 of it): charged once read, at
-    // most the whole budget (an answer no retry could ever get would be a 429 forever).
-    let mut held =
-        Held::take(&ddc.budget, row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize))?;
+    // The object (charged before it was read), its base64 text and the JSON around it (4/3 of
+    // it): at most the whole budget (an answer no retry could ever get would be a 429 forever).
+    let answer = row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize);
+    held.resize(&ddc.content.budget, answer.max(held.bytes()))?;
     use base64::Engine;
     let text = json!({
         "ns": addr.ns.as_str(),
@@ -549,7 +540,7 @@ pub async fn metadata(
     .to_string();
     drop(row);
     // The text keeps its own size while it is sent.
-    held.resize(&ddc.budget, text.len())?;
+    held.resize(&ddc.content.budget, text.len())?;
     Ok(held_response(JSON, text.into(), held))
 }
 
