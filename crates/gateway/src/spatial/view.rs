@@ -234,22 +234,20 @@ impl World {
         self.show_in(conn, cells, codec);
     }
 
-    /// After entity `entity_id` moved: the area of the client controlling it follows, if it
-    /// asked to (on every move, or only when the entity changed cell), and if it is the
-    /// latest spawned of those the client controls (as `set_interest` centres on).
-    pub fn follow(&mut self, entity_id: u64, cell_changed: bool) {
-        let Some(e) = self.entities.get(&entity_id) else { return };
-        let (conn, position) = (e.controller, e.position);
-        if self.controlled.get(&conn).and_then(|ids| ids.last()) != Some(&entity_id) {
-            return;
-        }
+    /// After entity `entity_id`, controlled by `conn`, moved to `position`: the area of the
+    /// controlling client follows, if it asked to (on every move, or only when the entity
+    /// changed cell), and if it is the latest spawned of those the client controls (as
+    /// `set_interest` centres on).
+    pub fn follow(&mut self, entity_id: u64, conn: u64, position: [f32; 3], cell_changed: bool) {
+        // Called for every entity of every publish: the cheap checks first (most entities
+        // stay in their cell, and a bench's viewers re-centre only when it changes).
         let Some(viewer) = self.viewers.get(&conn) else { return };
         let moves = match viewer.follow {
             Follow::Off => false,
             Follow::Cell => cell_changed,
             Follow::Always => true,
         };
-        if !moves {
+        if !moves || self.controlled.get(&conn).and_then(|ids| ids.last()) != Some(&entity_id) {
             return;
         }
         let cells = self.cells_of_area(&viewer.area.centred_at(position));

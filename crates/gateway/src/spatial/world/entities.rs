@@ -166,10 +166,11 @@ impl World {
         if self.layout.cell_of(position).is_some() {
             e.position = position;
         }
+        let (controller, at) = (e.controller, e.position);
         if target != from_cell {
             self.entity_moved_cell(entity_id);
         }
-        self.follow(entity_id, target != from_cell);
+        self.follow(entity_id, controller, at, target != from_cell);
         Ok(())
     }
 
