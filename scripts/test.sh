@@ -7,7 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+stamp=$(mktemp)
+trap 'rm -f "$log" "$stamp"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
@@ -18,6 +19,10 @@ echo "== TypeScript SDK (sdk/ts)"
 if ! command -v npm >/dev/null; then
   echo "npm not found: the SDK tests need Node.js 20 or later" >&2
   status=1
+  failed=$((failed + 1))
+elif [ "$status" -ne 0 ] && [ -e target/debug/tickwire ] && ! [ target/debug/tickwire -nt "$stamp" ]; then
+  # A failed `cargo test` may not have rebuilt the binary: the SDK tests would drive an old one.
+  echo "cargo test failed and did not rebuild target/debug/tickwire: the SDK tests are not run against the old binary" >&2
   failed=$((failed + 1))
 else
   # `cargo test` built the binary the SDK tests drive (the binary crate's integration tests need
