@@ -39,6 +39,8 @@ pub enum MetaError {
     Damaged(usize),
     #[error(transparent)]
     Busy(#[from] NoRoom),
+    #[error("the ref's object is {len} bytes, more than the memory budget can give this request ({room})")]
+    PastRoom { len: usize, room: usize },
 }
 
 /// One ref as stored.
@@ -174,38 +176,49 @@ impl MetaStore {
         all
     }
 
-    /// Reads a ref, its object charged to `budget` before it is read (its length comes first,
-    /// in the same read transaction): a read the budget cannot hold now fails with
-    /// [`MetaError::Busy`] having read nothing but the length. The share comes back with the
-    /// row; keep it as long as the object.
+    /// Reads a ref, its object charged to `budget` before it is read: its length comes first,
+    /// in the same read transaction. An object longer than `room` (what the budget could ever
+    /// give the caller: the whole budget, less what the request already holds) is not read
+    /// ([`MetaError::PastRoom`], a deterministic answer, not a 429 its retries would meet
+    /// again); one the budget cannot hold now fails with [`MetaError::Busy`]. The share comes
+    /// back with the row; keep it as long as the object.
     pub async fn get_ref(
         &self,
         ns: &Name,
         bucket: &Name,
         key: &RefKey,
         budget: &MemoryBudget,
+        room: usize,
     ) -> Result<Option<(RefRow, Held)>, MetaError> {
         let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
         let budget = budget.clone();
         let row = self
             .read(move |c| {
+                // A transaction a failed rollback left open would pin an old snapshot.
+                if !c.is_autocommit() {
+                    c.execute_batch("ROLLBACK")?;
+                }
                 let tx = c.unchecked_transaction()?;
+                // The columns before the object, and its length (read from the record's header):
+                // the object's pages are not read yet.
                 let head = tx
-                    .query_row(
-                        "SELECT object_hash, length(object), finalized, last_access FROM refs
-                         WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
-                        params![n, b, k],
-                        |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?)),
-                    )
+                    .prepare_cached(
+                        "SELECT object_hash, length(object) FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                    )?
+                    .query_row(params![n, b, k], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?)))
                     .optional()?;
-                let Some((hash, len, finalized, last_access_ms)) = head else { return Ok(None) };
-                let held = Held::take(&budget, usize::try_from(len).unwrap_or(usize::MAX))?;
+                let Some((hash, len)) = head else { return Ok(None) };
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if len > room {
+                    return Err(MetaError::PastRoom { len, room });
+                }
+                let held = Held::take(&budget, len)?;
                 // The same row: both reads are in one transaction.
-                let object: Vec<u8> = tx.query_row(
-                    "SELECT object FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
-                    params![n, b, k],
-                    |r| r.get(0),
-                )?;
+                let (object, finalized, last_access_ms) = tx
+                    .prepare_cached(
+                        "SELECT object, finalized, last_access FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                    )?
+                    .query_row(params![n, b, k], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get(1)?, r.get(2)?)))?;
                 let row = RefRow { object_hash: hash_of(hash)?, object, finalized, last_access_ms };
                 Ok(Some((row, held)))
             })
@@ -215,6 +228,27 @@ impl MetaStore {
             touched.insert((ns.clone(), bucket.clone(), key.clone()), now_ms().max(row.last_access_ms));
         }
         Ok(row)
+    }
+
+    /// A ref's object hash and whether it is finalized, without its object (a PUT compares
+    /// these only). Not a read of the ref: its last access is not noted.
+    pub async fn ref_state(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+    ) -> Result<Option<(IoHash, bool)>, MetaError> {
+        let (n, b, k) = (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned());
+        self.read(move |c| {
+            let row = c
+                .prepare_cached(
+                    "SELECT object_hash, finalized FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
+                )?
+                .query_row(params![n, b, k], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, bool>(1)?)))
+                .optional()?;
+            row.map(|(h, finalized)| Ok((hash_of(h)?, finalized))).transpose()
+        })
+        .await
     }
 
     /// Stores a ref, replacing any previous one.
@@ -388,7 +422,7 @@ mod tests {
     /// A read with room to spare in its budget.
     async fn get(meta: &MetaStore, ns: &Name, bucket: &Name, key: &RefKey) -> Option<RefRow> {
         let budget = MemoryBudget::new(1 << 20);
-        meta.get_ref(ns, bucket, key, &budget).await.unwrap().map(|(row, _)| row)
+        meta.get_ref(ns, bucket, key, &budget, budget.total()).await.unwrap().map(|(row, _)| row)
     }
 
     fn row(object: &[u8], finalized: bool) -> RefRow {
@@ -415,9 +449,9 @@ mod tests {
         assert_eq!(get(&meta, &ns, &bucket, &key).await.unwrap().object, b"second");
     }
 
-    /// A ref's object is charged before it is read: a budget without room for it gets
-    /// `Busy` and keeps all it had; one with room lends exactly the object's length until the
-    /// share is dropped.
+    /// A ref's object is charged before it is read: a budget without room for it now gets
+    /// `Busy` and keeps all it had; an object past the caller's room is not charged at all;
+    /// a budget with room lends exactly the object's length until the share is dropped.
     #[tokio::test]
     async fn a_refs_object_is_charged_to_the_budget_before_it_is_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -425,17 +459,22 @@ mod tests {
         let meta = MetaStore::open(dir.path()).await.unwrap();
         let object = vec![7u8; 1000];
         assert!(meta.put_ref(&ns, &bucket, &key, row(&object, true), false).await.unwrap());
-        let budget = MemoryBudget::new(999);
-        let refused = meta.get_ref(&ns, &bucket, &key, &budget).await;
+        let budget = MemoryBudget::new(1500);
+        let other = Held::take(&budget, 501).unwrap();
+        let refused = meta.get_ref(&ns, &bucket, &key, &budget, 1500).await;
         assert!(matches!(refused, Err(MetaError::Busy(NoRoom { bytes: 1000 }))), "{refused:?}");
         assert_eq!(budget.available(), 999);
-        let budget = MemoryBudget::new(1500);
-        let (got, held) = meta.get_ref(&ns, &bucket, &key, &budget).await.unwrap().unwrap();
+        let past = meta.get_ref(&ns, &bucket, &key, &budget, 999).await;
+        assert!(matches!(past, Err(MetaError::PastRoom { len: 1000, room: 999 })), "{past:?}");
+        drop(other);
+        let (got, held) = meta.get_ref(&ns, &bucket, &key, &budget, 1500).await.unwrap().unwrap();
         assert_eq!((got.object, held.bytes(), budget.available()), (object, 1000, 500));
         drop(held);
         assert_eq!(budget.available(), 1500);
+        assert_eq!(meta.ref_state(&ns, &bucket, &key).await.unwrap(), Some((IoHash::of(&[7u8; 1000]), true)));
         let other = Name::bucket("other").unwrap();
-        assert!(meta.get_ref(&ns, &other, &key, &budget).await.unwrap().is_none());
+        assert!(meta.get_ref(&ns, &other, &key, &budget, 1500).await.unwrap().is_none());
+        assert_eq!(meta.ref_state(&ns, &other, &key).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -21,8 +21,9 @@ pub struct RefAddr {
 pub enum PutOutcome {
     /// Stored; finalized iff `needs` is empty.
     Stored { needs: Vec<IoHash> },
-    /// A different finalized object is there and may not be overwritten: the existing one.
-    Conflict { existing: Vec<u8> },
+    /// A different finalized object is there and may not be overwritten (read it with
+    /// [`lookup`] to answer with it, once what the put held is freed).
+    Conflict,
 }
 
 /// What a finalize did.
@@ -49,40 +50,38 @@ pub enum Lookup {
     Found(RefRow),
 }
 
-/// Puts `object` (already validated as compact binary, and its hash checked) at `addr`.
+/// Puts `object` (already validated as compact binary, and its hash checked) at `addr`. `held`
+/// is what the caller's request holds of the memory budget (the object's body, at least): the
+/// attachments' check is bounded by the rest ([`Content::missing_of`]). The stored object is
+/// not read: a PUT compares hashes.
 pub async fn put(
     content: &Content,
     addr: &RefAddr,
     object: Vec<u8>,
     allow_overwrite: bool,
+    held: usize,
 ) -> Result<PutOutcome, ContentError> {
     let hash = IoHash::of(&object);
-    // The stored row's object is charged while it is compared.
-    let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?;
-    let existing = existing.map(|(row, _held)| row);
-    if let Some(existing) = &existing
-        && existing.finalized
-        && existing.object_hash != hash
+    let existing = content.meta.ref_state(&addr.ns, &addr.bucket, &addr.key).await?;
+    if let Some((existing, true)) = existing
+        && existing != hash
         && !allow_overwrite
     {
-        return Ok(PutOutcome::Conflict { existing: existing.object.clone() });
+        return Ok(PutOutcome::Conflict);
     }
     let attachments = crate::storage::attachments_of(&object);
     if attachments.len() > crate::storage::MAX_ATTACHMENTS {
         let (count, max) = (attachments.len(), crate::storage::MAX_ATTACHMENTS);
         return Err(ContentError::TooManyAttachments { count, max });
     }
-    let needs = content.missing_of(&addr.ns, attachments).await?;
+    let room = content.budget.total().saturating_sub(held);
+    let needs = content.missing_of(&addr.ns, attachments, room).await?;
     let finalized = needs.is_empty();
-    let unchanged = existing.is_some_and(|e| e.object_hash == hash && e.finalized == finalized);
-    if !unchanged {
+    if existing != Some((hash, finalized)) {
         let row = RefRow { object_hash: hash, object, finalized, last_access_ms: now_ms() };
         if !content.meta.put_ref(&addr.ns, &addr.bucket, &addr.key, row, allow_overwrite).await? {
             // Another writer finalized another object since the check above.
-            let existing = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?;
-            return Ok(PutOutcome::Conflict {
-                existing: existing.map(|(e, _)| e.object).unwrap_or_default(),
-            });
+            return Ok(PutOutcome::Conflict);
         }
     }
     Ok(PutOutcome::Stored { needs })
@@ -95,14 +94,16 @@ pub async fn finalize(
     addr: &RefAddr,
     hash: IoHash,
 ) -> Result<FinalizeOutcome, ContentError> {
-    let Some((row, _held)) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?
+    let room = content.budget.total();
+    let Some((row, _held)) =
+        content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget, room).await?
     else {
         return Ok(FinalizeOutcome::NotFound);
     };
     if row.object_hash != hash {
         return Ok(FinalizeOutcome::OtherObject { stored: row.object_hash });
     }
-    let needs = content.missing(&addr.ns, &row.object).await?;
+    let needs = content.missing(&addr.ns, &row.object, room.saturating_sub(row.object.len())).await?;
     let finalized = needs.is_empty();
     if finalized != row.finalized
         && !content.meta.set_finalized(&addr.ns, &addr.bucket, &addr.key, hash, finalized).await?
@@ -115,21 +116,28 @@ pub async fn finalize(
 
 /// Reads a ref. With `resolve`, a ref whose attachments are not all present now counts as not
 /// finalized (every read that serves the object resolves: a ref is never served while an
-/// attachment is missing, even one deleted after it was finalized). The row's object is
-/// charged to the memory budget before it is read ([`MetaStore::get_ref`]); the share comes
-/// back with it (empty when the ref is missing), to keep as long as the object.
+/// attachment is missing, even one deleted after it was finalized).
 ///
-/// [`MetaStore::get_ref`]: crate::meta::MetaStore::get_ref
+/// `room` is what the memory budget could ever give this read: the whole budget, less what the
+/// caller's request already holds. The row's object is charged before it is read, and the
+/// share comes back with it (empty when the ref is missing), to keep as long as the object;
+/// an object past `room` is not read ([`MetaError::PastRoom`]), and the attachments' check
+/// is bounded by what is left ([`Content::missing`]).
+///
+/// [`MetaError::PastRoom`]: crate::meta::MetaError::PastRoom
 pub async fn lookup(
     content: &Content,
     addr: &RefAddr,
     resolve: bool,
+    room: usize,
 ) -> Result<(Lookup, Held), ContentError> {
-    let Some((row, held)) = content.meta.get_ref(&addr.ns, &addr.bucket, &addr.key, &content.budget).await?
-    else {
+    let (ns, bucket, key) = (&addr.ns, &addr.bucket, &addr.key);
+    let Some((row, held)) = content.meta.get_ref(ns, bucket, key, &content.budget, room).await? else {
         return Ok((Lookup::Missing, Held::default()));
     };
-    if !row.finalized || (resolve && !content.missing(&addr.ns, &row.object).await?.is_empty()) {
+    if !row.finalized
+        || (resolve && !content.missing(ns, &row.object, room - row.object.len()).await?.is_empty())
+    {
         return Ok((Lookup::NotFinalized(row), held));
     }
     Ok((Lookup::Found(row), held))

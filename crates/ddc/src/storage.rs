@@ -32,8 +32,8 @@ pub const MAX_RESOLVED_OBJECTS: usize = 1_000;
 /// served. The editor's records name a handful. An object attachment that names more is not
 /// read past by a check (its attachments count as missing).
 pub const MAX_ATTACHMENTS: usize = 4_096;
-/// The most attachments (binary or object, at any depth) one presence check judges; the rest
-/// count as missing. Four times what a ref may name directly.
+/// The most attachments (binary or object) one presence check judges beyond those the ref
+/// names itself; the rest count as missing. Four times what a ref may name directly.
 pub const MAX_JUDGED_ATTACHMENTS: usize = 4 * MAX_ATTACHMENTS;
 /// A compressed buffer whose payload is larger than this is decoded and hashed on the blocking
 /// pool, not on the request's runtime thread: an LZ4 buffer decodes to up to 255 times its
@@ -198,9 +198,11 @@ impl Content {
     }
 
     /// The attachments of `object` (a validated compact-binary object) that are not present,
-    /// each once, in the order the object names them.
-    pub async fn missing(&self, ns: &Name, object: &[u8]) -> Result<Vec<IoHash>, ContentError> {
-        self.missing_of(ns, attachments_of(object)).await
+    /// each once, in the order the object names them. `room` is what the memory budget could
+    /// ever give the check: the whole budget, less what the caller's request holds (see
+    /// [`Content::present`]).
+    pub async fn missing(&self, ns: &Name, object: &[u8], room: usize) -> Result<Vec<IoHash>, ContentError> {
+        self.missing_of(ns, attachments_of(object), room).await
     }
 
     /// [`Content::missing`], given the object's attachments ([`attachments_of`]).
@@ -208,20 +210,24 @@ impl Content {
         &self,
         ns: &Name,
         attachments: Vec<(CbType, [u8; 20])>,
+        room: usize,
     ) -> Result<Vec<IoHash>, ContentError> {
-        self.missing_within(ns, attachments, MAX_RESOLVED_OBJECTS, MAX_JUDGED_ATTACHMENTS).await
+        let bounds = Resolver {
+            known: HashMap::new(),
+            objects_left: MAX_RESOLVED_OBJECTS,
+            judged_left: MAX_JUDGED_ATTACHMENTS,
+            largest_object: MAX_ATTACHED_OBJECT.min(room as u64),
+        };
+        self.missing_within(ns, attachments, bounds).await
     }
 
-    /// [`Content::missing_of`], reading at most `objects` object attachments and judging at
-    /// most `judged` hashes.
+    /// [`Content::missing_of`], within the bounds `resolver` starts with.
     async fn missing_within(
         &self,
         ns: &Name,
         attachments: Vec<(CbType, [u8; 20])>,
-        objects: usize,
-        judged: usize,
+        mut resolver: Resolver,
     ) -> Result<Vec<IoHash>, ContentError> {
-        let mut resolver = Resolver { known: HashMap::new(), objects_left: objects, judged_left: judged };
         let mut missing = Vec::new();
         for (ty, hash) in attachments {
             let hash = IoHash::from_bytes(hash);
@@ -237,13 +243,18 @@ impl Content {
 
     /// Whether one attachment is present: a binary one as a compressed buffer or raw blob, an
     /// object one as a stored, valid object whose own attachments are present. Each hash is
-    /// judged once per check, and a check is bounded: it reads at most
-    /// [`MAX_RESOLVED_OBJECTS`] objects, each charged to the memory budget while it is read
-    /// and parsed (at most [`MAX_ATTACHED_OBJECT`], and half the budget), and judges at most
-    /// [`MAX_JUDGED_ATTACHMENTS`] hashes; an object attachment naming more than
-    /// [`MAX_ATTACHMENTS`] of its own is not read past. Past a bound, attachments count as
-    /// missing: a hostile object graph cannot make a check expensive. An object's bytes go
-    /// before its attachments are judged, so a chain of objects holds one at a time.
+    /// judged once per check, and a check is bounded, so that a hostile object graph cannot
+    /// make it expensive:
+    /// - it reads at most [`MAX_RESOLVED_OBJECTS`] objects, [`MAX_OBJECT_DEPTH`] deep, one at a
+    ///   time (an object's bytes go before its attachments are judged), each charged to the
+    ///   memory budget while it is read and parsed, and each at most [`MAX_ATTACHED_OBJECT`]
+    ///   and the check's room (so a check is never a 429 that retries would meet again);
+    /// - it judges at most [`MAX_JUDGED_ATTACHMENTS`] hashes reached through object
+    ///   attachments (those the ref names itself are bounded by its object);
+    /// - an object attachment naming more than [`MAX_ATTACHMENTS`] of its own is not read
+    ///   past.
+    ///
+    /// Past a bound, attachments count as missing.
     fn present<'a>(
         &'a self,
         ns: &'a Name,
@@ -256,10 +267,13 @@ impl Content {
             if let Some(&known) = resolver.known.get(&hash) {
                 return Ok(known);
             }
-            if resolver.judged_left == 0 {
-                return Ok(false);
+            if depth > 0 {
+                if resolver.judged_left == 0 {
+                    resolver.known.insert(hash, false);
+                    return Ok(false);
+                }
+                resolver.judged_left -= 1;
             }
-            resolver.judged_left -= 1;
             let present = if ty == CbType::BinaryAttachment {
                 self.locate(ns, hash).await?.is_some()
             } else if depth >= MAX_OBJECT_DEPTH || resolver.objects_left == 0 {
@@ -269,13 +283,11 @@ impl Content {
                 // Provisionally missing while its children are judged (a cycle cannot be
                 // present).
                 resolver.known.insert(hash, false);
-                let limit = MAX_ATTACHED_OBJECT.min(self.budget.total() as u64 / 2);
-                let children = match self.read_blob(ns, &hash, limit).await? {
+                let children = match self.read_blob(ns, &hash, resolver.largest_object).await? {
                     None => None,
-                    Some((bytes, _held)) => cb::parse(&bytes)
-                        .ok()
-                        .map(|object| object.attachments())
-                        .filter(|children| children.len() <= MAX_ATTACHMENTS),
+                    Some((bytes, _held)) => {
+                        cb::parse(&bytes).ok().and_then(|object| object.attachments_within(MAX_ATTACHMENTS))
+                    }
                 };
                 match children {
                     None => false,
@@ -303,12 +315,13 @@ pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
     cb::parse(object).map(|field| field.attachments()).unwrap_or_default()
 }
 
-/// One presence check's memory: what each hash was judged, and how many more objects it may
-/// read and hashes it may judge.
+/// One presence check's memory: what each hash was judged, how many more objects it may read
+/// and hashes it may judge, and the largest object it reads.
 struct Resolver {
     known: HashMap<IoHash, bool>,
     objects_left: usize,
     judged_left: usize,
+    largest_object: u64,
 }
 
 #[cfg(test)]
@@ -372,11 +385,11 @@ mod tests {
         let object = store(&content, &ns, &inner).await;
         let attachments = vec![(CbType::ObjectAttachment, object)];
         let taken = Held::take(&content.budget, (64 << 10) - 10_000).unwrap();
-        let busy = content.missing_of(&ns, attachments.clone()).await;
+        let busy = content.missing_of(&ns, attachments.clone(), 64 << 10).await;
         assert!(matches!(busy, Err(ContentError::Busy(_))), "{busy:?}");
         assert_eq!(content.budget.available(), 10_000, "a refused read takes nothing");
         drop(taken);
-        assert_eq!(content.missing_of(&ns, attachments).await.unwrap(), vec![]);
+        assert_eq!(content.missing_of(&ns, attachments, 64 << 10).await.unwrap(), vec![]);
         assert_eq!(content.budget.available(), 64 << 10, "all given back");
     }
 
@@ -392,13 +405,18 @@ mod tests {
             store(&content, &ns, &naming(CbType::BinaryAttachment, &[payload; MAX_ATTACHMENTS])).await;
         let past =
             store(&content, &ns, &naming(CbType::BinaryAttachment, &[payload; MAX_ATTACHMENTS + 1])).await;
-        let check = |h| content.missing_of(&ns, vec![(CbType::ObjectAttachment, h)]);
+        let check = |h| content.missing_of(&ns, vec![(CbType::ObjectAttachment, h)], 1 << 30);
         assert_eq!(check(at_bound).await.unwrap(), vec![]);
         assert_eq!(check(past).await.unwrap(), vec![IoHash::from_bytes(past)]);
     }
 
-    /// A check judges at most its bound of hashes, at any depth: past it, present attachments
-    /// count as missing, so an object graph naming millions cannot make a check long.
+    fn judging(judged: usize) -> Resolver {
+        Resolver { known: HashMap::new(), objects_left: 10, judged_left: judged, largest_object: 1 << 20 }
+    }
+
+    /// A check judges at most its bound of hashes reached through object attachments: past it,
+    /// present attachments count as missing, so an object graph naming millions cannot make a
+    /// check long. Those the ref names itself are not bounded (its object bounds them).
     #[tokio::test]
     async fn a_check_judges_a_bounded_number_of_hashes() {
         let dir = tempfile::tempdir().unwrap();
@@ -410,16 +428,38 @@ mod tests {
         }
         let object = store(&content, &ns, &naming(CbType::BinaryAttachment, &blobs)).await;
         let direct: Vec<_> = blobs.iter().map(|&h| (CbType::BinaryAttachment, h)).collect();
-        let found = content.missing_within(&ns, direct.clone(), 10, 3).await.unwrap();
-        assert_eq!(found, vec![], "three hashes within a bound of three");
-        let found = content.missing_within(&ns, direct, 10, 2).await.unwrap();
-        assert_eq!(found, vec![IoHash::from_bytes(blobs[2])]);
-        // The object and its first child fit a bound of two; its second child does not.
+        assert_eq!(content.missing_within(&ns, direct, judging(0)).await.unwrap(), vec![]);
         let nested = vec![(CbType::ObjectAttachment, object)];
-        assert_eq!(content.missing_within(&ns, nested.clone(), 10, 4).await.unwrap(), vec![]);
+        assert_eq!(content.missing_within(&ns, nested.clone(), judging(3)).await.unwrap(), vec![]);
         assert_eq!(
-            content.missing_within(&ns, nested, 10, 2).await.unwrap(),
-            vec![IoHash::from_bytes(object)]
+            content.missing_within(&ns, nested, judging(2)).await.unwrap(),
+            vec![IoHash::from_bytes(object)],
+            "its third child is past the bound"
         );
+    }
+
+    /// A chain of object attachments is read one object at a time: three objects of 40% of the
+    /// budget each, each naming the next, fit (they would not if an object's bytes were kept
+    /// while its attachments are judged). An object past the check's room counts as missing,
+    /// charged nothing: not a 429 its retries would meet again.
+    #[tokio::test]
+    async fn a_chain_of_objects_is_read_one_at_a_time_within_the_checks_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let budget = 100_000u32;
+        let content = content(dir.path(), budget).await;
+        let padded = |next: Option<[u8; 20]>| {
+            let mut fields = vec![("pad".to_string(), cb::Value::Binary(vec![0; 40_000]))];
+            fields.extend(next.map(|h| ("next".to_string(), cb::Value::ObjectAttachment(h))));
+            cb::Value::Object(fields).to_bytes()
+        };
+        let last = store(&content, &ns, &padded(None)).await;
+        let middle = store(&content, &ns, &padded(Some(last))).await;
+        let first = store(&content, &ns, &padded(Some(middle))).await;
+        let chain = vec![(CbType::ObjectAttachment, first)];
+        assert_eq!(content.missing_of(&ns, chain.clone(), budget as usize).await.unwrap(), vec![]);
+        assert_eq!(content.budget.available(), budget as usize);
+        let found = content.missing_of(&ns, chain, 30_000).await.unwrap();
+        assert_eq!(found, vec![IoHash::from_bytes(first)], "past the room: missing");
     }
 }

@@ -201,3 +201,92 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
     assert_eq!(last, 200, "the share came back");
     assert_eq!(post(), 200);
 }
+
+/// On a budget of 20 MiB with bodies up to 16 MiB: a ref PUT again (its object compared by hash,
+/// not read), one naming an object attachment, and a batch GET of an 8 MiB ref are all served,
+/// again and again: no request needs more than the whole budget, so none is a 429 its retries
+/// would meet forever. An object attachment the budget cannot hold beside the ref's object
+/// counts as missing (the ref stays unfinalized: 400, the same every time), charged nothing.
+#[test]
+fn no_request_needs_more_than_the_whole_budget() {
+    use tickwire_ddc::cb::Value;
+    let api = tickwire_ddc::http::Limits {
+        memory_budget: 20 << 20,
+        max_buffered_bytes: 16 << 20,
+        ..tickwire_ddc::http::Limits::default()
+    };
+    let s = common::start_api(ServeLimits::default(), api, None);
+    let put_blob = |bytes: &[u8]| {
+        let hash = IoHash::of(bytes);
+        let put = ureq::put(&url(&s, &format!("/api/v1/blobs/ue.ddc/{}", hash.to_hex())))
+            .set("Authorization", "Bearer writer")
+            .send_bytes(bytes);
+        assert_eq!(status(put), 200);
+        *hash.as_bytes()
+    };
+    let put_ref = |key: &str, object: &[u8]| {
+        status(
+            ureq::put(&url(&s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
+                .set("Authorization", "Bearer writer")
+                .set("Content-Type", "application/x-ue-cb")
+                .set("X-Jupiter-IoHash", &IoHash::of(object).to_hex())
+                .send_bytes(object),
+        )
+    };
+    let get = |key: &str| {
+        status(
+            ureq::get(&url(&s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
+                .set("Authorization", "Bearer writer")
+                .call(),
+        )
+    };
+    // 12 MiB of object naming a small object attachment, itself naming a binary one.
+    let binary = put_blob(b"payload");
+    let small = Value::Object(vec![("b".into(), Value::BinaryAttachment(binary))]).to_bytes();
+    let small = put_blob(&small);
+    let big = |attachment: [u8; 20]| {
+        Value::Object(vec![
+            ("pad".into(), Value::Binary(vec![1u8; 12 << 20])),
+            ("o".into(), Value::ObjectAttachment(attachment)),
+        ])
+        .to_bytes()
+    };
+    let key = "00000000000000000000000000000000000000aa";
+    let object = big(small);
+    for round in 0..3 {
+        assert_eq!(put_ref(key, &object), 200, "PUT, round {round}");
+        assert_eq!(get(key), 200, "GET, round {round}");
+    }
+    // A batch GET of an 8 MiB object: within the reply's bound (half the budget), and charged
+    // twice in the reply, never three times.
+    let key8 = "00000000000000000000000000000000000000cc";
+    let eight = Value::Object(vec![("pad".into(), Value::Binary(vec![3u8; 8 << 20]))]).to_bytes();
+    assert_eq!(put_ref(key8, &eight), 200);
+    let op = Value::Object(vec![
+        ("opId".into(), Value::Integer(1)),
+        ("op".into(), Value::String("GET".into())),
+        ("bucket".into(), Value::String("bucket".into())),
+        ("key".into(), Value::String(key8.into())),
+    ]);
+    let batch = Value::Object(vec![("ops".into(), Value::Array(vec![op]))]).to_bytes();
+    for round in 0..3 {
+        let reply = ureq::post(&url(&s, "/api/v1/refs/ue.ddc"))
+            .set("Authorization", "Bearer writer")
+            .set("Content-Type", "application/x-ue-cb")
+            .send_bytes(&batch)
+            .unwrap_or_else(|e| panic!("batch, round {round}: {e}"));
+        let mut bytes = Vec::new();
+        reply.into_reader().read_to_end(&mut bytes).unwrap();
+        let reply = tickwire_ddc::cb::parse(&bytes).unwrap();
+        let result = reply.get("results").unwrap().iter().next().unwrap();
+        assert_eq!(result.get("statusCode").and_then(|f| f.as_i128()), Some(200), "round {round}");
+    }
+    // A 9 MiB object attachment beside the 12 MiB object: past the budget's 20, so missing.
+    let nine = Value::Object(vec![("pad".into(), Value::Binary(vec![2u8; 9 << 20]))]).to_bytes();
+    let nine = put_blob(&nine);
+    let key = "00000000000000000000000000000000000000bb";
+    for round in 0..2 {
+        assert_eq!(put_ref(key, &big(nine)), 200, "PUT, round {round}");
+        assert_eq!(get(key), 400, "GET, round {round}: not finalized, its attachment missing");
+    }
+}

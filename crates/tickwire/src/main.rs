@@ -365,6 +365,15 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         args.max_buffered_mib,
         args.memory_budget_mib
     );
+    // A ref's object (up to --max-buffered-mib) and an object attachment its check reads (up to
+    // 16 MiB) are held together; a PUT holds its body and such an attachment.
+    let together = 2 * args.max_buffered_mib + (tickwire_ddc::storage::MAX_ATTACHED_OBJECT >> 20);
+    if args.memory_budget_mib < together {
+        tracing::warn!(
+            "--memory-budget-mib {} is below twice --max-buffered-mib plus 16 ({together}): a large ref whose object attachments the budget cannot hold beside it reads as missing them",
+            args.memory_budget_mib
+        );
+    }
     let limits = http::Limits {
         max_blob_bytes: args.max_blob_mib << 20,
         max_buffered_bytes: args.max_buffered_mib << 20,

@@ -192,24 +192,32 @@ impl<'a> Field<'a> {
 
     /// Every ObjectAttachment and BinaryAttachment below this field, in document order.
     pub fn attachments(&self) -> Vec<(CbType, [u8; 20])> {
-        let mut out = Vec::new();
-        self.collect_attachments(&mut out);
-        out
+        self.attachments_within(usize::MAX).unwrap_or_default()
     }
 
-    fn collect_attachments(&self, out: &mut Vec<(CbType, [u8; 20])>) {
+    /// [`Field::attachments`], unless there are more than `max`: then `None`, having collected
+    /// no more than `max` (a hostile object naming a million costs no more than its bound).
+    pub fn attachments_within(&self, max: usize) -> Option<Vec<(CbType, [u8; 20])>> {
+        let mut out = Vec::new();
+        self.collect_attachments(&mut out, max).then_some(out)
+    }
+
+    /// False once more than `max` were found.
+    fn collect_attachments(&self, out: &mut Vec<(CbType, [u8; 20])>, max: usize) -> bool {
         match self.ty {
             CbType::ObjectAttachment | CbType::BinaryAttachment => {
                 if let Some(h) = self.as_hash() {
+                    if out.len() == max {
+                        return false;
+                    }
                     out.push((self.ty, h));
                 }
+                true
             }
             t if t.is_object() || t.is_array() => {
-                for child in self.iter() {
-                    child.collect_attachments(out);
-                }
+                self.iter().all(|child| child.collect_attachments(out, max))
             }
-            _ => {}
+            _ => true,
         }
     }
 }

@@ -15,7 +15,9 @@ use super::body::{Held, MemoryBudget, read_body};
 use super::{ApiError, CB, Ddc, content_type};
 use crate::auth::Action;
 use crate::cb::{self, CbType, Field, Value};
+use crate::meta::MetaError;
 use crate::refs::{self, Lookup, PutOutcome, RefAddr, error_object};
+use crate::storage::ContentError;
 use crate::{IoHash, Name};
 
 /// The most ops one batch may hold (the editor sends one per record it checks).
@@ -38,6 +40,8 @@ struct ReplySize<'a> {
     held: Held,
     bytes: u64,
     limit: u64,
+    /// What the request's body holds of the budget.
+    body: usize,
 }
 
 impl ReplySize<'_> {
@@ -49,6 +53,32 @@ impl ReplySize<'_> {
         self.held.grow(self.budget, len.saturating_mul(2))?;
         self.bytes += len as u64;
         Ok(true)
+    }
+
+    /// What the budget could ever give an op's reads now: the whole budget, less the body and
+    /// the reply so far.
+    fn room(&self) -> usize {
+        self.budget.total().saturating_sub(self.body + self.held.bytes())
+    }
+
+    fn too_large(&self) -> (u16, Value) {
+        let title =
+            format!("the batch's reply would pass {} bytes: ask for this one in another batch", self.limit);
+        (413, error_object(&title, 413))
+    }
+}
+
+/// An op's read of a ref ([`refs::lookup`], charged, within what the batch leaves), or the
+/// op's own 413 when the object is past that room.
+async fn read(
+    ddc: &Ddc,
+    addr: &RefAddr,
+    resolve: bool,
+    size: &ReplySize<'_>,
+) -> Result<Result<(Lookup, Held), (u16, Value)>, ApiError> {
+    match refs::lookup(&ddc.content, addr, resolve, size.room()).await {
+        Err(ContentError::Meta(MetaError::PastRoom { .. })) => Ok(Err(size.too_large())),
+        read => Ok(Ok(read?)),
     }
 }
 
@@ -138,7 +168,9 @@ pub async fn batch(
     // give, so a batch past it gets 413s, never a 429 its retries would meet again.
     let room = u64::from(ddc.limits.memory_budget).saturating_sub(body.bytes.capacity() as u64);
     let limit = ddc.limits.max_buffered_bytes.min(room / 2);
-    let mut size = ReplySize { budget: &ddc.content.budget, held: Held::default(), bytes: 0, limit };
+    let body_held = body.bytes.capacity();
+    let mut size =
+        ReplySize { budget: &ddc.content.budget, held: Held::default(), bytes: 0, limit, body: body_held };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;
         results.push(Value::Object(vec![
@@ -162,29 +194,38 @@ async fn run(
     size: &mut ReplySize<'_>,
 ) -> Result<(u16, Value), ApiError> {
     match kind {
-        // A GET serves the object: its attachments are always resolved.
-        // The ref's object is charged while it is read and judged (the lookup's share), and
-        // twice more once it is in the reply.
-        Kind::Get => Ok(match refs::lookup(&ddc.content, addr, true).await?.0 {
-            Lookup::Found(row) if !size.take(row.object.len())? => {
-                let title = format!(
-                    "the batch's reply would pass {} bytes: ask for this one in another batch",
-                    size.limit
-                );
-                (413, error_object(&title, 413))
-            }
-            Lookup::Found(row) => match Value::embed_object(&row.object) {
-                Some(object) => (200, object),
-                None => (500, error_object("the stored object is damaged", 500)),
-            },
-            Lookup::Missing => (404, error_object("Object not found", 404)),
-            Lookup::NotFinalized(row) if !row.finalized => {
-                (400, error_object("Object is not finalized", 400))
-            }
-            Lookup::NotFinalized(_) => (404, error_object("An attachment is missing", 404)),
-        }),
+        // A GET serves the object: its attachments are always resolved. The ref's object is
+        // charged while it is read and judged (the read's share), then twice once it is in
+        // the reply (in its tree, then in its bytes).
+        Kind::Get => {
+            let (lookup, held) = match read(ddc, addr, true, size).await? {
+                Ok(read) => read,
+                Err(result) => return Ok(result),
+            };
+            Ok(match lookup {
+                Lookup::Found(row) => {
+                    drop(held);
+                    if !size.take(row.object.len())? {
+                        size.too_large()
+                    } else {
+                        match Value::embed_object(&row.object) {
+                            Some(object) => (200, object),
+                            None => (500, error_object("the stored object is damaged", 500)),
+                        }
+                    }
+                }
+                Lookup::Missing => (404, error_object("Object not found", 404)),
+                Lookup::NotFinalized(row) if !row.finalized => {
+                    (400, error_object("Object is not finalized", 400))
+                }
+                Lookup::NotFinalized(_) => (404, error_object("An attachment is missing", 404)),
+            })
+        }
         Kind::Head => {
-            let found = matches!(refs::lookup(&ddc.content, addr, resolve).await?.0, Lookup::Found(_));
+            let found = match read(ddc, addr, resolve, size).await? {
+                Ok((lookup, _)) => matches!(lookup, Lookup::Found(_)),
+                Err(result) => return Ok(result),
+            };
             let status = if found { 200 } else { 404 };
             Ok((status, Value::Object(vec![("exists".into(), Value::Bool(found))])))
         }
@@ -200,25 +241,29 @@ async fn run(
                 let title = format!("Incorrect hash: the payload hashes to {actual}, not {claimed}");
                 return Ok((400, error_object(&title, 400)));
             }
-            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite).await {
-                Err(e @ crate::storage::ContentError::TooManyAttachments { .. }) => {
+            let held = size.body + size.held.bytes();
+            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite, held).await {
+                Err(e @ ContentError::TooManyAttachments { .. }) => {
                     return Ok((400, error_object(&e.to_string(), 400)));
                 }
                 outcome => outcome?,
             };
-            Ok(match outcome {
-                PutOutcome::Stored { needs } => {
-                    let hashes = needs.iter().map(|h| Value::Hash(*h.as_bytes())).collect();
-                    (200, Value::Object(vec![("needs".into(), Value::Array(hashes))]))
+            let PutOutcome::Stored { needs } = outcome else {
+                // The editor adopts the existing record when the 409 is a valid object.
+                let conflict = || (409, error_object("the ref exists with another object", 409));
+                let (lookup, held) = match read(ddc, addr, false, size).await? {
+                    Ok(read) => read,
+                    Err(_) => return Ok(conflict()),
+                };
+                let (Lookup::Found(row) | Lookup::NotFinalized(row)) = lookup else { return Ok(conflict()) };
+                drop(held);
+                if !size.take(row.object.len())? {
+                    return Ok(conflict());
                 }
-                PutOutcome::Conflict { existing } if !size.take(existing.len())? => {
-                    (409, error_object("the ref exists with another object", 409))
-                }
-                PutOutcome::Conflict { existing } => match Value::embed_object(&existing) {
-                    Some(object) => (409, object),
-                    None => (409, error_object("the ref exists with another object", 409)),
-                },
-            })
+                return Ok(Value::embed_object(&row.object).map_or_else(conflict, |object| (409, object)));
+            };
+            let hashes = needs.iter().map(|h| Value::Hash(*h.as_bytes())).collect();
+            Ok((200, Value::Object(vec![("needs".into(), Value::Array(hashes))])))
         }
     }
 }

@@ -45,7 +45,9 @@ pub struct Limits {
     /// Largest body checked whole in memory: compressed buffers, compact-binary objects,
     /// packages, batches.
     pub max_buffered_bytes: u64,
-    /// Memory all buffered bodies may hold at once; past it, requests get 429.
+    /// Memory requests may hold at once: bodies read whole, what is built from them, and what
+    /// they read from storage into memory (refs' objects, object attachments); past it,
+    /// requests get 429 (`crate::budget`).
     pub memory_budget: u32,
     /// The longest wait for the next piece of a request body; a body that stalls longer gets
     /// 408 and is stored nowhere.
@@ -148,8 +150,6 @@ pub enum ApiError {
     NotFound(&'static str),
     #[error("the ref is not finalized: attachments are missing")]
     NotFinalized,
-    #[error("the ref exists with another object and overwriting is not allowed")]
-    Conflict(Vec<u8>),
     #[error(transparent)]
     Content(#[from] ContentError),
     #[error("storage I/O: {0}")]
@@ -199,7 +199,6 @@ impl ApiError {
             ApiError::BodyStalled(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Content(c) => match c {
                 ContentError::Store(StoreError::HashMismatch { .. })
                 | ContentError::Compressed(_)
@@ -208,6 +207,8 @@ impl ApiError {
                 ContentError::Busy(_) | ContentError::Meta(MetaError::Busy(_)) => {
                     StatusCode::TOO_MANY_REQUESTS
                 }
+                // An object larger than the whole memory budget: no retry would get it.
+                ContentError::Meta(MetaError::PastRoom { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
                 ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::TimedOut => {
                     StatusCode::REQUEST_TIMEOUT
                 }
@@ -232,10 +233,6 @@ impl IntoResponse for ApiError {
         let status = self.status();
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
-        }
-        if let ApiError::Conflict(existing) = self {
-            // The editor adopts the existing record when the 409 body is a valid object.
-            return (status, [(header::CONTENT_TYPE, CB)], existing).into_response();
         }
         let body = json!({ "title": self.to_string(), "status": status.as_u16() });
         let mut response = (status, body.to_string()).into_response();

@@ -87,7 +87,7 @@ pub async fn put_ref(
             .get(OVERWRITE_HEADER)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let (object, _budget) = match content_type(&headers).as_deref() {
+    let (object, budget) = match content_type(&headers).as_deref() {
         Some(CB) => {
             let claimed = required_hash(&headers)?;
             let body =
@@ -118,9 +118,22 @@ pub async fn put_ref(
         }
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     };
-    match refs::put(&ddc.content, &addr, object, allow_overwrite).await? {
+    let held = budget.as_ref().map_or(0, |b| b.bytes());
+    match refs::put(&ddc.content, &addr, object, allow_overwrite, held).await? {
         PutOutcome::Stored { needs } => needs_reply(&needs, cb),
-        PutOutcome::Conflict { existing } => Err(ApiError::Conflict(existing)),
+        PutOutcome::Conflict => {
+            // The editor adopts the existing record when the 409 body is a valid object: read
+            // it (charged, while it is sent) once the body's share is given back.
+            drop(budget);
+            let (lookup, held) = refs::lookup(&ddc.content, &addr, false, ddc.content.budget.total()).await?;
+            let existing = match lookup {
+                Lookup::Found(row) | Lookup::NotFinalized(row) => row.object,
+                Lookup::Missing => Vec::new(), // Deleted since: an empty 409.
+            };
+            let mut response = held_response(CB, existing.into(), held);
+            *response.status_mut() = StatusCode::CONFLICT;
+            Ok(response)
+        }
     }
 }
 
@@ -213,7 +226,7 @@ impl Format {
 /// A finalized ref and its object's share of the budget ([`refs::lookup`]), or the error a
 /// read of it gets.
 async fn finalized_ref(ddc: &Ddc, addr: &RefAddr) -> Result<(RefRow, Held), ApiError> {
-    let (lookup, held) = refs::lookup(&ddc.content, addr, true).await?;
+    let (lookup, held) = refs::lookup(&ddc.content, addr, true, ddc.content.budget.total()).await?;
     match lookup {
         Lookup::Found(row) => Ok((row, held)),
         Lookup::Missing => Err(ApiError::NotFound("ref not found")),
@@ -277,7 +290,8 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
     let refs::Payload::Attachment(id) = refs::payload(&row.object) else {
         return Ok(held_response(OCTET, std::mem::take(&mut row.object).into(), held));
     };
-    drop(held);
+    // The object is not the answer: it goes with its share.
+    drop((std::mem::take(&mut row.object), held));
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
         Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
         Located::Compressed(blob) => {
@@ -323,7 +337,7 @@ async fn inline_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> R
             r
         }
         refs::Payload::Attachment(id) => {
-            drop(held);
+            drop((std::mem::take(&mut row.object), held));
             let located =
                 ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))?;
             // Blobs are content-addressed: the returned bytes hash to the blob's id.
@@ -474,7 +488,7 @@ pub async fn head_ref(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (addr, _) = address(&ddc, &headers, &ns, &bucket, &key, Action::ReadObject)?;
-    let (lookup, _held) = refs::lookup(&ddc.content, &addr, true).await?;
+    let (lookup, _held) = refs::lookup(&ddc.content, &addr, true, ddc.content.budget.total()).await?;
     let (status, hash) = match lookup {
         Lookup::Found(row) => (StatusCode::OK, Some(row.object_hash)),
         Lookup::NotFinalized(row) => (StatusCode::NOT_FOUND, Some(row.object_hash)),
@@ -504,7 +518,8 @@ pub async fn exists(
         let (bucket, key) =
             name.split_once('.').ok_or_else(|| ApiError::Invalid(format!("{name:?} is not bucket.key")))?;
         let addr = RefAddr { ns: ns.clone(), bucket: Name::bucket(bucket)?, key: key.parse()? };
-        if !matches!(refs::lookup(&ddc.content, &addr, true).await?.0, Lookup::Found(_)) {
+        let room = ddc.content.budget.total();
+        if !matches!(refs::lookup(&ddc.content, &addr, true, room).await?.0, Lookup::Found(_)) {
             missing.push(json!({ "bucket": addr.bucket.as_str(), "key": addr.key.as_str() }));
         }
     }
@@ -520,7 +535,7 @@ pub async fn metadata(
     let (row, mut held) = ddc
         .content
         .meta
-        .get_ref(&addr.ns, &addr.bucket, &addr.key, &ddc.content.budget)
+        .get_ref(&addr.ns, &addr.bucket, &addr.key, &ddc.content.budget, ddc.content.budget.total())
         .await?
         .ok_or(ApiError::NotFound("ref not found"))?;
     // The object (charged before it was read), its base64 text and the JSON around it (4/3 of
