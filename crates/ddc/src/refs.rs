@@ -69,11 +69,12 @@ pub async fn put(
     {
         return Ok(PutOutcome::Conflict);
     }
-    let attachments = crate::storage::attachments_of(&object);
-    if attachments.len() > crate::storage::MAX_ATTACHMENTS {
-        let (count, max) = (attachments.len(), crate::storage::MAX_ATTACHMENTS);
-        return Err(ContentError::TooManyAttachments { count, max });
-    }
+    // Collected no further than the bound: a body of hashes could name millions.
+    let max = crate::storage::MAX_ATTACHMENTS;
+    let attachments = crate::cb::parse(&object)
+        .map(|field| field.attachments_within(max))
+        .unwrap_or(Some(Vec::new()))
+        .ok_or(ContentError::TooManyAttachments { count: max + 1, max })?;
     let room = content.budget.total().saturating_sub(held);
     let needs = content.missing_of(&addr.ns, attachments, room).await?;
     let finalized = needs.is_empty();
@@ -136,7 +137,8 @@ pub async fn lookup(
         return Ok((Lookup::Missing, Held::default()));
     };
     if !row.finalized
-        || (resolve && !content.missing(ns, &row.object, room - row.object.len()).await?.is_empty())
+        || (resolve
+            && !content.missing(ns, &row.object, room.saturating_sub(row.object.len())).await?.is_empty())
     {
         return Ok((Lookup::NotFinalized(row), held));
     }

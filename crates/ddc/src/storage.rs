@@ -91,8 +91,12 @@ pub enum ContentError {
     Compressed(#[from] CompressedError),
     #[error("the compressed buffer's raw hash is {header}, but the URL names {url}")]
     RawHashMismatch { header: IoHash, url: IoHash },
-    #[error("the object names {count} attachments; at most {max}")]
+    #[error("the object names {count} attachments or more; at most {max}")]
     TooManyAttachments { count: usize, max: usize },
+    #[error(
+        "an object attachment is {len} bytes, more than the memory budget can give this request beside what it holds ({room})"
+    )]
+    PastRoom { len: u64, room: u64 },
     #[error(transparent)]
     Busy(#[from] NoRoom),
 }
@@ -197,6 +201,24 @@ impl Content {
         Ok(Some((out, held)))
     }
 
+    /// An object attachment's bytes, charged ([`Content::read_blob`]): `None` if missing or
+    /// larger than [`MAX_ATTACHED_OBJECT`] (it counts as missing); [`ContentError::PastRoom`]
+    /// if the check's `room` cannot hold it (a deterministic 413, never a verdict of
+    /// "missing" that would unfinalize a ref whose attachments are all there).
+    async fn read_attached(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        room: u64,
+    ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
+        match self.blobs.size(ns, id).await? {
+            Some(len) if len <= MAX_ATTACHED_OBJECT && len > room => {
+                Err(ContentError::PastRoom { len, room })
+            }
+            _ => self.read_blob(ns, id, MAX_ATTACHED_OBJECT.min(room)).await,
+        }
+    }
+
     /// The attachments of `object` (a validated compact-binary object) that are not present,
     /// each once, in the order the object names them. `room` is what the memory budget could
     /// ever give the check: the whole budget, less what the caller's request holds (see
@@ -216,7 +238,7 @@ impl Content {
             known: HashMap::new(),
             objects_left: MAX_RESOLVED_OBJECTS,
             judged_left: MAX_JUDGED_ATTACHMENTS,
-            largest_object: MAX_ATTACHED_OBJECT.min(room as u64),
+            room: room as u64,
         };
         self.missing_within(ns, attachments, bounds).await
     }
@@ -248,13 +270,14 @@ impl Content {
     /// - it reads at most [`MAX_RESOLVED_OBJECTS`] objects, [`MAX_OBJECT_DEPTH`] deep, one at a
     ///   time (an object's bytes go before its attachments are judged), each charged to the
     ///   memory budget while it is read and parsed, and each at most [`MAX_ATTACHED_OBJECT`]
-    ///   and the check's room (so a check is never a 429 that retries would meet again);
+    ///   (larger ones count as missing); one past the check's room fails the check with
+    ///   [`ContentError::PastRoom`], a 413, not a 429 that retries would meet again;
     /// - it judges at most [`MAX_JUDGED_ATTACHMENTS`] hashes reached through object
-    ///   attachments (those the ref names itself are bounded by its object);
+    ///   attachments (those the ref names itself are not counted);
     /// - an object attachment naming more than [`MAX_ATTACHMENTS`] of its own is not read
     ///   past.
     ///
-    /// Past a bound, attachments count as missing.
+    /// Past the other bounds, attachments count as missing.
     fn present<'a>(
         &'a self,
         ns: &'a Name,
@@ -283,7 +306,7 @@ impl Content {
                 // Provisionally missing while its children are judged (a cycle cannot be
                 // present).
                 resolver.known.insert(hash, false);
-                let children = match self.read_blob(ns, &hash, resolver.largest_object).await? {
+                let children = match self.read_attached(ns, &hash, resolver.room).await? {
                     None => None,
                     Some((bytes, _held)) => {
                         cb::parse(&bytes).ok().and_then(|object| object.attachments_within(MAX_ATTACHMENTS))
@@ -316,12 +339,13 @@ pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
 }
 
 /// One presence check's memory: what each hash was judged, how many more objects it may read
-/// and hashes it may judge, and the largest object it reads.
+/// and hashes it may judge, and its room in the memory budget.
 struct Resolver {
     known: HashMap<IoHash, bool>,
     objects_left: usize,
     judged_left: usize,
-    largest_object: u64,
+    /// What the memory budget could ever give the check.
+    room: u64,
 }
 
 #[cfg(test)]
@@ -411,7 +435,7 @@ mod tests {
     }
 
     fn judging(judged: usize) -> Resolver {
-        Resolver { known: HashMap::new(), objects_left: 10, judged_left: judged, largest_object: 1 << 20 }
+        Resolver { known: HashMap::new(), objects_left: 10, judged_left: judged, room: 1 << 20 }
     }
 
     /// A check judges at most its bound of hashes reached through object attachments: past it,
@@ -440,8 +464,8 @@ mod tests {
 
     /// A chain of object attachments is read one object at a time: three objects of 40% of the
     /// budget each, each naming the next, fit (they would not if an object's bytes were kept
-    /// while its attachments are judged). An object past the check's room counts as missing,
-    /// charged nothing: not a 429 its retries would meet again.
+    /// while its attachments are judged). An object past the check's room is a deterministic
+    /// error (413), charged nothing: not a 429 its retries would meet again, nor "missing".
     #[tokio::test]
     async fn a_chain_of_objects_is_read_one_at_a_time_within_the_checks_room() {
         let dir = tempfile::tempdir().unwrap();
@@ -459,7 +483,8 @@ mod tests {
         let chain = vec![(CbType::ObjectAttachment, first)];
         assert_eq!(content.missing_of(&ns, chain.clone(), budget as usize).await.unwrap(), vec![]);
         assert_eq!(content.budget.available(), budget as usize);
-        let found = content.missing_of(&ns, chain, 30_000).await.unwrap();
-        assert_eq!(found, vec![IoHash::from_bytes(first)], "past the room: missing");
+        let past = content.missing_of(&ns, chain, 30_000).await;
+        assert!(matches!(past, Err(ContentError::PastRoom { room: 30_000, .. })), "{past:?}");
+        assert_eq!(content.budget.available(), budget as usize, "nothing charged");
     }
 }

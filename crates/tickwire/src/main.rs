@@ -365,12 +365,13 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         args.max_buffered_mib,
         args.memory_budget_mib
     );
-    // A ref's object (up to --max-buffered-mib) and an object attachment its check reads (up to
-    // 16 MiB) are held together; a PUT holds its body and such an attachment.
+    // A request may hold two buffered objects at once (a PUT's body and an object attachment its
+    // check reads, up to 16 MiB; a `.raw` answer's stored buffer and its decoded payload), so a
+    // smaller budget refuses some requests every time.
     let together = 2 * args.max_buffered_mib + (tickwire_ddc::storage::MAX_ATTACHED_OBJECT >> 20);
     if args.memory_budget_mib < together {
         tracing::warn!(
-            "--memory-budget-mib {} is below twice --max-buffered-mib plus 16 ({together}): a large ref whose object attachments the budget cannot hold beside it reads as missing them",
+            "--memory-budget-mib {} is below twice --max-buffered-mib plus 16 ({together}): some requests on large objects will be refused on every try (413, or 429 for .raw and /metadata)",
             args.memory_budget_mib
         );
     }

@@ -31,8 +31,9 @@ enum Kind {
 }
 
 /// What the objects a batch's GETs embed in its reply may take: at most the largest body the
-/// server buffers (`max_buffered_bytes`, and half the memory budget), charged to the memory budget as they are added (twice:
-/// the object in the reply's tree, then in its bytes). A GET past it gets its own 413 result,
+/// server buffers (`max_buffered_bytes`, and half of what the request's body leaves of the
+/// memory budget), charged to the budget as they are added (twice: the object in the reply's
+/// tree, then in its bytes) and until the reply is built (not while it is sent). A GET past it gets its own 413 result,
 /// and the editor asks again in a smaller batch; the budget running out is the whole batch's
 /// 429. Without it, 10,000 GETs of one 1 MiB record built a 10 GiB reply.
 struct ReplySize<'a> {
@@ -77,7 +78,9 @@ async fn read(
     size: &ReplySize<'_>,
 ) -> Result<Result<(Lookup, Held), (u16, Value)>, ApiError> {
     match refs::lookup(&ddc.content, addr, resolve, size.room()).await {
-        Err(ContentError::Meta(MetaError::PastRoom { .. })) => Ok(Err(size.too_large())),
+        Err(ContentError::Meta(MetaError::PastRoom { .. }) | ContentError::PastRoom { .. }) => {
+            Ok(Err(size.too_large()))
+        }
         read => Ok(Ok(read?)),
     }
 }
@@ -246,6 +249,7 @@ async fn run(
                 Err(e @ ContentError::TooManyAttachments { .. }) => {
                     return Ok((400, error_object(&e.to_string(), 400)));
                 }
+                Err(ContentError::PastRoom { .. }) => return Ok(size.too_large()),
                 outcome => outcome?,
             };
             let PutOutcome::Stored { needs } = outcome else {

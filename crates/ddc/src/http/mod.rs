@@ -208,7 +208,9 @@ impl ApiError {
                     StatusCode::TOO_MANY_REQUESTS
                 }
                 // An object larger than the whole memory budget: no retry would get it.
-                ContentError::Meta(MetaError::PastRoom { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+                ContentError::Meta(MetaError::PastRoom { .. }) | ContentError::PastRoom { .. } => {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                }
                 ContentError::Store(StoreError::Io(e)) if e.kind() == ErrorKind::TimedOut => {
                     StatusCode::REQUEST_TIMEOUT
                 }
