@@ -269,19 +269,25 @@ async fn exist<const ANY: bool>(
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
     let body =
         read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
-    let scratch = scratch_budget(ddc, &body.bytes)?;
+    let scratch = scratch_budget(ddc, &body.bytes, body.bytes.capacity())?;
     let (bytes, held) = body.into_parts();
     Ok(ddc.content.put_compressed(ns, id, bytes.into(), (held, scratch)).await?)
 }
 
 /// The memory budget for verifying compressed buffer `body` (one decoded block: up to 2 GiB for
 /// a small body that claims a large block), taken before it is verified; none if its header is
-/// invalid (verifying it then fails before decoding anything).
-pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8]) -> Result<super::body::Held, ApiError> {
+/// invalid (verifying it then fails before decoding anything). `holds` is what the request
+/// already holds of the budget (its body): a block the rest of the budget could never hold is
+/// 413, the same on every try, not a 429 that retries would meet forever.
+pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8], holds: usize) -> Result<super::body::Held, ApiError> {
     let mut held = super::body::Held::default();
     if let Ok(header) = crate::compressed::check(body) {
-        let len = usize::try_from(header.scratch_len()).map_err(|_| ApiError::Busy)?;
-        held.grow(&ddc.content.budget, len)?;
+        let room = ddc.content.budget.total().saturating_sub(holds);
+        let len = header.scratch_len();
+        if len > room as u64 {
+            return Err(ApiError::TooLarge { limit: room as u64 });
+        }
+        held.grow(&ddc.content.budget, len as usize)?;
     }
     Ok(held)
 }

@@ -148,7 +148,7 @@ async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes, held: &Arc<Held>) -> R
             return Err(ApiError::Invalid(format!("package entry {} is an error entry", i + 1)));
         }
         if entry.flags.contains(EntryFlags::COMPRESSED) {
-            let scratch = super::blobs::scratch_budget(ddc, entry.payload)?;
+            let scratch = super::blobs::scratch_budget(ddc, entry.payload, held.bytes())?;
             let budget = (held.clone(), scratch);
             ddc.content.put_compressed(ns, Some(hash), body.slice_ref(entry.payload), budget).await?;
         } else if !ddc.content.blobs.exists(ns, &hash).await? {
