@@ -33,6 +33,12 @@ impl MemoryBudget {
         self.total
     }
 
+    /// What the budget could ever give a request that already holds `held` of it: the rest,
+    /// however busy the server. A need past it is refused for good (413), not for now (429).
+    pub fn room_beside(&self, held: usize) -> usize {
+        self.total.saturating_sub(held)
+    }
+
     /// What is left of the budget.
     pub fn available(&self) -> usize {
         self.permits.available_permits()

@@ -75,7 +75,7 @@ pub async fn put(
         .map(|field| field.attachments_within(max))
         .unwrap_or(Some(Vec::new()))
         .ok_or(ContentError::TooManyAttachments { count: max + 1, max })?;
-    let room = content.budget.total().saturating_sub(held);
+    let room = content.budget.room_beside(held);
     let needs = content.missing_of(&addr.ns, attachments, room).await?;
     let finalized = needs.is_empty();
     if existing != Some((hash, finalized)) {

@@ -193,12 +193,7 @@ impl Content {
         if size > limit {
             return Ok(None);
         }
-        let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
-        let held = Held::take(&self.budget, len)?;
-        let mut out = Vec::with_capacity(len);
-        // Never more than was charged (blobs are content-addressed: it is the whole blob).
-        file.take(size).read_to_end(&mut out).await?;
-        Ok(Some((out, held)))
+        self.read_charged(file, size).await.map(Some)
     }
 
     /// An object attachment's bytes, charged ([`Content::read_blob`]): `None` if missing or
@@ -211,12 +206,24 @@ impl Content {
         id: &IoHash,
         room: u64,
     ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
-        match self.blobs.size(ns, id).await? {
-            Some(len) if len <= MAX_ATTACHED_OBJECT && len > room => {
-                Err(ContentError::PastRoom { len, room })
-            }
-            _ => self.read_blob(ns, id, MAX_ATTACHED_OBJECT.min(room)).await,
+        let Some((file, len)) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
+        if len > MAX_ATTACHED_OBJECT {
+            return Ok(None);
         }
+        if len > room {
+            return Err(ContentError::PastRoom { len, room });
+        }
+        self.read_charged(file, len).await.map(Some)
+    }
+
+    /// The whole of an open blob of `size` bytes, charged to the memory budget before it is read.
+    async fn read_charged(&self, file: tokio::fs::File, size: u64) -> Result<(Vec<u8>, Held), ContentError> {
+        let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
+        let held = Held::take(&self.budget, len)?;
+        let mut out = Vec::with_capacity(len);
+        // Never more than was charged (blobs are content-addressed: it is the whole blob).
+        file.take(size).read_to_end(&mut out).await?;
+        Ok((out, held))
     }
 
     /// The attachments of `object` (a validated compact-binary object) that are not present,

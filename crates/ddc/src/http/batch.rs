@@ -56,10 +56,14 @@ impl ReplySize<'_> {
         Ok(true)
     }
 
-    /// What the budget could ever give an op's reads now: the whole budget, less the body and
-    /// the reply so far.
+    /// What the request holds of the budget now: its body and the reply so far.
+    fn holds(&self) -> usize {
+        self.body + self.held.bytes()
+    }
+
+    /// What the budget could ever give an op's reads now.
     fn room(&self) -> usize {
-        self.budget.total().saturating_sub(self.body + self.held.bytes())
+        self.budget.room_beside(self.holds())
     }
 
     fn too_large(&self) -> (u16, Value) {
@@ -244,8 +248,8 @@ async fn run(
                 let title = format!("Incorrect hash: the payload hashes to {actual}, not {claimed}");
                 return Ok((400, error_object(&title, 400)));
             }
-            let held = size.body + size.held.bytes();
-            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite, held).await {
+            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite, size.holds()).await
+            {
                 Err(e @ ContentError::TooManyAttachments { .. }) => {
                     return Ok((400, error_object(&e.to_string(), 400)));
                 }

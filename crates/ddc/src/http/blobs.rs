@@ -282,7 +282,7 @@ async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) 
 pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8], holds: usize) -> Result<super::body::Held, ApiError> {
     let mut held = super::body::Held::default();
     if let Ok(header) = crate::compressed::check(body) {
-        let room = ddc.content.budget.total().saturating_sub(holds);
+        let room = ddc.content.budget.room_beside(holds);
         let len = header.scratch_len();
         if len > room as u64 {
             return Err(ApiError::TooLarge { limit: room as u64 });
