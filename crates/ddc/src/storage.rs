@@ -5,7 +5,7 @@
 //! which is how refs name it); the metadata store maps raw hash → stored blob, written only
 //! after the blob is durable. Stored bytes are never re-encoded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -257,13 +257,16 @@ impl Content {
         attachments: Vec<(CbType, [u8; 20])>,
         mut resolver: Resolver,
     ) -> Result<Vec<IoHash>, ContentError> {
-        let mut missing = Vec::new();
+        let (mut missing, mut named, mut listed) = (Vec::new(), HashSet::new(), HashSet::new());
         for (ty, hash) in attachments {
             let hash = IoHash::from_bytes(hash);
-            if resolver.known.contains_key(&hash) {
-                continue; // Named twice: judged once.
+            if !named.insert((ty, hash)) {
+                continue; // Named twice by the ref: listed once.
             }
-            if !self.present(ns, ty, hash, 0, &mut resolver).await? {
+            // Judged already if an object attachment named it too: then `present` answers from
+            // what it judged, so that a hash is listed even when it was judged missing inside
+            // an object first.
+            if !self.present(ns, ty, hash, 0, &mut resolver).await? && listed.insert(hash) {
                 missing.push(hash);
             }
         }
@@ -294,12 +297,13 @@ impl Content {
         resolver: &'a mut Resolver,
     ) -> futures_util::future::BoxFuture<'a, Result<bool, ContentError>> {
         Box::pin(async move {
-            if let Some(&known) = resolver.known.get(&hash) {
+            if let Some(&known) = resolver.known.get(&(ty, hash)) {
                 return Ok(known);
             }
+            // Past a bound, a hash counts as missing here but is not remembered as judged: the
+            // ref may name it directly too, where it is judged in full.
             if depth > 0 {
                 if resolver.judged_left == 0 {
-                    resolver.known.insert(hash, false);
                     return Ok(false);
                 }
                 resolver.judged_left -= 1;
@@ -307,12 +311,12 @@ impl Content {
             let present = if ty == CbType::BinaryAttachment {
                 self.locate(ns, hash).await?.is_some()
             } else if depth >= MAX_OBJECT_DEPTH || resolver.objects_left == 0 {
-                false
+                return Ok(false);
             } else {
                 resolver.objects_left -= 1;
                 // Provisionally missing while its children are judged (a cycle cannot be
                 // present).
-                resolver.known.insert(hash, false);
+                resolver.known.insert((ty, hash), false);
                 let children = match self.read_attached(ns, &hash, resolver.room).await? {
                     None => None,
                     Some((bytes, _held)) => {
@@ -333,7 +337,7 @@ impl Content {
                     }
                 }
             };
-            resolver.known.insert(hash, present);
+            resolver.known.insert((ty, hash), present);
             Ok(present)
         })
     }
@@ -348,7 +352,9 @@ pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
 /// One presence check's memory: what each hash was judged, how many more objects it may read
 /// and hashes it may judge, and its room in the memory budget.
 struct Resolver {
-    known: HashMap<IoHash, bool>,
+    /// Each hash judged, by the type it was named as: present as a blob does not make it a
+    /// valid object.
+    known: HashMap<(CbType, IoHash), bool>,
     objects_left: usize,
     judged_left: usize,
     /// What the memory budget could ever give the check.
@@ -439,6 +445,44 @@ mod tests {
         let check = |h| content.missing_of(&ns, vec![(CbType::ObjectAttachment, h)], 1 << 30);
         assert_eq!(check(at_bound).await.unwrap(), vec![]);
         assert_eq!(check(past).await.unwrap(), vec![IoHash::from_bytes(past)]);
+    }
+
+    /// A hash the ref names directly is listed missing even when an object attachment named
+    /// before it names it too (and it was judged missing there, inside the object); a hash
+    /// named twice is listed once.
+    #[tokio::test]
+    async fn a_hash_named_by_the_ref_and_by_an_object_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let absent = *IoHash::of(b"never stored").as_bytes();
+        let object = store(&content, &ns, &naming(CbType::BinaryAttachment, &[absent])).await;
+        let attachments = vec![
+            (CbType::ObjectAttachment, object),
+            (CbType::BinaryAttachment, absent),
+            (CbType::BinaryAttachment, absent),
+        ];
+        assert_eq!(
+            content.missing_of(&ns, attachments, 1 << 30).await.unwrap(),
+            vec![IoHash::from_bytes(object), IoHash::from_bytes(absent)]
+        );
+    }
+
+    /// A hash past a check's bound inside an object is not remembered as judged: named by the
+    /// ref itself as well, it is judged there in full.
+    #[tokio::test]
+    async fn a_hash_past_the_bound_inside_an_object_is_judged_when_named_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let blob = store(&content, &ns, b"present").await;
+        let object = store(&content, &ns, &naming(CbType::BinaryAttachment, &[blob])).await;
+        let attachments = vec![(CbType::ObjectAttachment, object), (CbType::BinaryAttachment, blob)];
+        assert_eq!(
+            content.missing_within(&ns, attachments, judging(0)).await.unwrap(),
+            vec![IoHash::from_bytes(object)],
+            "the blob is present; only the object, past the bound, is missing"
+        );
     }
 
     fn judging(judged: usize) -> Resolver {

@@ -22,7 +22,7 @@ pub use varuint::{read_varuint, write_varuint};
 pub use writer::Value;
 
 /// A field's type: the low five bits of its type byte.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CbType {
     Null = 0x01,
