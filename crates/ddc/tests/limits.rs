@@ -1,8 +1,9 @@
 //! The HTTP server's limits, tried as an attacker would, over real sockets: idle sockets that
 //! never send a request, more connections than the cap, a body that stalls halfway, and a
 //! non-text `X-Jupiter-IoHash`, a compressed buffer that claims a block larger than the memory
-//! budget, a reader that stops reading a large answer. The attacker is cut off with a status or
-//! a closed socket, and a health check and an authenticated upload beside it still succeed.
+//! budget, a reader that stops reading a large answer, answers larger than the whole budget.
+//! The attacker is cut off with a status or a closed socket, and a health check and an
+//! authenticated upload beside it still succeed.
 
 mod common;
 
@@ -203,6 +204,55 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
     assert_eq!(post(), 200);
 }
 
+/// A server with a memory budget of 20 MiB and bodies up to 16 MiB: less than twice the body
+/// limit, so that one request can need more than the whole budget.
+fn small_budget() -> common::Server {
+    let api = tickwire_ddc::http::Limits {
+        memory_budget: 20 << 20,
+        max_buffered_bytes: 16 << 20,
+        ..tickwire_ddc::http::Limits::default()
+    };
+    common::start_api(ServeLimits::default(), api, None)
+}
+
+/// Stores `bytes` as a raw blob (200 asserted) and gives its hash.
+fn put_blob(s: &common::Server, bytes: &[u8]) -> [u8; 20] {
+    let hash = IoHash::of(bytes);
+    let put = ureq::put(&url(s, &format!("/api/v1/blobs/ue.ddc/{}", hash.to_hex())))
+        .set("Authorization", "Bearer writer")
+        .send_bytes(bytes);
+    assert_eq!(status(put), 200);
+    *hash.as_bytes()
+}
+
+/// PUTs compact-binary `object` as ref `bucket/key`; its status.
+fn put_ref(s: &common::Server, key: &str, object: &[u8]) -> u16 {
+    status(
+        ureq::put(&url(s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
+            .set("Authorization", "Bearer writer")
+            .set("Content-Type", "application/x-ue-cb")
+            .set("X-Jupiter-IoHash", &IoHash::of(object).to_hex())
+            .send_bytes(object),
+    )
+}
+
+/// GETs ref `bucket/key` (with any suffix); its status. It reads the answer to the end, so the
+/// next request does not race the server's notice of a closed socket.
+fn get(s: &common::Server, key: &str) -> u16 {
+    let answer = ureq::get(&url(s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
+        .set("Authorization", "Bearer writer")
+        .call();
+    let code = match &answer {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => *code,
+        Err(e) => panic!("{e}"),
+    };
+    if let Ok(r) = answer {
+        std::io::copy(&mut r.into_reader(), &mut std::io::sink()).unwrap();
+    }
+    code
+}
+
 /// On a budget of 20 MiB with bodies up to 16 MiB: a ref PUT again (its object compared by hash,
 /// not read), one naming an object attachment, and a batch GET of an 8 MiB ref are all served,
 /// again and again: no request needs more than the whole budget, so none is a 429 its retries
@@ -212,44 +262,10 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
 #[test]
 fn no_request_needs_more_than_the_whole_budget() {
     use tickwire_ddc::cb::Value;
-    let api = tickwire_ddc::http::Limits {
-        memory_budget: 20 << 20,
-        max_buffered_bytes: 16 << 20,
-        ..tickwire_ddc::http::Limits::default()
-    };
-    let s = common::start_api(ServeLimits::default(), api, None);
-    let put_blob = |bytes: &[u8]| {
-        let hash = IoHash::of(bytes);
-        let put = ureq::put(&url(&s, &format!("/api/v1/blobs/ue.ddc/{}", hash.to_hex())))
-            .set("Authorization", "Bearer writer")
-            .send_bytes(bytes);
-        assert_eq!(status(put), 200);
-        *hash.as_bytes()
-    };
-    let put_ref = |key: &str, object: &[u8]| {
-        status(
-            ureq::put(&url(&s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
-                .set("Authorization", "Bearer writer")
-                .set("Content-Type", "application/x-ue-cb")
-                .set("X-Jupiter-IoHash", &IoHash::of(object).to_hex())
-                .send_bytes(object),
-        )
-    };
-    // Read to the end, so the next request does not race the server's notice of a closed socket.
-    let get = |key: &str| {
-        let answer = ureq::get(&url(&s, &format!("/api/v1/refs/ue.ddc/bucket/{key}")))
-            .set("Authorization", "Bearer writer")
-            .call();
-        let code = match &answer {
-            Ok(r) => r.status(),
-            Err(ureq::Error::Status(code, _)) => *code,
-            Err(e) => panic!("{e}"),
-        };
-        if let Ok(r) = answer {
-            std::io::copy(&mut r.into_reader(), &mut std::io::sink()).unwrap();
-        }
-        code
-    };
+    let s = small_budget();
+    let put_blob = |bytes: &[u8]| put_blob(&s, bytes);
+    let put_ref = |key: &str, object: &[u8]| put_ref(&s, key, object);
+    let get = |key: &str| get(&s, key);
     // 12 MiB of object naming a small object attachment, itself naming a binary one.
     let binary = put_blob(b"payload");
     let small = Value::Object(vec![("b".into(), Value::BinaryAttachment(binary))]).to_bytes();
@@ -299,5 +315,48 @@ fn no_request_needs_more_than_the_whole_budget() {
     for round in 0..2 {
         assert_eq!(put_ref(key, &big(nine)), 413, "PUT, round {round}");
         assert_eq!(get(key), 404, "GET, round {round}: nothing stored");
+    }
+}
+
+/// On the same small budget, two answers that need more memory than the whole budget are 413,
+/// the same on every try (they were 429s that retries would meet forever): `.raw` of a 12 MiB
+/// compressed attachment (its stored buffer and its decoded payload, 24 MiB together), and
+/// `/metadata` of a 15.5 MiB object (its base64 alone is over 20 MiB). Smaller ones are served.
+#[test]
+fn answers_past_the_whole_budget_are_413_not_429() {
+    use tickwire_ddc::cb::Value;
+    let s = small_budget();
+    let compressed_ref = |key: &str, payload: &[u8]| {
+        let buffer = tickwire_ddc::compressed::encode_none(payload);
+        let raw = IoHash::of(payload);
+        let put = ureq::put(&url(&s, &format!("/api/v1/compressed-blobs/ue.ddc/{}", raw.to_hex())))
+            .set("Authorization", "Bearer writer")
+            .set("Content-Type", "application/x-ue-comp")
+            .send_bytes(&buffer);
+        assert_eq!(status(put), 200);
+        let object = Value::Object(vec![
+            ("RawHash".into(), Value::BinaryAttachment(*raw.as_bytes())),
+            ("RawSize".into(), Value::Integer(payload.len() as i128)),
+        ])
+        .to_bytes();
+        assert_eq!(put_ref(&s, key, &object), 200);
+    };
+    let large = "00000000000000000000000000000000000000d1";
+    compressed_ref(large, &vec![5u8; 12 << 20]);
+    let small = "00000000000000000000000000000000000000d2";
+    compressed_ref(small, &vec![6u8; 8 << 20]);
+    for round in 0..2 {
+        assert_eq!(get(&s, &format!("{large}.raw")), 413, ".raw, round {round}");
+        assert_eq!(get(&s, &format!("{small}.raw")), 200, ".raw of 16 MiB together, round {round}");
+    }
+    let metadata = |key: &str| get(&s, &format!("{key}/metadata"));
+    let padded = |len: usize| Value::Object(vec![("pad".into(), Value::Binary(vec![4u8; len]))]).to_bytes();
+    let big = "00000000000000000000000000000000000000d3";
+    assert_eq!(put_ref(&s, big, &padded(31 << 19)), 200);
+    let fits = "00000000000000000000000000000000000000d4";
+    assert_eq!(put_ref(&s, fits, &padded(12 << 20)), 200);
+    for round in 0..2 {
+        assert_eq!(metadata(big), 413, "/metadata, round {round}");
+        assert_eq!(metadata(fits), 200, "/metadata of 16 MiB of text, round {round}");
     }
 }

@@ -371,7 +371,7 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     let together = 2 * args.max_buffered_mib + (tickwire_ddc::storage::MAX_ATTACHED_OBJECT >> 20);
     if args.memory_budget_mib < together {
         tracing::warn!(
-            "--memory-budget-mib {} is below twice --max-buffered-mib plus 16 ({together}): some requests on large objects will be refused on every try (413, or 429 for .raw and /metadata)",
+            "--memory-budget-mib {} is below twice --max-buffered-mib plus 16 ({together}): some requests on large objects will be refused on every try (413)",
             args.memory_budget_mib
         );
     }

@@ -285,7 +285,11 @@ pub(super) fn scratch_budget(ddc: &Ddc, body: &[u8], holds: usize) -> Result<sup
         let room = ddc.content.budget.room_beside(holds);
         let len = header.scratch_len();
         if len > room as u64 {
-            return Err(ApiError::TooLarge { limit: room as u64 });
+            return Err(ApiError::PastBudget {
+                what: "verifying this buffer's largest block",
+                len,
+                room: room as u64,
+            });
         }
         held.grow(&ddc.content.budget, len as usize)?;
     }

@@ -146,6 +146,9 @@ pub enum ApiError {
     BodyBroken(String),
     #[error("the server is busy; retry")]
     Busy,
+    /// What no retry could get: more memory than the budget can give the request (413).
+    #[error("{what} needs {len} bytes of memory, more than the memory budget can give this request ({room})")]
+    PastBudget { what: &'static str, len: u64, room: u64 },
     #[error("{0}")]
     NotFound(&'static str),
     #[error("the ref is not finalized: attachments are missing")]
@@ -193,6 +196,7 @@ impl ApiError {
             ApiError::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             ApiError::TooLarge { .. }
+            | ApiError::PastBudget { .. }
             | ApiError::Content(ContentError::Store(StoreError::TooLarge { .. })) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }

@@ -307,6 +307,13 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
+            // The buffer and its payload together, beside nothing else: past the whole budget,
+            // no retry could get them (413, not a 429 forever).
+            let len = size.saturating_add(header.total_raw_size);
+            let room = ddc.content.budget.total() as u64;
+            if len > room {
+                return Err(ApiError::PastBudget { what: "decompressing this attachment", len, room });
+            }
             budget.grow(&ddc.content.budget, header.total_raw_size as usize)?;
             let decodes = &ddc.content.decodes;
             let (decoded, budget) = decodes
@@ -538,9 +545,21 @@ pub async fn metadata(
         .get_ref(&addr.ns, &addr.bucket, &addr.key, &ddc.content.budget, ddc.content.budget.total())
         .await?
         .ok_or(ApiError::NotFound("ref not found"))?;
+    // The answer keeps its text while it is sent: a text past the whole budget is a 413 (no
+    // retry could get it), known before it is built from the base64's length.
+    let room = ddc.content.budget.total();
+    let too_large = |len: usize| ApiError::PastBudget {
+        what: "this ref's metadata (its object in base64)",
+        len: len as u64,
+        room: room as u64,
+    };
+    let base64_len = row.object.len().div_ceil(3).saturating_mul(4);
+    if base64_len > room {
+        return Err(too_large(base64_len));
+    }
     // The object (charged before it was read), its base64 text and the JSON around it (4/3 of
     // it): at most the whole budget (an answer no retry could ever get would be a 429 forever).
-    let answer = row.object.len().saturating_mul(3).min(ddc.limits.memory_budget as usize);
+    let answer = row.object.len().saturating_mul(3).min(room);
     held.resize(&ddc.content.budget, answer.max(held.bytes()))?;
     use base64::Engine;
     let text = json!({
@@ -554,6 +573,9 @@ pub async fn metadata(
     })
     .to_string();
     drop(row);
+    if text.len() > room {
+        return Err(too_large(text.len()));
+    }
     // The text keeps its own size while it is sent.
     held.resize(&ddc.content.budget, text.len())?;
     Ok(held_response(JSON, text.into(), held))
