@@ -324,6 +324,57 @@ fn overwrites_and_conflicts() {
     assert_eq!(get_ref(&s, "b", &k, CB).body, b);
 }
 
+/// On a server that denies overwrites (`tickwire ddc --deny-overwrite`), a PUT of another
+/// object over a finalized ref gets 409 with the stored object as compact binary (the editor
+/// adopts it), alone or as a batch op, and the ref keeps its object; the same object again is
+/// 200, `X-Jupiter-Allow-Overwrite: true` replaces it, and an unfinalized ref may be replaced.
+#[test]
+fn a_server_that_denies_overwrites_answers_409_with_the_stored_object() {
+    let s = common::start_configured(
+        tickwire_ddc::serve::ServeLimits::default(),
+        tickwire_ddc::http::Limits::default(),
+        None,
+        |ddc| ddc.allow_overwrite = false,
+    );
+    let k = key("deny");
+    let (a, b) = (object("empty-object"), object("single-string-field"));
+    assert!(needs(&put_ref(&s, "b", &k, &a)).is_empty());
+    assert!(needs(&put_ref(&s, "b", &k, &a)).is_empty(), "the same object again is 200");
+    let conflict = put_ref(&s, "b", &k, &b);
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.content_type.as_deref(), Some(CB));
+    assert_eq!(conflict.body, a, "the stored object, which the editor adopts");
+    assert_eq!(get_ref(&s, "b", &k, CB).body, a, "not replaced");
+
+    let op = Value::Object(vec![
+        ("opId".into(), Value::Integer(1)),
+        ("op".into(), Value::String("PUT".into())),
+        ("bucket".into(), Value::String("b".into())),
+        ("key".into(), Value::String(k.clone())),
+        ("payload".into(), Value::embed_object(&b).unwrap()),
+        ("payloadHash".into(), Value::Hash(*IoHash::of(&b).as_bytes())),
+    ]);
+    let (status, response) = results(&batch(&s, vec![op])).remove(&1).unwrap();
+    assert_eq!((status, response), (409, cb::to_json(&cb::parse(&a).unwrap())), "a batch op's 409");
+    assert_eq!(get_ref(&s, "b", &k, CB).body, a, "not replaced by the batch either");
+
+    let allowed = req(&s, "PUT", &format!("/api/v1/refs/{NS}/b/{k}"))
+        .set("Content-Type", CB)
+        .set("Accept", "application/json")
+        .set("X-Jupiter-IoHash", &IoHash::of(&b).to_hex())
+        .set("X-Jupiter-Allow-Overwrite", "true");
+    assert!(needs(&send(allowed, Some(&b))).is_empty());
+    assert_eq!(get_ref(&s, "b", &k, CB).body, b, "replaced when the PUT allows it");
+
+    // Not finalized (it names a blob never stored): another object replaces it.
+    let u = key("unfinalized");
+    let absent = IoHash::of(b"never stored");
+    let waiting = Value::Object(vec![("x".into(), Value::BinaryAttachment(*absent.as_bytes()))]).to_bytes();
+    assert_eq!(needs(&put_ref(&s, "b", &u, &waiting)), vec![absent.to_hex()]);
+    assert!(needs(&put_ref(&s, "b", &u, &a)).is_empty(), "an unfinalized ref is replaced");
+    assert_eq!(get_ref(&s, "b", &u, CB).body, a);
+}
+
 #[test]
 fn bad_input_gets_its_4xx_and_stores_nothing() {
     let s = start();

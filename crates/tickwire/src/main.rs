@@ -149,6 +149,11 @@ struct DdcArgs {
     /// The longest wait for the next piece of a request body; longer gets 408.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     body_timeout: std::time::Duration,
+    /// A PUT may not replace a finalized ref holding another object unless it sends
+    /// `X-Jupiter-Allow-Overwrite: true`: it gets 409 with the stored object, which the editor
+    /// adopts. By default overwrites are allowed, as on the reference server.
+    #[arg(long)]
+    deny_overwrite: bool,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); re-read on SIGHUP.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -382,11 +387,11 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .context("--memory-budget-mib must be below 4096")?,
         body_timeout: args.body_timeout,
     };
-    let ddc = std::sync::Arc::new(
-        http::Ddc::open(&args.root, auth, limits)
-            .await
-            .with_context(|| format!("opening the store in {}", args.root.display()))?,
-    );
+    let mut ddc = http::Ddc::open(&args.root, auth, limits)
+        .await
+        .with_context(|| format!("opening the store in {}", args.root.display()))?;
+    ddc.allow_overwrite = !args.deny_overwrite;
+    let ddc = std::sync::Arc::new(ddc);
     // Last-access times of reads are written in batches.
     let flusher = ddc.clone();
     tokio::spawn(async move {

@@ -51,13 +51,25 @@ pub fn start_api(
     api_limits: Limits,
     tls: Option<Arc<tickwire_transport::TlsServer>>,
 ) -> Server {
+    start_configured(limits, api_limits, tls, |_| {})
+}
+
+/// [`start_api`], with `configure` applied to the server's settings before it serves.
+pub fn start_configured(
+    limits: ServeLimits,
+    api_limits: Limits,
+    tls: Option<Arc<tickwire_transport::TlsServer>>,
+    configure: fn(&mut Ddc),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let ddc = Arc::new(Ddc::open(&root, Auth::from_toml(TOKENS).unwrap(), api_limits).await.unwrap());
+            let mut ddc = Ddc::open(&root, Auth::from_toml(TOKENS).unwrap(), api_limits).await.unwrap();
+            configure(&mut ddc);
+            let ddc = Arc::new(ddc);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             serve(listener, router(ddc), limits, tls, std::future::pending()).await.unwrap();
