@@ -1,7 +1,8 @@
 //! The HTTP server's limits, tried as an attacker would, over real sockets: idle sockets that
 //! never send a request, more connections than the cap, a body that stalls halfway, and a
 //! non-text `X-Jupiter-IoHash`, a compressed buffer that claims a block larger than the memory
-//! budget, a reader that stops reading a large answer, answers larger than the whole budget.
+//! budget, a reader that stops reading a large answer or a batch's reply, answers larger than
+//! the whole budget, a batch PUT payload the budget cannot hold beside its body.
 //! The attacker is cut off with a status or a closed socket, and a health check and an
 //! authenticated upload beside it still succeed.
 
@@ -359,4 +360,95 @@ fn answers_past_the_whole_budget_are_413_not_429() {
         assert_eq!(metadata(big), 413, "/metadata, round {round}");
         assert_eq!(metadata(fits), 200, "/metadata of 16 MiB of text, round {round}");
     }
+}
+
+/// A batch's reply keeps its share of the memory budget while it is sent, as any answer from
+/// memory does: a reader that asks for a batch GET of a 9 MiB object and reads nothing holds
+/// about 9 MiB, so a HEAD of a 12 MiB ref (charged for the object it reads) does not fit the
+/// 20 MiB budget beside it and gets 429 until the reader goes. Before, the reply's share went
+/// back once it was built, and the HEAD got 200.
+#[test]
+fn a_stopped_batch_reader_keeps_its_replys_share() {
+    use tickwire_ddc::cb::Value;
+    let s = small_budget();
+    let padded = |len: usize| Value::Object(vec![("pad".into(), Value::Binary(vec![8u8; len]))]).to_bytes();
+    let nine = "00000000000000000000000000000000000000e1";
+    let twelve = "00000000000000000000000000000000000000e2";
+    assert_eq!(put_ref(&s, nine, &padded(9 << 20)), 200);
+    assert_eq!(put_ref(&s, twelve, &padded(12 << 20)), 200);
+    let head = || {
+        let path = format!("/api/v1/refs/ue.ddc/bucket/{twelve}");
+        status(ureq::head(&url(&s, &path)).set("Authorization", "Bearer writer").call())
+    };
+    assert_eq!(head(), 200, "alone, the object fits");
+    let op = Value::Object(vec![
+        ("opId".into(), Value::Integer(1)),
+        ("op".into(), Value::String("GET".into())),
+        ("bucket".into(), Value::String("bucket".into())),
+        ("key".into(), Value::String(nine.into())),
+    ]);
+    let batch = Value::Object(vec![("ops".into(), Value::Array(vec![op]))]).to_bytes();
+    let mut stalled = TcpStream::connect(s.addr).unwrap();
+    let post = format!(
+        "POST /api/v1/refs/ue.ddc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer\r\n\
+         Content-Type: application/x-ue-cb\r\nContent-Length: {}\r\n\r\n",
+        batch.len()
+    );
+    stalled.write_all(post.as_bytes()).unwrap();
+    stalled.write_all(&batch).unwrap();
+    let mut first = [0u8; 12];
+    stalled.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200", "the reply started");
+    assert_eq!(head(), 429, "the stopped reader's reply and the HEAD's object do not fit");
+    drop(stalled);
+    let mut last = 0;
+    for _ in 0..100 {
+        last = head();
+        if last == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(last, 200, "the share came back");
+}
+
+/// A batch PUT op's payload is copied out of the body only when the op runs, charged: on the
+/// 20 MiB budget, a 12 MiB payload cannot be held beside its 12 MiB body (buffered in up to
+/// 16), so the op gets its own 413 and stores nothing, every time; a 3 MiB one is stored.
+/// Before, every op's payload was copied when the batch was parsed, uncharged, and both got
+/// 200.
+#[test]
+fn a_batch_puts_payload_is_charged() {
+    use tickwire_ddc::cb::Value;
+    let s = small_budget();
+    let put_op = |key: &str, len: usize| {
+        let object = Value::Object(vec![("pad".into(), Value::Binary(vec![9u8; len]))]).to_bytes();
+        let op = Value::Object(vec![
+            ("opId".into(), Value::Integer(1)),
+            ("op".into(), Value::String("PUT".into())),
+            ("bucket".into(), Value::String("bucket".into())),
+            ("key".into(), Value::String(key.into())),
+            ("payload".into(), Value::embed_object(&object).unwrap()),
+            ("payloadHash".into(), Value::Hash(*IoHash::of(&object).as_bytes())),
+        ]);
+        let batch = Value::Object(vec![("ops".into(), Value::Array(vec![op]))]).to_bytes();
+        let reply = ureq::post(&url(&s, "/api/v1/refs/ue.ddc"))
+            .set("Authorization", "Bearer writer")
+            .set("Content-Type", "application/x-ue-cb")
+            .send_bytes(&batch)
+            .expect("the batch itself is 200");
+        let mut bytes = Vec::new();
+        reply.into_reader().read_to_end(&mut bytes).unwrap();
+        let reply = tickwire_ddc::cb::parse(&bytes).unwrap();
+        let result = reply.get("results").unwrap().iter().next().unwrap();
+        result.get("statusCode").and_then(|f| f.as_i128()).unwrap()
+    };
+    let large = "00000000000000000000000000000000000000f1";
+    for round in 0..2 {
+        assert_eq!(put_op(large, 12 << 20), 413, "round {round}");
+        assert_eq!(get(&s, large), 404, "round {round}: nothing stored");
+    }
+    let small = "00000000000000000000000000000000000000f2";
+    assert_eq!(put_op(small, 3 << 20), 200);
+    assert_eq!(get(&s, small), 200);
 }

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 
 use super::body::{Held, MemoryBudget, read_body};
+use super::sending::held_response;
 use super::{ApiError, CB, Ddc, content_type};
 use crate::auth::Action;
 use crate::cb::{self, CbType, Field, Value};
@@ -33,9 +34,10 @@ enum Kind {
 /// What the objects a batch's GETs embed in its reply may take: at most the largest body the
 /// server buffers (`max_buffered_bytes`, and half of what the request's body leaves of the
 /// memory budget), charged to the budget as they are added (twice: the object in the reply's
-/// tree, then in its bytes) and until the reply is built (not while it is sent). A GET past it gets its own 413 result,
-/// and the editor asks again in a smaller batch; the budget running out is the whole batch's
-/// 429. Without it, 10,000 GETs of one 1 MiB record built a 10 GiB reply.
+/// tree, then in its bytes). Once the reply is built, the request's share and this one become
+/// the reply's while it is sent. A GET past it gets its own 413 result, and the editor asks
+/// again in a smaller batch; the budget running out is the whole batch's 429. Without it,
+/// 10,000 GETs of one 1 MiB record built a 10 GiB reply.
 struct ReplySize<'a> {
     budget: &'a MemoryBudget,
     held: Held,
@@ -89,13 +91,15 @@ async fn read(
     }
 }
 
-struct Op {
+/// One op, borrowing the request's body: a PUT's payload is copied out (and charged) only
+/// when that op runs, so that the ops' payloads are never held twice at once.
+struct Op<'a> {
     id: i128,
     kind: Kind,
     addr: RefAddr,
     resolve: bool,
-    /// PUT: the payload object's serialized bytes, and the hash it must have.
-    payload: Option<(Vec<u8>, Option<IoHash>)>,
+    /// PUT: the payload object's field, and the hash it must have.
+    payload: Option<(Field<'a>, Option<IoHash>)>,
 }
 
 fn invalid(op: usize, what: &str) -> ApiError {
@@ -110,7 +114,7 @@ fn standalone(field: &Field<'_>) -> Vec<u8> {
     out
 }
 
-fn parse_op(ns: &Name, i: usize, op: Field<'_>) -> Result<Op, ApiError> {
+fn parse_op<'a>(ns: &Name, i: usize, op: Field<'a>) -> Result<Op<'a>, ApiError> {
     if !op.ty.is_object() {
         return Err(invalid(i, "not an object"));
     }
@@ -128,7 +132,7 @@ fn parse_op(ns: &Name, i: usize, op: Field<'_>) -> Result<Op, ApiError> {
     let resolve = op.get("resolveAttachments").is_some_and(|f| f.ty == CbType::BoolTrue);
     let payload = match kind {
         Kind::Put => {
-            let object = op.get("payload").filter(|f| f.ty.is_object()).map(|f| standalone(&f));
+            let object = op.get("payload").filter(|f| f.ty.is_object());
             let hash = op.get("payloadHash").and_then(|f| f.as_hash()).map(IoHash::from_bytes);
             object.map(|o| (o, hash))
         }
@@ -152,7 +156,8 @@ pub async fn batch(
     }
     let body =
         read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
-    let request = cb::parse(&body.bytes)?;
+    let (bytes, body_held) = body.into_parts();
+    let request = cb::parse(&bytes)?;
     let ops = request
         .get("ops")
         .filter(|f| f.ty.is_array())
@@ -173,11 +178,15 @@ pub async fn batch(
     let mut results = Vec::with_capacity(ops.len());
     // Twice the reply is charged, beside the request's body: a limit the budget can always
     // give, so a batch past it gets 413s, never a 429 its retries would meet again.
-    let room = u64::from(ddc.limits.memory_budget).saturating_sub(body.bytes.capacity() as u64);
+    let room = u64::from(ddc.limits.memory_budget).saturating_sub(body_held.bytes() as u64);
     let limit = ddc.limits.max_buffered_bytes.min(room / 2);
-    let body_held = body.bytes.capacity();
-    let mut size =
-        ReplySize { budget: &ddc.content.budget, held: Held::default(), bytes: 0, limit, body: body_held };
+    let mut size = ReplySize {
+        budget: &ddc.content.budget,
+        held: Held::default(),
+        bytes: 0,
+        limit,
+        body: body_held.bytes(),
+    };
     for op in ops {
         let (status, response) = run(&ddc, op.kind, &op.addr, op.resolve, op.payload, &mut size).await?;
         results.push(Value::Object(vec![
@@ -187,7 +196,15 @@ pub async fn batch(
         ]));
     }
     let reply = Value::Object(vec![("results".into(), Value::Array(results))]).to_bytes();
-    Ok(([(header::CONTENT_TYPE, CB)], reply).into_response())
+    drop(bytes);
+    // The body's share and the reply's become the reply's while it is sent, cut to its size.
+    // Past them (an op's result beyond its embedded object is a few dozen bytes), a growth
+    // the budget refuses now keeps what they hold: the batch has run, and a 429 would run its
+    // PUTs again.
+    let mut held = size.held;
+    held.join(body_held);
+    let _ = held.resize(&ddc.content.budget, reply.len());
+    Ok(held_response(CB, reply.into(), held))
 }
 
 /// One op: its status and response object. Storage failures fail the whole request (500);
@@ -197,7 +214,7 @@ async fn run(
     kind: Kind,
     addr: &RefAddr,
     resolve: bool,
-    payload: Option<(Vec<u8>, Option<IoHash>)>,
+    payload: Option<(Field<'_>, Option<IoHash>)>,
     size: &mut ReplySize<'_>,
 ) -> Result<(u16, Value), ApiError> {
     match kind {
@@ -237,9 +254,18 @@ async fn run(
             Ok((status, Value::Object(vec![("exists".into(), Value::Bool(found))])))
         }
         Kind::Put => {
-            let Some((object, Some(claimed))) = payload else {
+            let Some((field, Some(claimed))) = payload else {
                 return Ok((400, error_object("a PUT op needs payload and payloadHash", 400)));
             };
+            // The payload's copy, charged beside what the request holds; past what the budget
+            // could ever give it, this op's own 413.
+            let len = 1 + field.value.len();
+            if len > size.room() {
+                let title = "the server cannot hold this payload beside the batch: send it in another batch";
+                return Ok((413, error_object(title, 413)));
+            }
+            let _copy = Held::take(size.budget, len)?;
+            let object = standalone(&field);
             if let Err(e) = cb::parse(&object) {
                 return Ok((400, error_object(&format!("payload: {e}"), 400)));
             }
@@ -248,8 +274,8 @@ async fn run(
                 let title = format!("Incorrect hash: the payload hashes to {actual}, not {claimed}");
                 return Ok((400, error_object(&title, 400)));
             }
-            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite, size.holds()).await
-            {
+            let holds = size.holds() + len;
+            let outcome = match refs::put(&ddc.content, addr, object, ddc.allow_overwrite, holds).await {
                 Err(e @ ContentError::TooManyAttachments { .. }) => {
                     return Ok((400, error_object(&e.to_string(), 400)));
                 }
