@@ -9,6 +9,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
 
 use tokio::fs;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -217,6 +218,69 @@ impl BlobStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// What the collector ([`crate::gc`]) asks of the store.
+impl BlobStore {
+    /// The blobs under one of a namespace's 256 top directories (`<ns>/<aa>/`), with when each
+    /// was last written. Files whose names are not blob ids are left out.
+    pub async fn list_shard(&self, ns: &Name, shard: u8) -> io::Result<Vec<(IoHash, SystemTime)>> {
+        let dir = self.root.join(ns.as_str()).join(format!("{shard:02x}"));
+        tokio::task::spawn_blocking(move || {
+            let mut found = Vec::new();
+            let subdirs = match std::fs::read_dir(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(found),
+                other => other?,
+            };
+            for subdir in subdirs.flatten() {
+                let Ok(files) = std::fs::read_dir(subdir.path()) else { continue };
+                for file in files.flatten() {
+                    let Some(id) = file.file_name().to_str().and_then(|n| n.parse::<IoHash>().ok()) else {
+                        continue;
+                    };
+                    if let Ok(modified) = file.metadata().and_then(|m| m.modified()) {
+                        found.push((id, modified));
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    /// Removes a blob if it was last written before `before`, checked just before it goes;
+    /// its size if it was removed.
+    pub async fn delete_older(&self, ns: &Name, id: &IoHash, before: SystemTime) -> io::Result<Option<u64>> {
+        let path = self.path(ns, id);
+        let meta = match fs::metadata(&path).await {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
+        if meta.modified()? >= before {
+            return Ok(None);
+        }
+        match fs::remove_file(path).await {
+            Ok(()) => {
+                self.usage.blobs.fetch_sub(1, Ordering::Relaxed);
+                self.usage.bytes.fetch_sub(meta.len(), Ordering::Relaxed);
+                Ok(Some(meta.len()))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Marks a stored blob as written now, so that a collection under way keeps it (an upload
+    /// of a blob already stored).
+    pub async fn touch(&self, ns: &Name, id: &IoHash) -> io::Result<()> {
+        let path = self.path(ns, id);
+        tokio::task::spawn_blocking(move || {
+            std::fs::File::options().write(true).open(path)?.set_modified(SystemTime::now())
+        })
+        .await
+        .map_err(io::Error::other)?
     }
 }
 

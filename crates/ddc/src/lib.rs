@@ -11,6 +11,7 @@ mod blob_store;
 pub mod budget;
 pub mod cb;
 pub mod compressed;
+pub mod gc;
 mod hash;
 pub mod http;
 pub mod meta;

@@ -22,6 +22,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::{IoHash, Name, RefKey};
 
+mod collect;
+pub use collect::{EXPIRE_BATCH, RefCursor, RefPage};
+
 /// Where the metadata lives under the store's root. Names cannot start with `.`, so no
 /// namespace directory can collide with it.
 pub const META_DIR: &str = ".meta";
@@ -84,6 +87,7 @@ CREATE TABLE IF NOT EXISTS refs (
     last_access INTEGER NOT NULL,
     PRIMARY KEY (ns, bucket, key)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS refs_by_access ON refs (finalized, last_access);
 CREATE TABLE IF NOT EXISTS content (
     ns TEXT NOT NULL,
     raw_hash BLOB NOT NULL,

@@ -158,8 +158,14 @@ impl Content {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),
         }
-        if let Some(Located::Compressed(_)) = self.locate(ns, raw).await? {
-            return Ok(raw); // Already stored: an idempotent re-upload.
+        if let Some(Located::Compressed(blob)) = self.locate(ns, raw).await? {
+            // Already stored: an idempotent re-upload, which a collection under way keeps (one
+            // that removed it a moment ago lets this upload store it again).
+            match self.blobs.touch(ns, &blob).await {
+                Ok(()) => return Ok(raw),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::Io(e).into()),
+            }
         }
         let (blob, _) = self.blobs.put(ns, None, &body[..], u64::MAX).await?;
         self.meta.put_content(ns, raw, blob).await?;
@@ -343,6 +349,15 @@ impl Content {
     }
 }
 
+#[cfg(test)]
+impl Content {
+    /// A store under `dir` with a memory budget of `budget` bytes, for tests.
+    pub(crate) async fn open_in(dir: &std::path::Path, budget: u32) -> Content {
+        let (blobs, meta) = (BlobStore::open(dir).await.unwrap(), MetaStore::open(dir).await.unwrap());
+        Content { blobs, meta, decodes: DecodeSlots::default(), budget: MemoryBudget::new(budget) }
+    }
+}
+
 /// The attachments a validated compact-binary object names, in order (none if it does not
 /// parse).
 pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
@@ -385,8 +400,7 @@ mod tests {
     }
 
     async fn content(dir: &std::path::Path, budget: u32) -> Content {
-        let (blobs, meta) = (BlobStore::open(dir).await.unwrap(), MetaStore::open(dir).await.unwrap());
-        Content { blobs, meta, decodes: DecodeSlots::default(), budget: MemoryBudget::new(budget) }
+        Content::open_in(dir, budget).await
     }
 
     async fn store(content: &Content, ns: &Name, bytes: &[u8]) -> [u8; 20] {

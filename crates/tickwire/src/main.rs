@@ -154,6 +154,21 @@ struct DdcArgs {
     /// adopts. By default overwrites are allowed, as on the reference server.
     #[arg(long)]
     deny_overwrite: bool,
+    /// How often garbage collection runs: expired refs, then blobs no ref names.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    gc_interval: std::time::Duration,
+    /// No garbage collection: refs and blobs stay until deleted.
+    #[arg(long)]
+    no_gc: bool,
+    /// A finalized ref nobody has read or written for this long is removed.
+    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    ref_ttl: std::time::Duration,
+    /// An unfinalized ref nobody has read or written for this long is removed.
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
+    unfinalized_ttl: std::time::Duration,
+    /// A blob no ref names is removed once it was last written this long ago.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    blob_grace: std::time::Duration,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); re-read on SIGHUP.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -348,6 +363,33 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a garbage collection every `every` (the first one `every` after start), for as long
+/// as the server runs. A run that fails is logged and counted, and the next one tries again.
+async fn collect_garbage(
+    ddc: std::sync::Arc<tickwire_ddc::http::Ddc>,
+    policy: tickwire_ddc::gc::GcPolicy,
+    every: std::time::Duration,
+) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match ddc.collect_garbage(&policy, std::time::SystemTime::now()).await {
+            Ok(report) if report.refs_expired + report.blobs_removed == 0 => {
+                tracing::debug!(blobs_kept = report.blobs_kept, "garbage collection removed nothing")
+            }
+            Ok(report) => tracing::info!(
+                refs_expired = report.refs_expired,
+                blobs_removed = report.blobs_removed,
+                bytes_freed = report.bytes_freed,
+                blobs_kept = report.blobs_kept,
+                "garbage collected"
+            ),
+            Err(e) => tracing::warn!(error = %e, "garbage collection failed; retrying at the next interval"),
+        }
+    }
+}
+
 async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     use tickwire_ddc::{Auth, http};
     let auth = match (&args.tokens, args.dev_auth) {
@@ -403,6 +445,15 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             }
         }
     });
+    if !args.no_gc {
+        anyhow::ensure!(!args.gc_interval.is_zero(), "--gc-interval must be more than 0 (or use --no-gc)");
+        let policy = tickwire_ddc::gc::GcPolicy {
+            ref_ttl: args.ref_ttl,
+            unfinalized_ttl: args.unfinalized_ttl,
+            blob_grace: args.blob_grace,
+        };
+        tokio::spawn(collect_garbage(ddc.clone(), policy, args.gc_interval));
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             Some(tickwire_transport::TlsServer::from_files_with_alpn(cert, key, tickwire_ddc::serve::alpn())?)

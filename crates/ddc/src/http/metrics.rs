@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use super::Ddc;
+use crate::gc::GcReport;
+use crate::storage::ContentError;
 
 /// Latency buckets, seconds: from a cached small GET to a large upload.
 const BUCKETS: [f64; 14] =
@@ -52,6 +54,21 @@ impl Metrics {
                 "ddc_response_body_bytes_total",
                 "Response body bytes, by route (as declared by Content-Length)."
             );
+            metrics::describe_counter!(
+                "ddc_gc_runs_total",
+                "Garbage collections run, by outcome (ok, or failed: retried at the next interval)."
+            );
+            metrics::describe_counter!("ddc_gc_refs_expired_total", "Refs removed as expired.");
+            metrics::describe_counter!(
+                "ddc_gc_blobs_removed_total",
+                "Blobs removed because no ref names them."
+            );
+            metrics::describe_counter!("ddc_gc_bytes_freed_total", "Bytes of the blobs removed.");
+            metrics::describe_gauge!(
+                "ddc_gc_last_run_seconds",
+                metrics::Unit::Seconds,
+                "How long the last garbage collection took."
+            );
             metrics::describe_gauge!("ddc_store_blobs", "Blobs stored (raw and compressed).");
             metrics::describe_gauge!("ddc_store_bytes", "Bytes of blobs stored.");
             metrics::describe_gauge!(
@@ -77,6 +94,20 @@ impl Metrics {
             metrics::histogram!("ddc_request_duration_seconds", "route" => route.clone()).record(seconds);
             metrics::counter!("ddc_request_body_bytes_total", "route" => route.clone()).increment(bytes_in);
             metrics::counter!("ddc_response_body_bytes_total", "route" => route).increment(bytes_out);
+        });
+    }
+
+    /// Counts one garbage collection and what it removed.
+    pub(super) fn collected(&self, result: &Result<GcReport, ContentError>, seconds: f64) {
+        metrics::with_local_recorder(&self.recorder, || {
+            let outcome = if result.is_ok() { "ok" } else { "failed" };
+            metrics::counter!("ddc_gc_runs_total", "outcome" => outcome).increment(1);
+            metrics::gauge!("ddc_gc_last_run_seconds").set(seconds);
+            if let Ok(report) = result {
+                metrics::counter!("ddc_gc_refs_expired_total").increment(report.refs_expired);
+                metrics::counter!("ddc_gc_blobs_removed_total").increment(report.blobs_removed);
+                metrics::counter!("ddc_gc_bytes_freed_total").increment(report.bytes_freed);
+            }
         });
     }
 

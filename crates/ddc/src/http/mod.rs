@@ -96,6 +96,18 @@ impl Ddc {
         })
     }
 
+    /// One garbage collection as of `now` ([`Content::collect`]), counted in `/metrics`.
+    pub async fn collect_garbage(
+        &self,
+        policy: &crate::gc::GcPolicy,
+        now: std::time::SystemTime,
+    ) -> Result<crate::gc::GcReport, ContentError> {
+        let started = std::time::Instant::now();
+        let result = self.content.collect(policy, now).await;
+        self.metrics.collected(&result, started.elapsed().as_secs_f64());
+        result
+    }
+
     /// Writes the last-access times reads have noted; call every few seconds and at shutdown.
     pub async fn flush_access(&self) -> Result<usize, MetaError> {
         self.content.meta.flush_access().await
