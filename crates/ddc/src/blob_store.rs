@@ -82,6 +82,16 @@ pub struct Usage {
     pub counted: std::sync::atomic::AtomicBool,
 }
 
+impl Usage {
+    /// One blob of `bytes` is gone. Never below zero: a count that raced an upload's may
+    /// have missed it.
+    fn forget(&self, bytes: u64) {
+        let less = |by: u64| move |n: u64| Some(n.saturating_sub(by));
+        let _ = self.blobs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(1));
+        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(bytes));
+    }
+}
+
 impl BlobStore {
     /// Opens (creating if needed) a store under `root`, and removes temp files a crash left.
     pub async fn open(root: impl Into<PathBuf>) -> io::Result<BlobStore> {
@@ -211,8 +221,7 @@ impl BlobStore {
         let size = fs::metadata(&path).await.map(|m| m.len()).unwrap_or(0);
         match fs::remove_file(path).await {
             Ok(()) => {
-                self.usage.blobs.fetch_sub(1, Ordering::Relaxed);
-                self.usage.bytes.fetch_sub(size, Ordering::Relaxed);
+                self.usage.forget(size);
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -250,8 +259,10 @@ impl BlobStore {
         .map_err(io::Error::other)?
     }
 
-    /// Removes a blob if it was last written before `before`, checked just before it goes;
-    /// its size if it was removed.
+    /// Removes a blob if it was last written before `before`; its size if it was removed.
+    /// The blob is first renamed out of its place, then its time checked again: an upload that
+    /// renamed a new copy into place a moment before is put back, one a moment after is left
+    /// alone, so an upload answered 200 is never removed by a check made before it.
     pub async fn delete_older(&self, ns: &Name, id: &IoHash, before: SystemTime) -> io::Result<Option<u64>> {
         let path = self.path(ns, id);
         let meta = match fs::metadata(&path).await {
@@ -261,26 +272,43 @@ impl BlobStore {
         if meta.modified()? >= before {
             return Ok(None);
         }
-        match fs::remove_file(path).await {
-            Ok(()) => {
-                self.usage.blobs.fetch_sub(1, Ordering::Relaxed);
-                self.usage.bytes.fetch_sub(meta.len(), Ordering::Relaxed);
-                Ok(Some(meta.len()))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let taken = self.root.join(TMP).join(format!("{}-{n}.gc", std::process::id()));
+        match fs::rename(&path, &taken).await {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
         }
+        let meta = fs::metadata(&taken).await?;
+        if meta.modified()? >= before {
+            // Written again meanwhile: back in place (over any copy written since, which holds
+            // the same bytes), made durable as an upload's rename is.
+            fs::rename(&taken, &path).await?;
+            sync_dir(path.parent().expect("blob paths have a parent")).await?;
+            return Ok(None);
+        }
+        fs::remove_file(&taken).await?;
+        self.usage.forget(meta.len());
+        Ok(Some(meta.len()))
     }
 
-    /// Marks a stored blob as written now, so that a collection under way keeps it (an upload
-    /// of a blob already stored).
-    pub async fn touch(&self, ns: &Name, id: &IoHash) -> io::Result<()> {
+    /// Whether a blob is stored durably, as [`BlobStore::exists`]; if it is, it is marked as
+    /// written now, so that a collection under way keeps it (an upload of a blob already
+    /// stored, which is not written again).
+    pub async fn refresh(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
         let path = self.path(ns, id);
-        tokio::task::spawn_blocking(move || {
+        if self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path) {
+            return Ok(false);
+        }
+        let touched = tokio::task::spawn_blocking(move || {
             std::fs::File::options().write(true).open(path)?.set_modified(SystemTime::now())
         })
         .await
-        .map_err(io::Error::other)?
+        .map_err(io::Error::other)?;
+        match touched {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 

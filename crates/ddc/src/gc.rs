@@ -63,6 +63,8 @@ fn epoch_ms(t: SystemTime) -> i64 {
 
 impl Content {
     /// One collection as of `now`: expired refs, then unnamed blobs (see the module's doc).
+    /// Blobs are left alone until the count of the store made at start has finished, so that
+    /// the count never goes below what is there.
     pub async fn collect(&self, policy: &GcPolicy, now: SystemTime) -> Result<GcReport, ContentError> {
         let mut report = GcReport::default();
         self.meta.flush_access().await?;
@@ -78,6 +80,9 @@ impl Content {
             }
             tokio::task::yield_now().await;
         }
+        if !self.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(report);
+        }
         let young = now.checked_sub(policy.blob_grace).unwrap_or(SystemTime::UNIX_EPOCH);
         for ns in self.meta.namespaces() {
             self.sweep(&ns, young, &mut report).await?;
@@ -89,12 +94,26 @@ impl Content {
     async fn sweep(&self, ns: &Name, young: SystemTime, report: &mut GcReport) -> Result<(), ContentError> {
         let started = epoch_ms(SystemTime::now());
         let mut live = Live::default();
-        self.mark(ns, None, &mut live).await?;
-        // Refs written (or read, and flushed) while the mark ran: their blobs too.
+        let mut after: Option<RefCursor> = None;
+        loop {
+            let RefPage { attachments, next } = self.meta.ref_attachments(ns, after.take()).await?;
+            self.mark(ns, attachments, &mut live).await?;
+            match next {
+                Some(cursor) => after = Some(cursor),
+                None => break,
+            }
+        }
+        // Refs written (or read, and flushed) while the mark ran: their blobs too. Writes stamp
+        // the time they commit, so none that committed after the pages above passed its key
+        // is missed.
         self.meta.flush_access().await?;
-        self.mark(ns, Some(started), &mut live).await?;
-        let mut gone = HashSet::new();
+        let since = self.meta.refs_since(ns, started).await?;
+        for keys in since.chunks(256) {
+            let attachments = self.meta.attachments_of_refs(ns, keys.to_vec()).await?;
+            self.mark(ns, attachments, &mut live).await?;
+        }
         for shard in 0..=u8::MAX {
+            let mut gone = Vec::new();
             for (id, modified) in self.blobs.list_shard(ns, shard).await? {
                 if live.blobs.contains(&id) || modified >= young {
                     report.blobs_kept += 1;
@@ -104,68 +123,46 @@ impl Content {
                     Some(bytes) => {
                         report.blobs_removed += 1;
                         report.bytes_freed += bytes;
-                        gone.insert(id);
+                        gone.push(id);
                     }
                     None => report.blobs_kept += 1,
                 }
             }
+            // A content id goes with its blob, unless the same buffer was uploaded again since
+            // (its blob is back, with the same id).
+            let mut forget = Vec::new();
+            for id in gone {
+                if !self.blobs.exists(ns, &id).await? {
+                    forget.push(id);
+                }
+            }
+            self.meta.forget_content_of(ns, forget).await?;
         }
-        self.meta.forget_content_of(ns, gone).await?;
         Ok(())
     }
 
-    /// Adds to `live` every blob `ns`'s refs name (those written since `since_ms`, if given):
-    /// binary attachments as raw blobs and as the compressed buffers holding them, and object
-    /// attachments with all they name in turn, each object read once.
-    async fn mark(&self, ns: &Name, since_ms: Option<i64>, live: &mut Live) -> Result<(), ContentError> {
-        let mut after: Option<RefCursor> = None;
-        loop {
-            let RefPage { attachments, next } = self.meta.ref_attachments(ns, after.take(), since_ms).await?;
-            self.mark_attachments(ns, attachments, live).await?;
-            match next {
-                Some(cursor) => after = Some(cursor),
-                None => return Ok(()),
-            }
-        }
-    }
-
-    async fn mark_attachments(
+    /// Adds to `live` every blob `attachments` name: binary attachments as raw blobs and as
+    /// the compressed buffers holding them, and object attachments with all they name in
+    /// turn, each object read once.
+    async fn mark(
         &self,
         ns: &Name,
         attachments: Vec<(CbType, IoHash)>,
         live: &mut Live,
     ) -> Result<(), ContentError> {
         let mut objects = Vec::new();
-        let mut binaries = Vec::new();
-        for (ty, hash) in attachments {
-            if !live.blobs.insert(hash) {
-                continue; // Marked already, and what it names with it.
-            }
-            match ty {
-                CbType::ObjectAttachment => objects.push(hash),
-                _ => binaries.push(hash),
-            }
-        }
+        let binaries = live.add(attachments, &mut objects);
         live.blobs.extend(self.meta.content_blobs(ns, binaries).await?);
         // Object attachments name more, one object read at a time, charged as a presence
-        // check's reads are; a chain of them is followed by the loop, not by recursion.
+        // check's reads are; a chain of them is followed by this loop, not by recursion.
         while let Some(object) = objects.pop() {
             let Some((bytes, _held)) = self.read_blob(ns, &object, MAX_ATTACHED_OBJECT).await? else {
                 continue;
             };
             let named = cb::parse(&bytes).map(|f| f.attachments()).unwrap_or_default();
             drop(bytes);
-            let mut binaries = Vec::new();
-            for (ty, hash) in named {
-                let hash = IoHash::from_bytes(hash);
-                if !live.blobs.insert(hash) {
-                    continue;
-                }
-                match ty {
-                    CbType::ObjectAttachment => objects.push(hash),
-                    _ => binaries.push(hash),
-                }
-            }
+            let named = named.into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h))).collect();
+            let binaries = live.add(named, &mut objects);
             live.blobs.extend(self.meta.content_blobs(ns, binaries).await?);
         }
         Ok(())
@@ -175,7 +172,33 @@ impl Content {
 /// The blobs a namespace's refs name, found so far.
 #[derive(Default)]
 struct Live {
+    /// Blobs to keep.
     blobs: HashSet<IoHash>,
+    /// Each hash as it was named: one named as a binary attachment and as an object
+    /// attachment (a compressed buffer whose payload is the object) is followed both ways.
+    seen: HashSet<(bool, IoHash)>,
+}
+
+impl Live {
+    /// Keeps what `named` names; pushes the object attachments not followed yet onto
+    /// `objects`, and returns the binary attachments not looked up yet (their compressed
+    /// buffers are kept too).
+    fn add(&mut self, named: Vec<(CbType, IoHash)>, objects: &mut Vec<IoHash>) -> Vec<IoHash> {
+        let mut binaries = Vec::new();
+        for (ty, hash) in named {
+            let object = ty == CbType::ObjectAttachment;
+            if !self.seen.insert((object, hash)) {
+                continue;
+            }
+            self.blobs.insert(hash);
+            if object {
+                objects.push(hash);
+            } else {
+                binaries.push(hash);
+            }
+        }
+        binaries
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +229,18 @@ mod tests {
         content.blobs.exists(&ns(), &id).await.unwrap()
     }
 
+    /// A store whose count of blobs at start has finished (a collection sweeps only then).
+    async fn store(dir: &std::path::Path) -> Content {
+        let content = Content::open_in(dir, 1 << 30).await;
+        for _ in 0..500 {
+            if content.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
+                return content;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the count at start did not finish");
+    }
+
     /// A run removes the unfinalized ref after two hours and the finalized one after fourteen
     /// days, and with them the blobs only they named; until then, every blob the finalized ref
     /// names is kept: a raw blob, the compressed buffer holding a raw hash (and its content
@@ -214,7 +249,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_removes_what_no_live_ref_names() {
         let dir = tempfile::tempdir().unwrap();
-        let content = Content::open_in(dir.path(), 1 << 30).await;
+        let content = store(dir.path()).await;
         let raw = blob(&content, b"raw blob").await;
         let payload = b"compressed payload";
         let raw_hash = IoHash::of(payload);
@@ -274,7 +309,7 @@ mod tests {
     #[tokio::test]
     async fn expiry_runs_in_batches_and_counts_recent_reads() {
         let dir = tempfile::tempdir().unwrap();
-        let content = Content::open_in(dir.path(), 1 << 30).await;
+        let content = store(dir.path()).await;
         let empty = Value::Object(vec![]).to_bytes();
         let old = now_ms() - 20 * 24 * 3600 * 1000;
         let bucket = Name::bucket("b").unwrap();
@@ -289,6 +324,7 @@ mod tests {
             };
             content.meta.put_ref(&ns(), &bucket, &key, row, true).await.unwrap();
         }
+        assert_eq!(content.meta.age_all_refs(old).await.unwrap(), count);
         let read = format!("{:040x}", 7).parse::<RefKey>().unwrap();
         assert!(
             content.meta.get_ref(&ns(), &bucket, &read, &content.budget, 1 << 30).await.unwrap().is_some()
@@ -296,5 +332,87 @@ mod tests {
         let report = content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
         assert_eq!(report.refs_expired, count as u64 - 1);
         assert!(content.meta.ref_state(&ns(), &bucket, &read).await.unwrap().is_some(), "read just now");
+    }
+
+    /// A hash named as a binary attachment by one ref (a compressed buffer whose payload is an
+    /// object) and as an object attachment by another is followed both ways: what the object
+    /// names is kept.
+    #[tokio::test]
+    async fn a_hash_named_both_ways_is_followed_as_an_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let child = blob(&content, b"named by the object").await;
+        let object = Value::Object(vec![("c".into(), Value::BinaryAttachment(*child.as_bytes()))]).to_bytes();
+        let hash = blob(&content, &object).await;
+        let buffer = blob(&content, &crate::compressed::encode_none(&object)).await;
+        content.meta.put_content(&ns(), hash, buffer).await.unwrap();
+        // Key order: the binary name is met first.
+        put_ref(
+            &content,
+            "a",
+            Value::Object(vec![("v".into(), Value::BinaryAttachment(*hash.as_bytes()))]).to_bytes(),
+            true,
+        )
+        .await;
+        put_ref(
+            &content,
+            "b",
+            Value::Object(vec![("o".into(), Value::ObjectAttachment(*hash.as_bytes()))]).to_bytes(),
+            true,
+        )
+        .await;
+        let report = content.collect(&GcPolicy::default(), SystemTime::now() + 3 * HOUR).await.unwrap();
+        assert_eq!((report.blobs_removed, report.blobs_kept), (0, 3), "{report:?}");
+        assert!(has(&content, child).await);
+    }
+
+    /// An upload of a blob already stored (not written again) restarts its grace.
+    #[tokio::test]
+    async fn a_reupload_restarts_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let id = blob(&content, b"uploaded twice").await;
+        content.meta.add_namespace(&ns()).await.unwrap();
+        let hex = id.to_hex();
+        let path = dir.path().join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+        let age = || {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(SystemTime::now() - 2 * HOUR)
+                .unwrap()
+        };
+        age();
+        assert!(content.blobs.refresh(&ns(), &id).await.unwrap());
+        let kept = content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
+        assert_eq!((kept.blobs_removed, kept.blobs_kept), (0, 1));
+        age();
+        let removed = content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
+        assert_eq!(removed.blobs_removed, 1);
+        assert!(!content.blobs.refresh(&ns(), &id).await.unwrap(), "gone: nothing to refresh");
+    }
+
+    /// Writes stamp the time they commit, and the refs written since a time are found without
+    /// reading the others (what a collection marks again before it sweeps).
+    #[tokio::test]
+    async fn refs_written_since_a_time_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let empty = Value::Object(vec![]).to_bytes();
+        put_ref(&content, "a", empty.clone(), true).await;
+        put_ref(&content, "b", empty.clone(), false).await;
+        content.meta.age_all_refs(now_ms() - 1000).await.unwrap();
+        let since = now_ms();
+        assert_eq!(content.meta.refs_since(&ns(), since).await.unwrap(), vec![]);
+        // Built with an old time, written now: stamped now.
+        let row =
+            RefRow { object_hash: IoHash::of(&empty), object: empty, finalized: true, last_access_ms: 0 };
+        let key = "c".repeat(40).parse::<RefKey>().unwrap();
+        content.meta.put_ref(&ns(), &Name::bucket("b").unwrap(), &key, row, true).await.unwrap();
+        assert_eq!(
+            content.meta.refs_since(&ns(), since).await.unwrap(),
+            vec![("b".to_owned(), "c".repeat(40))]
+        );
     }
 }

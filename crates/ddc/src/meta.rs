@@ -94,6 +94,7 @@ CREATE TABLE IF NOT EXISTS content (
     blob_id BLOB NOT NULL,
     PRIMARY KEY (ns, raw_hash)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 ";
 
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
@@ -284,7 +285,9 @@ impl MetaStore {
                     &row.object_hash.as_bytes()[..],
                     row.object,
                     row.finalized,
-                    row.last_access_ms,
+                    // When it is written, not when it was built: a garbage collection that
+                    // began meanwhile marks it again.
+                    now_ms().max(row.last_access_ms),
                     overwrite
                 ],
             )?;

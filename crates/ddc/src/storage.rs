@@ -161,10 +161,8 @@ impl Content {
         if let Some(Located::Compressed(blob)) = self.locate(ns, raw).await? {
             // Already stored: an idempotent re-upload, which a collection under way keeps (one
             // that removed it a moment ago lets this upload store it again).
-            match self.blobs.touch(ns, &blob).await {
-                Ok(()) => return Ok(raw),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::Io(e).into()),
+            if self.blobs.refresh(ns, &blob).await? {
+                return Ok(raw);
             }
         }
         let (blob, _) = self.blobs.put(ns, None, &body[..], u64::MAX).await?;

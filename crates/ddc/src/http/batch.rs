@@ -199,8 +199,8 @@ pub async fn batch(
     drop(bytes);
     // The body's share and the reply's become the reply's while it is sent, cut to its size.
     // Past them (an op's result beyond its embedded object is a few dozen bytes), a growth
-    // the budget refuses now keeps what they hold: the batch has run, and a 429 would run its
-    // PUTs again.
+    // the budget refuses now keeps what they hold, uncounted beyond: the work is done, and a
+    // 429 would make the editor do it all again for a few bytes.
     let mut held = size.held;
     held.join(body_held);
     let _ = held.resize(&ddc.content.budget, reply.len());
@@ -264,6 +264,8 @@ async fn run(
                 let title = "the server cannot hold this payload beside the batch: send it in another batch";
                 return Ok((413, error_object(title, 413)));
             }
+            // No room now: the whole batch's 429, as for any of its reads; the editor retries
+            // the batch, and its PUTs that ran already are the same object again (200).
             let _copy = Held::take(size.budget, len)?;
             let object = standalone(&field);
             if let Err(e) = cb::parse(&object) {

@@ -2,8 +2,6 @@
 //! small batches, and reading, a page at a time, what the refs that remain name. Kept apart
 //! from the request paths in `meta.rs`: nothing here runs on a request.
 
-use std::collections::HashSet;
-
 use rusqlite::{OptionalExtension, params};
 
 use super::{MetaError, MetaStore, hash_of};
@@ -43,11 +41,13 @@ impl MetaStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.write(move |c| {
             Ok(c.prepare_cached(
-                "DELETE FROM refs WHERE (ns, bucket, key) IN (
+                // The LIMIT outside the union, so that the batch is found through the
+                // (finalized, last_access) index and each row deleted by its primary key.
+                "DELETE FROM refs WHERE (ns, bucket, key) IN (SELECT ns, bucket, key FROM (
                    SELECT ns, bucket, key FROM refs WHERE finalized = 0 AND last_access < ?2
                    UNION ALL
-                   SELECT ns, bucket, key FROM refs WHERE finalized != 0 AND last_access < ?1
-                   LIMIT ?3)",
+                   SELECT ns, bucket, key FROM refs WHERE finalized = 1 AND last_access < ?1
+                 ) LIMIT ?3)",
             )?
             .execute(params![cut_ms, unfinalized_cut_ms, limit])?)
         })
@@ -55,34 +55,23 @@ impl MetaStore {
     }
 
     /// The attachments named by one page of `ns`'s refs, in key order after `after` (from the
-    /// start if `None`). With `since_ms`, only refs written or read since then (flushed reads).
-    /// Objects are parsed in place, not copied out.
-    pub async fn ref_attachments(
-        &self,
-        ns: &Name,
-        after: Option<RefCursor>,
-        since_ms: Option<i64>,
-    ) -> Result<RefPage, MetaError> {
+    /// start if `None`), read along the primary key. Objects are parsed in place, not copied
+    /// out.
+    pub async fn ref_attachments(&self, ns: &Name, after: Option<RefCursor>) -> Result<RefPage, MetaError> {
         let n = ns.as_str().to_owned();
         self.read(move |c| {
             let (bucket, key) = after.unwrap_or_default();
             let mut stmt = c.prepare_cached(
-                "SELECT bucket, key, object FROM refs
-                 WHERE ns = ?1 AND (bucket, key) > (?2, ?3) AND last_access >= ?4
+                "SELECT bucket, key, object FROM refs WHERE ns = ?1 AND (bucket, key) > (?2, ?3)
                  ORDER BY bucket, key",
             )?;
-            let mut rows = stmt.query(params![n, bucket, key, since_ms.unwrap_or(i64::MIN)])?;
+            let mut rows = stmt.query(params![n, bucket, key])?;
             let mut page = RefPage::default();
             let (mut refs, mut bytes) = (0, 0);
             while let Some(row) = rows.next()? {
                 let object = row.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
                 bytes += object.len();
-                // Stored objects were parsed when they were put; one that no longer parses names
-                // nothing it can keep alive.
-                if let Ok(field) = cb::parse(object) {
-                    page.attachments
-                        .extend(field.attachments().into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h))));
-                }
+                page.attachments.extend(attachments(object));
                 refs += 1;
                 if refs == PAGE_REFS || bytes >= PAGE_BYTES {
                     page.next = Some((row.get(0)?, row.get(1)?));
@@ -90,6 +79,43 @@ impl MetaStore {
                 }
             }
             Ok(page)
+        })
+        .await
+    }
+
+    /// The refs of `ns` written (or read, once flushed) at or after `since_ms`, found through
+    /// the (finalized, last_access) index without reading their objects.
+    pub async fn refs_since(&self, ns: &Name, since_ms: i64) -> Result<Vec<RefCursor>, MetaError> {
+        let n = ns.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT bucket, key FROM refs INDEXED BY refs_by_access
+                 WHERE ns = ?1 AND finalized IN (0, 1) AND last_access >= ?2",
+            )?;
+            let keys = stmt.query_map(params![n, since_ms], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(keys.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    /// The attachments named by the refs `keys` of `ns` (those still there).
+    pub async fn attachments_of_refs(
+        &self,
+        ns: &Name,
+        keys: Vec<RefCursor>,
+    ) -> Result<Vec<(CbType, IoHash)>, MetaError> {
+        let n = ns.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt =
+                c.prepare_cached("SELECT object FROM refs WHERE ns = ?1 AND bucket = ?2 AND key = ?3")?;
+            let mut named = Vec::new();
+            for (bucket, key) in keys {
+                let mut rows = stmt.query(params![n, bucket, key])?;
+                if let Some(row) = rows.next()? {
+                    named.extend(attachments(row.get_ref(0)?.as_blob().map_err(rusqlite::Error::from)?));
+                }
+            }
+            Ok(named)
         })
         .await
     }
@@ -112,51 +138,41 @@ impl MetaStore {
         .await
     }
 
-    /// Forgets the content ids whose blobs are in `gone` (removed by the collector); how many.
-    /// The table is read on the reader connection, and the rows deleted a batch at a time, each
-    /// only if it still names the removed blob, so that writers wait for no scan.
-    pub async fn forget_content_of(&self, ns: &Name, gone: HashSet<IoHash>) -> Result<usize, MetaError> {
+    /// Forgets the content ids that name the blobs `gone` (removed by the collector, and
+    /// checked absent since), in one write; how many.
+    pub async fn forget_content_of(&self, ns: &Name, gone: Vec<IoHash>) -> Result<usize, MetaError> {
         if gone.is_empty() {
             return Ok(0);
         }
         let n = ns.as_str().to_owned();
-        let stale = self
-            .read(move |c| {
-                let mut stmt = c.prepare("SELECT raw_hash, blob_id FROM content WHERE ns = ?1")?;
-                let mut rows = stmt.query([&n])?;
-                let mut stale = Vec::new();
-                while let Some(row) = rows.next()? {
-                    let blob = row.get_ref(1)?.as_blob().map_err(rusqlite::Error::from)?;
-                    if blob.len() == 20
-                        && gone.contains(&IoHash::from_bytes(blob.try_into().expect("20 bytes")))
-                    {
-                        stale.push((row.get::<_, Vec<u8>>(0)?, blob.to_vec()));
-                    }
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let mut forgotten = 0;
+            {
+                let mut delete = tx.prepare_cached("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2")?;
+                for blob in gone {
+                    forgotten += delete.execute(params![n, &blob.as_bytes()[..]])?;
                 }
-                Ok((n, stale))
-            })
-            .await?;
-        let (n, stale) = stale;
-        let mut forgotten = 0;
-        for batch in stale.chunks(EXPIRE_BATCH).map(<[_]>::to_vec) {
-            let n = n.clone();
-            forgotten += self
-                .write(move |c| {
-                    let tx = c.transaction()?;
-                    let mut deleted = 0;
-                    {
-                        let mut delete = tx.prepare_cached(
-                            "DELETE FROM content WHERE ns = ?1 AND raw_hash = ?2 AND blob_id = ?3",
-                        )?;
-                        for (raw, blob) in batch {
-                            deleted += delete.execute(params![n, raw, blob])?;
-                        }
-                    }
-                    tx.commit()?;
-                    Ok(deleted)
-                })
-                .await?;
-        }
-        Ok(forgotten)
+            }
+            tx.commit()?;
+            Ok(forgotten)
+        })
+        .await
+    }
+}
+
+/// What a stored object names. Stored objects were parsed when they were put; one that no
+/// longer parses names nothing it can keep alive.
+fn attachments(object: &[u8]) -> impl Iterator<Item = (CbType, IoHash)> {
+    let named = cb::parse(object).map(|field| field.attachments()).unwrap_or_default();
+    named.into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h)))
+}
+
+#[cfg(test)]
+impl MetaStore {
+    /// Sets every ref's last access to `at_ms`, for tests of expiry (writes stamp the time
+    /// they commit).
+    pub(crate) async fn age_all_refs(&self, at_ms: i64) -> Result<usize, MetaError> {
+        self.write(move |c| Ok(c.execute("UPDATE refs SET last_access = ?1", [at_ms])?)).await
     }
 }
