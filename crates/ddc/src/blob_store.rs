@@ -9,12 +9,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
 
 use tokio::fs;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::{IoHash, Name};
+
+mod collect;
 
 const TMP: &str = ".tmp";
 /// Read size while streaming a body to disk.
@@ -69,6 +70,10 @@ pub struct BlobStore {
     /// fsynced): one that merely exists may be another writer's, created a moment ago and not
     /// yet synced. At most one per `<namespace>/aa/bb`.
     durable_dirs: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
+    /// While garbage collection runs (milliseconds; 0: it does not), a blob a presence check
+    /// finds that was last written longer ago than this is marked as written now, so that a
+    /// sweep under way keeps it ([`BlobStore::keep_fresh`]).
+    fresh_for_ms: AtomicU64,
 }
 
 /// How many blobs and bytes the store holds: counted by a walk of the tree when the store
@@ -100,6 +105,15 @@ impl BlobStore {
         fs::create_dir_all(&tmp).await?;
         let mut stale = fs::read_dir(&tmp).await?;
         while let Some(entry) = stale.next_entry().await? {
+            // A blob garbage collection had taken out of place goes back: it may have been
+            // written again a moment before (the next run decides again).
+            if let Some(place) = collect::taken_place(&root, &entry.file_name()) {
+                if !fs::try_exists(&place).await.unwrap_or(true)
+                    && fs::rename(entry.path(), &place).await.is_ok()
+                {
+                    continue;
+                }
+            }
             let _ = fs::remove_file(entry.path()).await;
         }
         let usage = std::sync::Arc::new(Usage::default());
@@ -116,6 +130,7 @@ impl BlobStore {
             usage,
             settling: Default::default(),
             durable_dirs: Default::default(),
+            fresh_for_ms: AtomicU64::new(0),
         })
     }
 
@@ -125,8 +140,7 @@ impl BlobStore {
     }
 
     fn path(&self, ns: &Name, id: &IoHash) -> PathBuf {
-        let hex = id.to_hex();
-        self.root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
+        self.blob_path(ns, id)
     }
 
     /// Stores what `body` yields, at most `limit` bytes. With `expected`, the body must hash to
@@ -187,10 +201,14 @@ impl BlobStore {
 
     /// The blob's file and size, if it is stored.
     pub async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<(fs::File, u64)>> {
-        match fs::File::open(self.path(ns, id)).await {
+        let path = self.path(ns, id);
+        match fs::File::open(&path).await {
             Ok(file) => {
-                let size = file.metadata().await?.len();
-                Ok(Some((file, size)))
+                let meta = file.metadata().await?;
+                if !self.freshen(&path, &meta).await? {
+                    return Ok(None); // Taken by garbage collection as it was opened.
+                }
+                Ok(Some((file, meta.len())))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -209,10 +227,15 @@ impl BlobStore {
     /// Whether a blob is stored durably (one still settling counts as absent).
     pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
         let path = self.path(ns, id);
+        let meta = match fs::metadata(&path).await {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            other => other?,
+        };
+        // After the look at the file: a writer marks its blob settling before its rename.
         if self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path) {
             return Ok(false);
         }
-        fs::try_exists(path).await
+        self.freshen(&path, &meta).await
     }
 
     /// Removes a blob; false if it was not there.
@@ -224,88 +247,6 @@ impl BlobStore {
                 self.usage.forget(size);
                 Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// What the collector ([`crate::gc`]) asks of the store.
-impl BlobStore {
-    /// The blobs under one of a namespace's 256 top directories (`<ns>/<aa>/`), with when each
-    /// was last written. Files whose names are not blob ids are left out.
-    pub async fn list_shard(&self, ns: &Name, shard: u8) -> io::Result<Vec<(IoHash, SystemTime)>> {
-        let dir = self.root.join(ns.as_str()).join(format!("{shard:02x}"));
-        tokio::task::spawn_blocking(move || {
-            let mut found = Vec::new();
-            let subdirs = match std::fs::read_dir(&dir) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(found),
-                other => other?,
-            };
-            for subdir in subdirs.flatten() {
-                let Ok(files) = std::fs::read_dir(subdir.path()) else { continue };
-                for file in files.flatten() {
-                    let Some(id) = file.file_name().to_str().and_then(|n| n.parse::<IoHash>().ok()) else {
-                        continue;
-                    };
-                    if let Ok(modified) = file.metadata().and_then(|m| m.modified()) {
-                        found.push((id, modified));
-                    }
-                }
-            }
-            Ok(found)
-        })
-        .await
-        .map_err(io::Error::other)?
-    }
-
-    /// Removes a blob if it was last written before `before`; its size if it was removed.
-    /// The blob is first renamed out of its place, then its time checked again: an upload that
-    /// renamed a new copy into place a moment before is put back, one a moment after is left
-    /// alone, so an upload answered 200 is never removed by a check made before it.
-    pub async fn delete_older(&self, ns: &Name, id: &IoHash, before: SystemTime) -> io::Result<Option<u64>> {
-        let path = self.path(ns, id);
-        let meta = match fs::metadata(&path).await {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            other => other?,
-        };
-        if meta.modified()? >= before {
-            return Ok(None);
-        }
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let taken = self.root.join(TMP).join(format!("{}-{n}.gc", std::process::id()));
-        match fs::rename(&path, &taken).await {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            other => other?,
-        }
-        let meta = fs::metadata(&taken).await?;
-        if meta.modified()? >= before {
-            // Written again meanwhile: back in place (over any copy written since, which holds
-            // the same bytes), made durable as an upload's rename is.
-            fs::rename(&taken, &path).await?;
-            sync_dir(path.parent().expect("blob paths have a parent")).await?;
-            return Ok(None);
-        }
-        fs::remove_file(&taken).await?;
-        self.usage.forget(meta.len());
-        Ok(Some(meta.len()))
-    }
-
-    /// Whether a blob is stored durably, as [`BlobStore::exists`]; if it is, it is marked as
-    /// written now, so that a collection under way keeps it (an upload of a blob already
-    /// stored, which is not written again).
-    pub async fn refresh(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        let path = self.path(ns, id);
-        if self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path) {
-            return Ok(false);
-        }
-        let touched = tokio::task::spawn_blocking(move || {
-            std::fs::File::options().write(true).open(path)?.set_modified(SystemTime::now())
-        })
-        .await
-        .map_err(io::Error::other)?;
-        match touched {
-            Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }

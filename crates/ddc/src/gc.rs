@@ -55,6 +55,9 @@ pub struct GcReport {
     pub blobs_kept: u64,
 }
 
+/// How long before a sweep's mark began a ref must have been written to be marked again.
+const REMARK_MARGIN_MS: i64 = 60_000;
+
 /// Milliseconds since the Unix epoch of `t` (0 before it).
 fn epoch_ms(t: SystemTime) -> i64 {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
@@ -80,6 +83,8 @@ impl Content {
             }
             tokio::task::yield_now().await;
         }
+        // From now on, a blob a presence check relies on is never old enough to be swept.
+        self.blobs.keep_fresh(policy.blob_grace / 2);
         if !self.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(report);
         }
@@ -92,7 +97,9 @@ impl Content {
 
     /// Removes `ns`'s blobs that no ref names and that were last written before `young`.
     async fn sweep(&self, ns: &Name, young: SystemTime, report: &mut GcReport) -> Result<(), ContentError> {
-        let started = epoch_ms(SystemTime::now());
+        // A write is stamped just before it commits: a margin for one that waited long on the
+        // disk after its stamp, and for a clock set back a little.
+        let started = epoch_ms(SystemTime::now()) - REMARK_MARGIN_MS;
         let mut live = Live::default();
         let mut after: Option<RefCursor> = None;
         loop {
@@ -130,13 +137,8 @@ impl Content {
             }
             // A content id goes with its blob, unless the same buffer was uploaded again since
             // (its blob is back, with the same id).
-            let mut forget = Vec::new();
-            for id in gone {
-                if !self.blobs.exists(ns, &id).await? {
-                    forget.push(id);
-                }
-            }
-            self.meta.forget_content_of(ns, forget).await?;
+            let gone = gone.into_iter().map(|id| (id, self.blobs.blob_path(ns, &id))).collect();
+            self.meta.forget_content_of(ns, gone).await?;
         }
         Ok(())
     }
@@ -414,5 +416,49 @@ mod tests {
             content.meta.refs_since(&ns(), since).await.unwrap(),
             vec![("b".to_owned(), "c".repeat(40))]
         );
+    }
+
+    /// While collections run, a blob a presence check finds that was last written more than
+    /// half the grace ago is marked as written now, so a sweep under way keeps what a new ref
+    /// relies on. Before the first run, nothing is marked.
+    #[tokio::test]
+    async fn a_blob_a_check_relies_on_is_kept_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let id = blob(&content, b"relied on").await;
+        let hex = id.to_hex();
+        let path = dir.path().join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+        let two_hours_ago = SystemTime::now() - 2 * HOUR;
+        let set = |t: SystemTime| {
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(t).unwrap()
+        };
+        let modified = || std::fs::metadata(&path).unwrap().modified().unwrap();
+        set(two_hours_ago);
+        assert!(has(&content, id).await);
+        assert_eq!(modified(), two_hours_ago, "no collection yet: not marked");
+        content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
+        set(two_hours_ago);
+        assert!(has(&content, id).await);
+        assert!(modified() > SystemTime::now() - HOUR / 2, "found by a check: marked as written now");
+        set(two_hours_ago);
+        assert!(content.blobs.open_blob(&ns(), &id).await.unwrap().is_some());
+        assert!(modified() > SystemTime::now() - HOUR / 2, "read by a check: marked too");
+    }
+
+    /// A blob a sweep had taken out of place when the process stopped is put back at the
+    /// next start (it may have been written again a moment before); other temp files go.
+    #[tokio::test]
+    async fn a_taken_blob_is_put_back_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let id = blob(&content, b"taken out").await;
+        let place = content.blobs.blob_path(&ns(), &id);
+        let taken = dir.path().join(".tmp").join(format!("1-1.gc.ue.ddc.{}", id.to_hex()));
+        std::fs::rename(&place, &taken).unwrap();
+        std::fs::write(dir.path().join(".tmp").join("1-2"), b"an upload cut short").unwrap();
+        drop(content);
+        let content = store(dir.path()).await;
+        assert!(has(&content, id).await, "back in place");
+        assert_eq!(std::fs::read_dir(dir.path().join(".tmp")).unwrap().count(), 0);
     }
 }

@@ -2,6 +2,8 @@
 //! small batches, and reading, a page at a time, what the refs that remain name. Kept apart
 //! from the request paths in `meta.rs`: nothing here runs on a request.
 
+use std::path::PathBuf;
+
 use rusqlite::{OptionalExtension, params};
 
 use super::{MetaError, MetaStore, hash_of};
@@ -138,9 +140,15 @@ impl MetaStore {
         .await
     }
 
-    /// Forgets the content ids that name the blobs `gone` (removed by the collector, and
-    /// checked absent since), in one write; how many.
-    pub async fn forget_content_of(&self, ns: &Name, gone: Vec<IoHash>) -> Result<usize, MetaError> {
+    /// Forgets the content ids that name the blobs `gone` (removed by the collector), each
+    /// only if its file (the path given) is still absent when the write runs: an upload of the
+    /// same buffer since wrote the blob again, and writes its content id after this write.
+    /// How many were forgotten.
+    pub async fn forget_content_of(
+        &self,
+        ns: &Name,
+        gone: Vec<(IoHash, PathBuf)>,
+    ) -> Result<usize, MetaError> {
         if gone.is_empty() {
             return Ok(0);
         }
@@ -150,8 +158,10 @@ impl MetaStore {
             let mut forgotten = 0;
             {
                 let mut delete = tx.prepare_cached("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2")?;
-                for blob in gone {
-                    forgotten += delete.execute(params![n, &blob.as_bytes()[..]])?;
+                for (blob, path) in gone {
+                    if !path.try_exists().unwrap_or(true) {
+                        forgotten += delete.execute(params![n, &blob.as_bytes()[..]])?;
+                    }
                 }
             }
             tx.commit()?;

@@ -1,0 +1,174 @@
+//! What garbage collection ([`crate::gc`]) asks of the blob store, and what keeps it from
+//! removing a blob in use: listing a namespace's blobs one directory at a time, removing one
+//! only if it is still old (taking it out of place first, and putting it back if it was written
+//! meanwhile), and marking as written now the blobs that uploads and presence checks rely on.
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use filetime::FileTime;
+use tokio::fs;
+
+use super::{BlobStore, Settling, TMP, sync_dir};
+use crate::{IoHash, Name};
+
+/// Marks the file at `path` as written now, by its path (so a blob renamed out of place
+/// meanwhile is not marked by a handle to it). False if it is gone.
+async fn mark_written(path: PathBuf) -> io::Result<bool> {
+    let marked = tokio::task::spawn_blocking(move || filetime::set_file_mtime(path, FileTime::now()))
+        .await
+        .map_err(io::Error::other)?;
+    match marked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Where a blob taken out of place by [`BlobStore::delete_older`] belongs, from its name in the
+/// temp directory (`<n>.gc.<namespace>.<id>`); `None` for any other temp file.
+pub(super) fn taken_place(root: &Path, name: &OsStr) -> Option<PathBuf> {
+    let (_, rest) = name.to_str()?.split_once(".gc.")?;
+    let (ns, id) = rest.rsplit_once('.')?;
+    let (ns, id) = (ns.parse::<Name>().ok()?, id.parse::<IoHash>().ok()?);
+    Some(blob_path(root, &ns, &id))
+}
+
+fn blob_path(root: &Path, ns: &Name, id: &IoHash) -> PathBuf {
+    let hex = id.to_hex();
+    root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
+}
+
+impl BlobStore {
+    /// From now on, a blob a presence check finds (through [`BlobStore::exists`] or
+    /// [`BlobStore::open_blob`]) that was last written more than `age` ago is marked as
+    /// written now. Garbage collection sets it to half its grace, so that a blob a new ref
+    /// relies on is never old enough to be swept.
+    pub fn keep_fresh(&self, age: Duration) {
+        let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.fresh_for_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Marks the blob at `path` as written now if [`BlobStore::keep_fresh`] asks for it and it
+    /// is older; false if it is gone. Failing to mark it (a read-only store) is not an error:
+    /// the blob is there.
+    pub(super) async fn freshen(&self, path: &Path, meta: &std::fs::Metadata) -> io::Result<bool> {
+        let ms = self.fresh_for_ms.load(Ordering::Relaxed);
+        let Ok(modified) = meta.modified() else { return Ok(true) };
+        if ms == 0 || modified + Duration::from_millis(ms) > SystemTime::now() {
+            return Ok(true);
+        }
+        match mark_written(path.to_owned()).await {
+            Ok(present) => Ok(present),
+            Err(e) => {
+                tracing::debug!(error = %e, path = %path.display(), "could not mark a blob as written now");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Whether a blob is stored durably, as [`BlobStore::exists`]; if it is, it is marked as
+    /// written now, so that a collection under way keeps it (an upload of a blob already
+    /// stored, which is not written again).
+    pub async fn refresh(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        let path = self.path(ns, id);
+        if !mark_written(path.clone()).await? {
+            return Ok(false);
+        }
+        // After the mark: a writer marks its blob settling before its rename.
+        Ok(!self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path))
+    }
+
+    /// The blobs under one of a namespace's 256 top directories (`<ns>/<aa>/`), with when each
+    /// was last written. Files whose names are not blob ids are left out.
+    pub async fn list_shard(&self, ns: &Name, shard: u8) -> io::Result<Vec<(IoHash, SystemTime)>> {
+        let dir = self.root.join(ns.as_str()).join(format!("{shard:02x}"));
+        tokio::task::spawn_blocking(move || {
+            let mut found = Vec::new();
+            let subdirs = match std::fs::read_dir(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(found),
+                other => other?,
+            };
+            for subdir in subdirs.flatten() {
+                let Ok(files) = std::fs::read_dir(subdir.path()) else { continue };
+                for file in files.flatten() {
+                    let Some(id) = file.file_name().to_str().and_then(|n| n.parse::<IoHash>().ok()) else {
+                        continue;
+                    };
+                    if let Ok(modified) = file.metadata().and_then(|m| m.modified()) {
+                        found.push((id, modified));
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    /// Removes a blob if it was last written before `before`; its size if it was removed.
+    /// The blob is first renamed out of its place, then its time checked again: an upload that
+    /// renamed a new copy into place (or marked this one as written) a moment before is put
+    /// back, one a moment after is left alone, so a blob answered present is not removed by a
+    /// check made before. A crash in between leaves it in the temp directory, under a name
+    /// that the next start puts back.
+    pub async fn delete_older(&self, ns: &Name, id: &IoHash, before: SystemTime) -> io::Result<Option<u64>> {
+        let path = self.path(ns, id);
+        let meta = match fs::metadata(&path).await {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
+        if meta.modified()? >= before {
+            return Ok(None);
+        }
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let taken = self.root.join(TMP).join(format!(
+            "{}-{n}.gc.{}.{}",
+            std::process::id(),
+            ns.as_str(),
+            id.to_hex()
+        ));
+        match fs::rename(&path, &taken).await {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        }
+        let meta = fs::metadata(&taken).await?;
+        if meta.modified()? >= before {
+            // Written again meanwhile: back in place (over any copy written since, which holds
+            // the same bytes), settling until durable as an upload's rename is.
+            let _settling = Settling::start(&self.settling, &path);
+            fs::rename(&taken, &path).await?;
+            sync_dir(path.parent().expect("blob paths have a parent")).await?;
+            return Ok(None);
+        }
+        fs::remove_file(&taken).await?;
+        self.usage.forget(meta.len());
+        Ok(Some(meta.len()))
+    }
+
+    /// Where blob `id` of `ns` is stored (for checks made inside a metadata transaction).
+    pub fn blob_path(&self, ns: &Name, id: &IoHash) -> PathBuf {
+        blob_path(&self.root, ns, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_blob_knows_its_place() {
+        let root = Path::new("/store");
+        let id = IoHash::of(b"x");
+        let name = format!("12-3.gc.ue.ddc.{}", id.to_hex());
+        assert_eq!(
+            taken_place(root, OsStr::new(&name)),
+            Some(blob_path(root, &"ue.ddc".parse().unwrap(), &id))
+        );
+        assert_eq!(taken_place(root, OsStr::new("12-3")), None, "an upload's temp file");
+        assert_eq!(taken_place(root, OsStr::new("12-3.gc.ue.ddc.nothex")), None);
+    }
+}
