@@ -107,12 +107,11 @@ impl BlobStore {
         while let Some(entry) = stale.next_entry().await? {
             // A blob garbage collection had taken out of place goes back: it may have been
             // written again a moment before (the next run decides again).
-            if let Some(place) = collect::taken_place(&root, &entry.file_name()) {
-                if !fs::try_exists(&place).await.unwrap_or(true)
-                    && fs::rename(entry.path(), &place).await.is_ok()
-                {
-                    continue;
-                }
+            if let Some(place) = collect::taken_place(&root, &entry.file_name())
+                && !fs::try_exists(&place).await.unwrap_or(true)
+                && fs::rename(entry.path(), &place).await.is_ok()
+            {
+                continue;
             }
             let _ = fs::remove_file(entry.path()).await;
         }
