@@ -158,12 +158,10 @@ impl Content {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),
         }
-        if let Some(Located::Compressed(blob)) = self.locate(ns, raw).await? {
-            // Already stored: an idempotent re-upload, which a collection under way keeps (one
-            // that removed it a moment ago lets this upload store it again).
-            if self.blobs.refresh(ns, &blob).await? {
-                return Ok(raw);
-            }
+        if let Some(Located::Compressed(_)) = self.locate(ns, raw).await? {
+            // Already stored: an idempotent re-upload. (Looking for it marked it as written now
+            // if it was old and collections run, so a sweep under way keeps it.)
+            return Ok(raw);
         }
         let (blob, _) = self.blobs.put(ns, None, &body[..], u64::MAX).await?;
         self.meta.put_content(ns, raw, blob).await?;

@@ -70,18 +70,6 @@ impl BlobStore {
         }
     }
 
-    /// Whether a blob is stored durably, as [`BlobStore::exists`]; if it is, it is marked as
-    /// written now, so that a collection under way keeps it (an upload of a blob already
-    /// stored, which is not written again).
-    pub async fn refresh(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        let path = self.path(ns, id);
-        if !mark_written(path.clone()).await? {
-            return Ok(false);
-        }
-        // After the mark: a writer marks its blob settling before its rename.
-        Ok(!self.settling.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&path))
-    }
-
     /// The blobs under one of a namespace's 256 top directories (`<ns>/<aa>/`), with when each
     /// was last written. Files whose names are not blob ids are left out.
     pub async fn list_shard(&self, ns: &Name, shard: u8) -> io::Result<Vec<(IoHash, SystemTime)>> {

@@ -107,10 +107,10 @@ pub(super) async fn store_raw(
 ) -> Result<(IoHash, u64), ApiError> {
     let reader = body_reader(body, ddc.limits.body_timeout);
     if let Some(id) = expected
-        && ddc.content.blobs.refresh(ns, &id).await?
+        && ddc.content.blobs.exists(ns, &id).await?
     {
         // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
-        // written; it restarts the blob's grace before garbage collection.
+        // written (while collections run, an old blob found here is marked as written now).
         let (actual, size) = crate::blob_store::hash_stream(reader, ddc.limits.max_blob_bytes).await?;
         if actual != id {
             return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });

@@ -151,7 +151,7 @@ async fn store_package(ddc: &Ddc, ns: &Name, body: Bytes, held: &Arc<Held>) -> R
             let scratch = super::blobs::scratch_budget(ddc, entry.payload, held.bytes())?;
             let budget = (held.clone(), scratch);
             ddc.content.put_compressed(ns, Some(hash), body.slice_ref(entry.payload), budget).await?;
-        } else if !ddc.content.blobs.refresh(ns, &hash).await? {
+        } else if !ddc.content.blobs.exists(ns, &hash).await? {
             ddc.content.blobs.put(ns, Some(hash), entry.payload, u64::MAX).await?;
         }
     }
