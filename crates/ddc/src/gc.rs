@@ -231,6 +231,11 @@ mod tests {
         content.blobs.exists(&ns(), &id).await.unwrap()
     }
 
+    /// Sets when the file at `path` was last written.
+    fn set_written(path: &std::path::Path, at: SystemTime) {
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(at).unwrap();
+    }
+
     /// A store whose count of blobs at start has finished (a collection sweeps only then).
     async fn store(dir: &std::path::Path) -> Content {
         let content = Content::open_in(dir, 1 << 30).await;
@@ -378,10 +383,7 @@ mod tests {
         let id = blob(&content, b"uploaded twice").await;
         content.meta.add_namespace(&ns()).await.unwrap();
         let path = content.blobs.blob_path(&ns(), &id);
-        let age = || {
-            let file = std::fs::File::options().write(true).open(&path).unwrap();
-            file.set_modified(SystemTime::now() - 2 * HOUR).unwrap()
-        };
+        let age = || set_written(&path, SystemTime::now() - 2 * HOUR);
         age();
         // What an upload of it does before it answers.
         assert!(content.blobs.exists(&ns(), &id).await.unwrap());
@@ -424,12 +426,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let content = store(dir.path()).await;
         let id = blob(&content, b"relied on").await;
-        let hex = id.to_hex();
-        let path = dir.path().join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+        let path = content.blobs.blob_path(&ns(), &id);
         let two_hours_ago = SystemTime::now() - 2 * HOUR;
-        let set = |t: SystemTime| {
-            std::fs::File::options().write(true).open(&path).unwrap().set_modified(t).unwrap()
-        };
+        let set = |t: SystemTime| set_written(&path, t);
         let modified = || std::fs::metadata(&path).unwrap().modified().unwrap();
         set(two_hours_ago);
         assert!(has(&content, id).await);
