@@ -200,11 +200,22 @@ impl BlobStore {
 
     /// The blob's file and size, if it is stored.
     pub async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<(fs::File, u64)>> {
+        self.open_marking(ns, id, true).await
+    }
+
+    /// [`BlobStore::open_blob`]; with `mark`, an old blob is marked as written now while
+    /// garbage collection runs ([`BlobStore::keep_fresh`]). The collector's own reads do not.
+    pub(crate) async fn open_marking(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        mark: bool,
+    ) -> io::Result<Option<(fs::File, u64)>> {
         let path = self.path(ns, id);
         match fs::File::open(&path).await {
             Ok(file) => {
                 let meta = file.metadata().await?;
-                if !self.freshen(&path, &meta).await? {
+                if mark && !self.freshen(&path, &meta).await? {
                     return Ok(None); // Taken by garbage collection as it was opened.
                 }
                 Ok(Some((file, meta.len())))

@@ -6,10 +6,11 @@
 //! directory of blobs at a time), so requests never wait long behind it.
 //!
 //! Every decision takes `now` as an argument, so the tests run it days ahead instead of
-//! waiting. Racing a run costs at most a cache miss, never a wrong answer: a ref written while
-//! its blobs are being marked is marked again before the sweep, and a blob removed under a ref
-//! written during the sweep makes that ref's next read find it missing (every read checks its
-//! attachments) and the editor upload it again.
+//! waiting. Racing a run: a ref written while its blobs are being marked is marked again
+//! before the sweep; from the first run on, a blob a presence check relies on is marked as
+//! written now if it is old ([`crate::BlobStore::keep_fresh`]), and the sweep takes each blob
+//! out of place and checks its time again before removing it (docs/ddc.md, "Garbage
+//! collection").
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -158,9 +159,12 @@ impl Content {
         // Object attachments name more, one object read at a time, charged as a presence
         // check's reads are; a chain of them is followed by this loop, not by recursion.
         while let Some(object) = objects.pop() {
-            let Some((bytes, _held)) = self.read_blob(ns, &object, MAX_ATTACHED_OBJECT).await? else {
+            // Not marked as written by this read: it is kept because it is named.
+            let Some((file, size)) = self.blobs.open_marking(ns, &object, false).await? else { continue };
+            if size > MAX_ATTACHED_OBJECT {
                 continue;
-            };
+            }
+            let (bytes, _held) = self.read_charged(file, size).await?;
             let named = cb::parse(&bytes).map(|f| f.attachments()).unwrap_or_default();
             drop(bytes);
             let named = named.into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h))).collect();
@@ -373,7 +377,7 @@ mod tests {
         assert!(has(&content, child).await);
     }
 
-    /// While collections run, an upload of a blob already stored (not written again) that is
+    /// From the first run on, an upload of a blob already stored (not written again) that is
     /// older than half the grace restarts its grace.
     #[tokio::test]
     async fn a_reupload_restarts_the_grace() {
@@ -418,7 +422,7 @@ mod tests {
         );
     }
 
-    /// While collections run, a blob a presence check finds that was last written more than
+    /// From the first run on, a blob a presence check finds that was last written more than
     /// half the grace ago is marked as written now, so a sweep under way keeps what a new ref
     /// relies on. Before the first run, nothing is marked.
     #[tokio::test]
@@ -457,5 +461,29 @@ mod tests {
         let content = store(dir.path()).await;
         assert!(has(&content, id).await, "back in place");
         assert_eq!(std::fs::read_dir(dir.path().join(".tmp")).unwrap().count(), 0);
+    }
+
+    /// The collector's own reads of object attachments do not mark them as written: a named
+    /// object is kept because it is named, and a run writes no inode times.
+    #[tokio::test]
+    async fn a_run_does_not_mark_what_it_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = store(dir.path()).await;
+        let object = blob(&content, &Value::Object(vec![("n".into(), Value::Integer(1))]).to_bytes()).await;
+        put_ref(
+            &content,
+            "a",
+            Value::Object(vec![("o".into(), Value::ObjectAttachment(*object.as_bytes()))]).to_bytes(),
+            true,
+        )
+        .await;
+        let path = content.blobs.blob_path(&ns(), &object);
+        let two_hours_ago = SystemTime::now() - 2 * HOUR;
+        set_written(&path, two_hours_ago);
+        for _ in 0..2 {
+            let report = content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
+            assert_eq!((report.blobs_removed, report.blobs_kept), (0, 1));
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), two_hours_ago);
     }
 }

@@ -219,7 +219,11 @@ impl Content {
     }
 
     /// The whole of an open blob of `size` bytes, charged to the memory budget before it is read.
-    async fn read_charged(&self, file: tokio::fs::File, size: u64) -> Result<(Vec<u8>, Held), ContentError> {
+    pub(crate) async fn read_charged(
+        &self,
+        file: tokio::fs::File,
+        size: u64,
+    ) -> Result<(Vec<u8>, Held), ContentError> {
         let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
         let held = Held::take(&self.budget, len)?;
         let mut out = Vec::with_capacity(len);

@@ -9,24 +9,41 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use filetime::FileTime;
 use tokio::fs;
 
 use super::{BlobStore, Settling, TMP, sync_dir};
 use crate::{IoHash, Name};
 
-/// Marks the file at `path` as written now, by its path (so a blob renamed out of place
-/// meanwhile is not marked by a handle to it). False if it is gone.
+/// Marks the file at `path` as written now: one `utimensat` on the path itself, not through
+/// a handle, so that a blob renamed out of place meanwhile is not marked (it is gone: false).
+/// `UTIME_NOW` needs only write access, not ownership.
 async fn mark_written(path: PathBuf) -> io::Result<bool> {
-    let marked = tokio::task::spawn_blocking(move || filetime::set_file_mtime(path, FileTime::now()))
-        .await
-        .map_err(io::Error::other)?;
+    let marked = tokio::task::spawn_blocking(move || -> io::Result<()> {
+        let path =
+            std::ffi::CString::new(path.into_os_string().into_encoded_bytes()).map_err(io::Error::other)?;
+        let now = [
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        ];
+        // SAFETY: `path` is a NUL-terminated string and `now` two timespecs, both alive for the
+        // call; utimensat reads them and keeps neither.
+        if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), now.as_ptr(), 0) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    })
+    .await
+    .map_err(io::Error::other)?;
     match marked {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
 }
+
+/// A mark that failed (a read-only store, no write access) has been logged.
+static MARK_FAILED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Where a blob taken out of place by [`BlobStore::delete_older`] belongs, from its name in the
 /// temp directory (`<n>.gc.<namespace>.<id>`); `None` for any other temp file.
@@ -43,18 +60,19 @@ fn blob_path(root: &Path, ns: &Name, id: &IoHash) -> PathBuf {
 }
 
 impl BlobStore {
-    /// From now on, a blob a presence check finds (through [`BlobStore::exists`] or
+    /// From now on, a blob a presence check or a read finds (through [`BlobStore::exists`] or
     /// [`BlobStore::open_blob`]) that was last written more than `age` ago is marked as
-    /// written now. Garbage collection sets it to half its grace, so that a blob a new ref
-    /// relies on is never old enough to be swept.
+    /// written now. Garbage collection sets it to half its grace at its first run, so that a
+    /// blob a new ref relies on is never old enough to be swept.
     pub fn keep_fresh(&self, age: Duration) {
         let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX).max(1);
         self.fresh_for_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Marks the blob at `path` as written now if [`BlobStore::keep_fresh`] asks for it and it
-    /// is older; false if it is gone. Failing to mark it (a read-only store) is not an error:
-    /// the blob is there.
+    /// is older; false if it is gone. Failing to mark it (a read-only store, no write access)
+    /// is not an error, since the blob is there, but it is logged once: a sweep may then
+    /// remove a blob a new ref relies on.
     pub(super) async fn freshen(&self, path: &Path, meta: &std::fs::Metadata) -> io::Result<bool> {
         let ms = self.fresh_for_ms.load(Ordering::Relaxed);
         let Ok(modified) = meta.modified() else { return Ok(true) };
@@ -64,7 +82,13 @@ impl BlobStore {
         match mark_written(path.to_owned()).await {
             Ok(present) => Ok(present),
             Err(e) => {
-                tracing::debug!(error = %e, path = %path.display(), "could not mark a blob as written now");
+                if !MARK_FAILED_LOGGED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        path = %path.display(),
+                        "could not mark a blob as written now (logged once); garbage collection may race new refs"
+                    );
+                }
                 Ok(true)
             }
         }
@@ -126,9 +150,16 @@ impl BlobStore {
         let meta = fs::metadata(&taken).await?;
         if meta.modified()? >= before {
             // Written again meanwhile: back in place (over any copy written since, which holds
-            // the same bytes), settling until durable as an upload's rename is.
+            // the same bytes), settling until durable as an upload's rename is. Its namespace
+            // deleted meanwhile, it goes with it.
             let _settling = Settling::start(&self.settling, &path);
-            fs::rename(&taken, &path).await?;
+            match fs::rename(&taken, &path).await {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let _ = fs::remove_file(&taken).await;
+                    return Ok(None);
+                }
+                other => other?,
+            }
             sync_dir(path.parent().expect("blob paths have a parent")).await?;
             return Ok(None);
         }

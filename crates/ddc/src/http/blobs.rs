@@ -110,7 +110,8 @@ pub(super) async fn store_raw(
         && ddc.content.blobs.exists(ns, &id).await?
     {
         // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
-        // written (while collections run, an old blob found here is marked as written now).
+        // written (from garbage collection's first run on, an old blob found here is marked as
+        // written now).
         let (actual, size) = crate::blob_store::hash_stream(reader, ddc.limits.max_blob_bytes).await?;
         if actual != id {
             return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
