@@ -252,6 +252,9 @@ impl Content {
             objects_left: MAX_RESOLVED_OBJECTS,
             judged_left: MAX_JUDGED_ATTACHMENTS,
             room: room as u64,
+            absent: Vec::new(),
+            cut_short: false,
+            judging: HashSet::new(),
         };
         self.missing_within(ns, attachments, bounds).await
     }
@@ -269,12 +272,21 @@ impl Content {
             if !named.insert((ty, hash)) {
                 continue; // Named twice by the ref: listed once.
             }
+            resolver.cut_short = false;
             // Judged already if an object attachment named it too: then `present` answers from
             // what it judged, so that a hash is listed even when it was judged missing inside
             // an object first.
-            if !self.present(ns, ty, hash, 0, &mut resolver).await? && listed.insert(hash) {
-                missing.push(hash);
+            let present = self.present(ns, ty, hash, 0, &mut resolver).await?;
+            let mut found = std::mem::take(&mut resolver.absent);
+            // What is absent below it, as the reference server lists it: an object attachment
+            // that is stored is not listed, the blobs it names that are not stored are. Itself
+            // when a bound or a cycle cut the judgement short under it, or when nothing at all
+            // was listed yet: `needs` is empty only when every attachment is present. (One
+            // judged missing before, under an earlier attachment, had its blobs listed then.)
+            if !present && (resolver.cut_short || (found.is_empty() && missing.is_empty())) {
+                found.push(hash);
             }
+            missing.extend(found.into_iter().filter(|h| listed.insert(*h)));
         }
         Ok(missing)
     }
@@ -310,38 +322,51 @@ impl Content {
             // ref may name it directly too, where it is judged in full.
             if depth > 0 {
                 if resolver.judged_left == 0 {
+                    resolver.cut_short = true;
                     return Ok(false);
                 }
                 resolver.judged_left -= 1;
             }
             let present = if ty == CbType::BinaryAttachment {
-                self.locate(ns, hash).await?.is_some()
-            } else if depth >= MAX_OBJECT_DEPTH || resolver.objects_left == 0 {
+                let located = self.locate(ns, hash).await?.is_some();
+                if !located {
+                    resolver.absent.push(hash);
+                }
+                located
+            } else if depth >= MAX_OBJECT_DEPTH
+                || resolver.objects_left == 0
+                || resolver.judging.contains(&hash)
+            {
+                // Past a bound, or a cycle (which cannot be present): not remembered as judged.
+                resolver.cut_short = true;
                 return Ok(false);
             } else {
                 resolver.objects_left -= 1;
-                // Provisionally missing while its children are judged (a cycle cannot be
-                // present).
-                resolver.known.insert((ty, hash), false);
+                resolver.judging.insert(hash);
                 let children = match self.read_attached(ns, &hash, resolver.room).await? {
                     None => None,
                     Some((bytes, _held)) => {
                         cb::parse(&bytes).ok().and_then(|object| object.attachments_within(MAX_ATTACHMENTS))
                     }
                 };
-                match children {
-                    None => false,
+                let judged = match children {
+                    // Not stored, too large, damaged or naming too many: the object itself.
+                    None => {
+                        resolver.absent.push(hash);
+                        false
+                    }
+                    // Every child judged (not only up to the first missing), so that `needs`
+                    // lists every blob absent below it.
                     Some(children) => {
                         let mut all = true;
                         for (ty, h) in children {
-                            if !self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await? {
-                                all = false;
-                                break;
-                            }
+                            all &= self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await?;
                         }
                         all
                     }
-                }
+                };
+                resolver.judging.remove(&hash);
+                judged
             };
             resolver.known.insert((ty, hash), present);
             Ok(present)
@@ -374,6 +399,13 @@ struct Resolver {
     judged_left: usize,
     /// What the memory budget could ever give the check.
     room: u64,
+    /// Hashes found absent since the ref's current attachment began to be judged, in order:
+    /// blobs not stored, and object attachments not stored or not readable.
+    absent: Vec<IoHash>,
+    /// A bound or a cycle stopped the judgement under the ref's current attachment.
+    cut_short: bool,
+    /// The object attachments being judged (one met again is a cycle).
+    judging: HashSet<IoHash>,
 }
 
 #[cfg(test)]
@@ -463,7 +495,8 @@ mod tests {
 
     /// A hash the ref names directly is listed missing even when an object attachment named
     /// before it names it too (and it was judged missing there, inside the object); a hash
-    /// named twice is listed once.
+    /// named twice is listed once. The object is stored, so it is not listed: what it names
+    /// that is absent is.
     #[tokio::test]
     async fn a_hash_named_by_the_ref_and_by_an_object_is_listed() {
         let dir = tempfile::tempdir().unwrap();
@@ -478,7 +511,7 @@ mod tests {
         ];
         assert_eq!(
             content.missing_of(&ns, attachments, 1 << 30).await.unwrap(),
-            vec![IoHash::from_bytes(object), IoHash::from_bytes(absent)]
+            vec![IoHash::from_bytes(absent)]
         );
     }
 
@@ -500,7 +533,15 @@ mod tests {
     }
 
     fn judging(judged: usize) -> Resolver {
-        Resolver { known: HashMap::new(), objects_left: 10, judged_left: judged, room: 1 << 20 }
+        Resolver {
+            known: HashMap::new(),
+            objects_left: 10,
+            judged_left: judged,
+            room: 1 << 20,
+            absent: Vec::new(),
+            cut_short: false,
+            judging: HashSet::new(),
+        }
     }
 
     /// A check judges at most its bound of hashes reached through object attachments: past it,
@@ -551,5 +592,54 @@ mod tests {
         let past = content.missing_of(&ns, chain, 30_000).await;
         assert!(matches!(past, Err(ContentError::PastRoom { room: 30_000, .. })), "{past:?}");
         assert_eq!(content.budget.available(), budget as usize, "nothing charged");
+    }
+
+    /// `needs` lists what is absent below a stored object attachment, as the reference server
+    /// does, not the object (whose upload again would change nothing): every absent blob it
+    /// names, at any depth, each once, however many objects name it. An object not stored is
+    /// listed itself.
+    #[tokio::test]
+    async fn needs_lists_the_absent_blobs_below_a_stored_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let (c1, c2) = (*IoHash::of(b"absent one").as_bytes(), *IoHash::of(b"absent two").as_bytes());
+        let present = store(&content, &ns, b"present").await;
+        let inner = store(&content, &ns, &naming(CbType::BinaryAttachment, &[c2, present])).await;
+        let mut fields = vec![
+            ("a".to_string(), cb::Value::BinaryAttachment(c1)),
+            ("i".to_string(), cb::Value::ObjectAttachment(inner)),
+        ];
+        let first = store(&content, &ns, &cb::Value::Object(fields.clone()).to_bytes()).await;
+        fields.reverse();
+        let second = store(&content, &ns, &cb::Value::Object(fields).to_bytes()).await;
+        let not_stored = *IoHash::of(b"an object never stored").as_bytes();
+        let attachments = vec![
+            (CbType::ObjectAttachment, first),
+            (CbType::ObjectAttachment, second),
+            (CbType::ObjectAttachment, not_stored),
+        ];
+        let hashes = |hs: &[[u8; 20]]| hs.iter().map(|h| IoHash::from_bytes(*h)).collect::<Vec<_>>();
+        assert_eq!(
+            content.missing_of(&ns, attachments, 1 << 30).await.unwrap(),
+            hashes(&[c1, c2, not_stored])
+        );
+    }
+
+    /// Objects that name each other (all stored) can never be present: the check lists the
+    /// ref's attachment, so `needs` is never empty for a ref that is not finalized.
+    #[tokio::test]
+    async fn a_cycle_of_objects_is_never_present_and_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        // An object stored under a hash it names itself: content addressing never stores
+        // one, so it is written into the store by hand, as a damaged store could hold it.
+        let o = *IoHash::of(b"a hash the object names").as_bytes();
+        let path = content.blobs.blob_path(&ns, &IoHash::from_bytes(o));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
+        let missing = content.missing_of(&ns, vec![(CbType::ObjectAttachment, o)], 1 << 30).await.unwrap();
+        assert_eq!(missing, vec![IoHash::from_bytes(o)]);
     }
 }
