@@ -137,8 +137,7 @@ pub async fn lookup(
         return Ok((Lookup::Missing, Held::default()));
     };
     if !row.finalized
-        || (resolve
-            && !content.missing(ns, &row.object, room.saturating_sub(row.object.len())).await?.is_empty())
+        || (resolve && !content.all_present(ns, &row.object, room.saturating_sub(row.object.len())).await?)
     {
         return Ok((Lookup::NotFinalized(row), held));
     }

@@ -240,6 +240,14 @@ impl Content {
         self.missing_of(ns, attachments_of(object), room).await
     }
 
+    /// Whether every attachment of `object` is present ([`Content::missing`] is empty), judged
+    /// only up to the first one that is not: what a read asks.
+    pub async fn all_present(&self, ns: &Name, object: &[u8], room: usize) -> Result<bool, ContentError> {
+        let mut resolver = Resolver::new(room);
+        resolver.first_only = true;
+        Ok(self.missing_within(ns, attachments_of(object), resolver).await?.is_empty())
+    }
+
     /// [`Content::missing`], given the object's attachments ([`attachments_of`]).
     pub async fn missing_of(
         &self,
@@ -247,16 +255,7 @@ impl Content {
         attachments: Vec<(CbType, [u8; 20])>,
         room: usize,
     ) -> Result<Vec<IoHash>, ContentError> {
-        let bounds = Resolver {
-            known: HashMap::new(),
-            objects_left: MAX_RESOLVED_OBJECTS,
-            judged_left: MAX_JUDGED_ATTACHMENTS,
-            room: room as u64,
-            absent: Vec::new(),
-            cut_short: false,
-            judging: HashSet::new(),
-        };
-        self.missing_within(ns, attachments, bounds).await
+        self.missing_within(ns, attachments, Resolver::new(room)).await
     }
 
     /// [`Content::missing_of`], within the bounds `resolver` starts with.
@@ -282,11 +281,15 @@ impl Content {
             // that is stored is not listed, the blobs it names that are not stored are. Itself
             // when a bound or a cycle cut the judgement short under it, or when nothing at all
             // was listed yet: `needs` is empty only when every attachment is present. (One
-            // judged missing before, under an earlier attachment, had its blobs listed then.)
+            // judged missing before, under an earlier attachment, is covered by what that one
+            // listed: what was absent below it, or itself.)
             if !present && (resolver.cut_short || (found.is_empty() && missing.is_empty())) {
                 found.push(hash);
             }
             missing.extend(found.into_iter().filter(|h| listed.insert(*h)));
+            if resolver.first_only && !missing.is_empty() {
+                break;
+            }
         }
         Ok(missing)
     }
@@ -361,6 +364,9 @@ impl Content {
                         let mut all = true;
                         for (ty, h) in children {
                             all &= self.present(ns, ty, IoHash::from_bytes(h), depth + 1, resolver).await?;
+                            if !all && resolver.first_only {
+                                break;
+                            }
                         }
                         all
                     }
@@ -406,6 +412,25 @@ struct Resolver {
     cut_short: bool,
     /// The object attachments being judged (one met again is a cycle).
     judging: HashSet<IoHash>,
+    /// Stop at the first attachment that is not present (a read's yes or no), instead of
+    /// listing all that are absent.
+    first_only: bool,
+}
+
+impl Resolver {
+    /// A check within the default bounds, with `room` of the memory budget.
+    fn new(room: usize) -> Resolver {
+        Resolver {
+            known: HashMap::new(),
+            objects_left: MAX_RESOLVED_OBJECTS,
+            judged_left: MAX_JUDGED_ATTACHMENTS,
+            room: room as u64,
+            absent: Vec::new(),
+            cut_short: false,
+            judging: HashSet::new(),
+            first_only: false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -533,15 +558,7 @@ mod tests {
     }
 
     fn judging(judged: usize) -> Resolver {
-        Resolver {
-            known: HashMap::new(),
-            objects_left: 10,
-            judged_left: judged,
-            room: 1 << 20,
-            absent: Vec::new(),
-            cut_short: false,
-            judging: HashSet::new(),
-        }
+        Resolver { objects_left: 10, judged_left: judged, ..Resolver::new(1 << 20) }
     }
 
     /// A check judges at most its bound of hashes reached through object attachments: past it,
@@ -641,5 +658,59 @@ mod tests {
         std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
         let missing = content.missing_of(&ns, vec![(CbType::ObjectAttachment, o)], 1 << 30).await.unwrap();
         assert_eq!(missing, vec![IoHash::from_bytes(o)]);
+    }
+
+    /// An attachment whose judgement a bound cut short is listed even when an earlier one
+    /// already put something in `needs`: `needs` lists every attachment not present or what
+    /// is absent below it.
+    #[tokio::test]
+    async fn an_attachment_cut_short_is_listed_after_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let absent = *IoHash::of(b"never stored").as_bytes();
+        let blob = store(&content, &ns, b"present").await;
+        let object = store(&content, &ns, &naming(CbType::BinaryAttachment, &[blob])).await;
+        let attachments = vec![(CbType::BinaryAttachment, absent), (CbType::ObjectAttachment, object)];
+        assert_eq!(
+            content.missing_within(&ns, attachments, judging(0)).await.unwrap(),
+            vec![IoHash::from_bytes(absent), IoHash::from_bytes(object)]
+        );
+    }
+
+    /// A cycle is found by the objects being judged, not by a bound: an object naming itself
+    /// is read once.
+    #[tokio::test]
+    async fn a_cycle_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let o = *IoHash::of(b"a hash the object names").as_bytes();
+        let path = content.blobs.blob_path(&ns, &IoHash::from_bytes(o));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
+        let mut resolver = judging(100);
+        let present = content.present(&ns, CbType::ObjectAttachment, IoHash::from_bytes(o), 0, &mut resolver);
+        assert!(!present.await.unwrap());
+        assert_eq!(resolver.objects_left, 9, "one read of ten");
+    }
+
+    /// A read's check stops at the first attachment not present, and answers the same.
+    #[tokio::test]
+    async fn a_reads_check_stops_at_the_first_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns: Name = "ue.ddc".parse().unwrap();
+        let content = content(dir.path(), 1 << 30).await;
+        let (a, b) = (*IoHash::of(b"absent a").as_bytes(), *IoHash::of(b"absent b").as_bytes());
+        let object = naming(CbType::BinaryAttachment, &[a, b]);
+        assert!(!content.all_present(&ns, &object, 1 << 30).await.unwrap());
+        let mut first = Resolver::new(1 << 30);
+        first.first_only = true;
+        let listed = content.missing_within(&ns, attachments_of(&object), first).await.unwrap();
+        assert_eq!(listed, vec![IoHash::from_bytes(a)]);
+        let present = store(&content, &ns, b"there").await;
+        assert!(
+            content.all_present(&ns, &naming(CbType::BinaryAttachment, &[present]), 1 << 30).await.unwrap()
+        );
     }
 }

@@ -24,6 +24,10 @@ use crate::{IoHash, Name};
 /// The most ops one batch may hold (the editor sends one per record it checks).
 pub const MAX_OPS: usize = 10_000;
 
+/// What one hash of a PUT op's `needs` takes in the reply, as [`ReplySize::take`] counts it
+/// (twice: the tree, then the bytes): a `Value::Hash` in the tree is 32 bytes, 21 in bytes.
+const NEEDS_BYTES_PER_HASH: usize = 32;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Get,
@@ -298,8 +302,25 @@ async fn run(
                 }
                 return Ok(Value::embed_object(&row.object).map_or_else(conflict, |object| (409, object)));
             };
+            // A small op can list thousands of hashes (what is absent below its object
+            // attachments): charged to the reply as an embedded object is. Past the reply's
+            // bound, this op's 413 (stored already; the editor asks again in another batch).
+            if !size.take(needs.len().saturating_mul(NEEDS_BYTES_PER_HASH))? {
+                return Ok(size.too_large());
+            }
             let hashes = needs.iter().map(|h| Value::Hash(*h.as_bytes())).collect();
             Ok((200, Value::Object(vec![("needs".into(), Value::Array(hashes))])))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hash of `needs` is charged at least what it takes in the reply's tree.
+    #[test]
+    fn a_needs_hash_is_charged_at_least_its_place_in_the_tree() {
+        assert!(std::mem::size_of::<Value>() <= NEEDS_BYTES_PER_HASH);
     }
 }
