@@ -643,6 +643,17 @@ mod tests {
         );
     }
 
+    /// An object stored under a hash it names itself, and that hash: content addressing
+    /// never stores one, so it is written into the store by hand, as a damaged store could
+    /// hold it.
+    fn self_naming_object(content: &Content, ns: &Name) -> [u8; 20] {
+        let o = *IoHash::of(b"a hash the object names").as_bytes();
+        let path = content.blobs.blob_path(ns, &IoHash::from_bytes(o));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
+        o
+    }
+
     /// Objects that name each other (all stored) can never be present: the check lists the
     /// ref's attachment, so `needs` is never empty for a ref that is not finalized.
     #[tokio::test]
@@ -650,12 +661,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ns: Name = "ue.ddc".parse().unwrap();
         let content = content(dir.path(), 1 << 30).await;
-        // An object stored under a hash it names itself: content addressing never stores
-        // one, so it is written into the store by hand, as a damaged store could hold it.
-        let o = *IoHash::of(b"a hash the object names").as_bytes();
-        let path = content.blobs.blob_path(&ns, &IoHash::from_bytes(o));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
+        let o = self_naming_object(&content, &ns);
         let missing = content.missing_of(&ns, vec![(CbType::ObjectAttachment, o)], 1 << 30).await.unwrap();
         assert_eq!(missing, vec![IoHash::from_bytes(o)]);
     }
@@ -685,10 +691,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ns: Name = "ue.ddc".parse().unwrap();
         let content = content(dir.path(), 1 << 30).await;
-        let o = *IoHash::of(b"a hash the object names").as_bytes();
-        let path = content.blobs.blob_path(&ns, &IoHash::from_bytes(o));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
+        let o = self_naming_object(&content, &ns);
         let mut resolver = judging(100);
         let present = content.present(&ns, CbType::ObjectAttachment, IoHash::from_bytes(o), 0, &mut resolver);
         assert!(!present.await.unwrap());
