@@ -138,8 +138,9 @@ impl BlobStore {
         &self.usage
     }
 
-    fn path(&self, ns: &Name, id: &IoHash) -> PathBuf {
-        self.blob_path(ns, id)
+    /// Where blob `id` of `ns` is stored.
+    pub fn blob_path(&self, ns: &Name, id: &IoHash) -> PathBuf {
+        place(&self.root, ns, id)
     }
 
     /// Stores what `body` yields, at most `limit` bytes. With `expected`, the body must hash to
@@ -159,7 +160,7 @@ impl BlobStore {
         {
             return Err(StoreError::HashMismatch { expected, actual });
         }
-        let dest = self.path(ns, &actual);
+        let dest = self.blob_path(ns, &actual);
         let dir = dest.parent().expect("blob paths have a parent");
         self.create_dirs_durably(dir).await?;
         let new = !fs::try_exists(&dest).await.unwrap_or(false);
@@ -211,7 +212,7 @@ impl BlobStore {
         id: &IoHash,
         mark: bool,
     ) -> io::Result<Option<(fs::File, u64)>> {
-        let path = self.path(ns, id);
+        let path = self.blob_path(ns, id);
         match fs::File::open(&path).await {
             Ok(file) => {
                 let meta = file.metadata().await?;
@@ -227,7 +228,7 @@ impl BlobStore {
 
     /// A stored blob's size, if it is stored.
     pub async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
-        match fs::metadata(self.path(ns, id)).await {
+        match fs::metadata(self.blob_path(ns, id)).await {
             Ok(m) => Ok(Some(m.len())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -236,7 +237,7 @@ impl BlobStore {
 
     /// Whether a blob is stored durably (one still settling counts as absent).
     pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        let path = self.path(ns, id);
+        let path = self.blob_path(ns, id);
         let meta = match fs::metadata(&path).await {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             other => other?,
@@ -250,7 +251,7 @@ impl BlobStore {
 
     /// Removes a blob; false if it was not there.
     pub async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        let path = self.path(ns, id);
+        let path = self.blob_path(ns, id);
         let size = fs::metadata(&path).await.map(|m| m.len()).unwrap_or(0);
         match fs::remove_file(path).await {
             Ok(()) => {
@@ -277,6 +278,12 @@ impl BlobStore {
             _ => Ok(()),
         }
     }
+}
+
+/// The store's layout: `<root>/<namespace>/<aa>/<bb>/<hash>`.
+fn place(root: &Path, ns: &Name, id: &IoHash) -> PathBuf {
+    let hex = id.to_hex();
+    root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
 }
 
 /// Files and bytes under `dir`, skipping the store's own `.tmp` and `.meta`.
@@ -492,7 +499,7 @@ mod tests {
     async fn a_namespace_deleted_under_a_known_directory_is_made_again() {
         let (_dir, store) = store().await;
         let (id, _) = store.put(&ns(), None, &b"one"[..], u64::MAX).await.unwrap();
-        let blob_dir = store.path(&ns(), &id).parent().unwrap().to_owned();
+        let blob_dir = store.blob_path(&ns(), &id).parent().unwrap().to_owned();
         assert!(store.durable_dirs.lock().unwrap().contains(&blob_dir));
         store.delete_namespace(&ns()).await.unwrap();
         assert!(!store.durable_dirs.lock().unwrap().contains(&blob_dir), "forgotten with it");
@@ -510,7 +517,7 @@ mod tests {
         }
         let other = (0u32..)
             .map(|i| i.to_be_bytes())
-            .find(|b| store.path(&ns(), &IoHash::of(b)).parent() != Some(blob_dir.as_path()));
+            .find(|b| store.blob_path(&ns(), &IoHash::of(b)).parent() != Some(blob_dir.as_path()));
         let other = other.unwrap();
         let (id, _) = store.put(&ns(), None, &other[..], u64::MAX).await.unwrap();
         assert_eq!(read_all(&store, &id).await.unwrap(), other);
@@ -522,9 +529,9 @@ mod tests {
         let (id, _) = store.put(&ns(), None, &b"settled"[..], u64::MAX).await.unwrap();
         assert!(store.exists(&ns(), &id).await.unwrap());
         // Between its rename and its directory's fsync, a blob is not acknowledged by others.
-        let settling = Settling::start(&store.settling, &store.path(&ns(), &id));
+        let settling = Settling::start(&store.settling, &store.blob_path(&ns(), &id));
         assert!(!store.exists(&ns(), &id).await.unwrap());
-        let twice = Settling::start(&store.settling, &store.path(&ns(), &id));
+        let twice = Settling::start(&store.settling, &store.blob_path(&ns(), &id));
         drop(settling);
         assert!(!store.exists(&ns(), &id).await.unwrap(), "a second writer is still settling it");
         drop(twice);

@@ -15,9 +15,9 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use crate::cb::{self, CbType};
-use crate::meta::{RefCursor, RefPage};
-use crate::storage::{Content, ContentError, MAX_ATTACHED_OBJECT};
+use crate::cb::CbType;
+use crate::meta::{RefCursor, RefPage, epoch_ms, now_ms};
+use crate::storage::{Content, ContentError, MAX_ATTACHED_OBJECT, attachment_hashes};
 use crate::{IoHash, Name};
 
 /// When refs and blobs expire.
@@ -59,12 +59,6 @@ pub struct GcReport {
 /// How long before a sweep's mark began a ref must have been written to be marked again.
 const REMARK_MARGIN_MS: i64 = 60_000;
 
-/// Milliseconds since the Unix epoch of `t` (0 before it).
-fn epoch_ms(t: SystemTime) -> i64 {
-    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl Content {
     /// One collection as of `now`: expired refs, then unnamed blobs (see the module's doc).
     /// Blobs are left alone until the count of the store made at start has finished, so that
@@ -100,7 +94,7 @@ impl Content {
     async fn sweep(&self, ns: &Name, young: SystemTime, report: &mut GcReport) -> Result<(), ContentError> {
         // A write is stamped just before it commits: a margin for one that waited long on the
         // disk after its stamp, and for a clock set back a little.
-        let started = epoch_ms(SystemTime::now()) - REMARK_MARGIN_MS;
+        let started = now_ms() - REMARK_MARGIN_MS;
         let mut live = Live::default();
         let mut after: Option<RefCursor> = None;
         loop {
@@ -160,14 +154,10 @@ impl Content {
         // check's reads are; a chain of them is followed by this loop, not by recursion.
         while let Some(object) = objects.pop() {
             // Not marked as written by this read: it is kept because it is named.
-            let Some((file, size)) = self.blobs.open_marking(ns, &object, false).await? else { continue };
-            if size > MAX_ATTACHED_OBJECT {
-                continue;
-            }
-            let (bytes, _held) = self.read_charged(file, size).await?;
-            let named = cb::parse(&bytes).map(|f| f.attachments()).unwrap_or_default();
+            let read = self.read_blob_marking(ns, &object, MAX_ATTACHED_OBJECT, false).await?;
+            let Some((bytes, _held)) = read else { continue };
+            let named = attachment_hashes(&bytes).collect();
             drop(bytes);
-            let named = named.into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h))).collect();
             let binaries = live.add(named, &mut objects);
             live.blobs.extend(self.meta.content_blobs(ns, binaries).await?);
         }
@@ -212,7 +202,7 @@ mod tests {
     use super::*;
     use crate::RefKey;
     use crate::cb::Value;
-    use crate::meta::{RefRow, now_ms};
+    use crate::meta::RefRow;
 
     const HOUR: Duration = Duration::from_secs(3600);
     const DAY: Duration = Duration::from_secs(24 * 3600);

@@ -112,7 +112,12 @@ fn hash_of(bytes: Vec<u8>) -> Result<IoHash, MetaError> {
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    epoch_ms(std::time::SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch of `t` (0 before it).
+pub fn epoch_ms(t: std::time::SystemTime) -> i64 {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 

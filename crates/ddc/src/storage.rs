@@ -191,7 +191,19 @@ impl Content {
         id: &IoHash,
         limit: u64,
     ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
-        let Some((file, size)) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
+        self.read_blob_marking(ns, id, limit, true).await
+    }
+
+    /// [`Content::read_blob`]; without `mark`, an old blob is not marked as written now
+    /// ([`BlobStore::open_marking`]): the collector's own reads.
+    pub(crate) async fn read_blob_marking(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        limit: u64,
+        mark: bool,
+    ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
+        let Some((file, size)) = self.blobs.open_marking(ns, id, mark).await? else { return Ok(None) };
         if size > limit {
             return Ok(None);
         }
@@ -219,11 +231,7 @@ impl Content {
     }
 
     /// The whole of an open blob of `size` bytes, charged to the memory budget before it is read.
-    pub(crate) async fn read_charged(
-        &self,
-        file: tokio::fs::File,
-        size: u64,
-    ) -> Result<(Vec<u8>, Held), ContentError> {
+    async fn read_charged(&self, file: tokio::fs::File, size: u64) -> Result<(Vec<u8>, Held), ContentError> {
         let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
         let held = Held::take(&self.budget, len)?;
         let mut out = Vec::with_capacity(len);
@@ -393,6 +401,11 @@ impl Content {
 /// parse).
 pub fn attachments_of(object: &[u8]) -> Vec<(CbType, [u8; 20])> {
     cb::parse(object).map(|field| field.attachments()).unwrap_or_default()
+}
+
+/// [`attachments_of`], each hash as an [`IoHash`].
+pub(crate) fn attachment_hashes(object: &[u8]) -> impl Iterator<Item = (CbType, IoHash)> {
+    attachments_of(object).into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h)))
 }
 
 /// One presence check's memory: what each hash was judged, how many more objects it may read

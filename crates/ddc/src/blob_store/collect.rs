@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::fs;
 
-use super::{BlobStore, Settling, TMP, sync_dir};
+use super::{BlobStore, Settling, TMP, place, sync_dir};
 use crate::{IoHash, Name};
 
 /// Marks the file at `path` as written now: one `utimensat` on the path itself, not through
@@ -51,12 +51,7 @@ pub(super) fn taken_place(root: &Path, name: &OsStr) -> Option<PathBuf> {
     let (_, rest) = name.to_str()?.split_once(".gc.")?;
     let (ns, id) = rest.rsplit_once('.')?;
     let (ns, id) = (ns.parse::<Name>().ok()?, id.parse::<IoHash>().ok()?);
-    Some(blob_path(root, &ns, &id))
-}
-
-fn blob_path(root: &Path, ns: &Name, id: &IoHash) -> PathBuf {
-    let hex = id.to_hex();
-    root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
+    Some(place(root, &ns, &id))
 }
 
 impl BlobStore {
@@ -128,7 +123,7 @@ impl BlobStore {
     /// check made before. A crash in between leaves it in the temp directory, under a name
     /// that the next start puts back.
     pub async fn delete_older(&self, ns: &Name, id: &IoHash, before: SystemTime) -> io::Result<Option<u64>> {
-        let path = self.path(ns, id);
+        let path = self.blob_path(ns, id);
         let meta = match fs::metadata(&path).await {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             other => other?,
@@ -167,11 +162,6 @@ impl BlobStore {
         self.usage.forget(meta.len());
         Ok(Some(meta.len()))
     }
-
-    /// Where blob `id` of `ns` is stored (for checks made inside a metadata transaction).
-    pub fn blob_path(&self, ns: &Name, id: &IoHash) -> PathBuf {
-        blob_path(&self.root, ns, id)
-    }
 }
 
 #[cfg(test)]
@@ -183,10 +173,7 @@ mod tests {
         let root = Path::new("/store");
         let id = IoHash::of(b"x");
         let name = format!("12-3.gc.ue.ddc.{}", id.to_hex());
-        assert_eq!(
-            taken_place(root, OsStr::new(&name)),
-            Some(blob_path(root, &"ue.ddc".parse().unwrap(), &id))
-        );
+        assert_eq!(taken_place(root, OsStr::new(&name)), Some(place(root, &"ue.ddc".parse().unwrap(), &id)));
         assert_eq!(taken_place(root, OsStr::new("12-3")), None, "an upload's temp file");
         assert_eq!(taken_place(root, OsStr::new("12-3.gc.ue.ddc.nothex")), None);
     }

@@ -182,7 +182,7 @@ pub async fn batch(
     let mut results = Vec::with_capacity(ops.len());
     // Twice the reply is charged, beside the request's body: a limit the budget can always
     // give, so a batch past it gets 413s, never a 429 its retries would meet again.
-    let room = u64::from(ddc.limits.memory_budget).saturating_sub(body_held.bytes() as u64);
+    let room = ddc.content.budget.room_beside(body_held.bytes()) as u64;
     let limit = ddc.limits.max_buffered_bytes.min(room / 2);
     let mut size = ReplySize {
         budget: &ddc.content.budget,

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use rusqlite::{OptionalExtension, params};
 
 use super::{MetaError, MetaStore, hash_of};
-use crate::cb::{self, CbType};
+use crate::cb::CbType;
+use crate::storage::attachment_hashes;
 use crate::{IoHash, Name};
 
 /// Where a page of refs ended: the last (bucket, key) read.
@@ -73,7 +74,9 @@ impl MetaStore {
             while let Some(row) = rows.next()? {
                 let object = row.get_ref(2)?.as_blob().map_err(rusqlite::Error::from)?;
                 bytes += object.len();
-                page.attachments.extend(attachments(object));
+                // Stored objects were parsed when they were put; one that no longer parses names
+                // nothing it can keep alive.
+                page.attachments.extend(attachment_hashes(object));
                 refs += 1;
                 if refs == PAGE_REFS || bytes >= PAGE_BYTES {
                     page.next = Some((row.get(0)?, row.get(1)?));
@@ -114,7 +117,8 @@ impl MetaStore {
             for (bucket, key) in keys {
                 let mut rows = stmt.query(params![n, bucket, key])?;
                 if let Some(row) = rows.next()? {
-                    named.extend(attachments(row.get_ref(0)?.as_blob().map_err(rusqlite::Error::from)?));
+                    named
+                        .extend(attachment_hashes(row.get_ref(0)?.as_blob().map_err(rusqlite::Error::from)?));
                 }
             }
             Ok(named)
@@ -169,13 +173,6 @@ impl MetaStore {
         })
         .await
     }
-}
-
-/// What a stored object names. Stored objects were parsed when they were put; one that no
-/// longer parses names nothing it can keep alive.
-fn attachments(object: &[u8]) -> impl Iterator<Item = (CbType, IoHash)> {
-    let named = cb::parse(object).map(|field| field.attachments()).unwrap_or_default();
-    named.into_iter().map(|(ty, h)| (ty, IoHash::from_bytes(h)))
 }
 
 #[cfg(test)]
