@@ -421,14 +421,7 @@ fn a_batch_puts_payload_is_charged() {
     let s = small_budget();
     let put_op = |key: &str, len: usize| {
         let object = Value::Object(vec![("pad".into(), Value::Binary(vec![9u8; len]))]).to_bytes();
-        let op = Value::Object(vec![
-            ("opId".into(), Value::Integer(1)),
-            ("op".into(), Value::String("PUT".into())),
-            ("bucket".into(), Value::String("bucket".into())),
-            ("key".into(), Value::String(key.into())),
-            ("payload".into(), Value::embed_object(&object).unwrap()),
-            ("payloadHash".into(), Value::Hash(*IoHash::of(&object).as_bytes())),
-        ]);
+        let op = common::put_op(1, "bucket", key, &object);
         let batch = Value::Object(vec![("ops".into(), Value::Array(vec![op]))]).to_bytes();
         let reply = ureq::post(&url(&s, "/api/v1/refs/ue.ddc"))
             .set("Authorization", "Bearer writer")

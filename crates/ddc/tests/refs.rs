@@ -346,14 +346,7 @@ fn a_server_that_denies_overwrites_answers_409_with_the_stored_object() {
     assert_eq!(conflict.body, a, "the stored object, which the editor adopts");
     assert_eq!(get_ref(&s, "b", &k, CB).body, a, "not replaced");
 
-    let op = Value::Object(vec![
-        ("opId".into(), Value::Integer(1)),
-        ("op".into(), Value::String("PUT".into())),
-        ("bucket".into(), Value::String("b".into())),
-        ("key".into(), Value::String(k.clone())),
-        ("payload".into(), Value::embed_object(&b).unwrap()),
-        ("payloadHash".into(), Value::Hash(*IoHash::of(&b).as_bytes())),
-    ]);
+    let op = common::put_op(1, "b", &k, &b);
     let (status, response) = results(&batch(&s, vec![op])).remove(&1).unwrap();
     assert_eq!((status, response), (409, cb::to_json(&cb::parse(&a).unwrap())), "a batch op's 409");
     assert_eq!(get_ref(&s, "b", &k, CB).body, a, "not replaced by the batch either");
@@ -653,14 +646,7 @@ fn an_object_with_too_many_attachments_is_refused() {
     assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(&reply.body));
     assert!(String::from_utf8_lossy(&reply.body).contains("4097 attachments"));
     assert_eq!(get_ref(&s, "many", &key("many"), CB).status, 404, "nothing stored");
-    let put = Value::Object(vec![
-        ("opId".into(), Value::Integer(1)),
-        ("op".into(), Value::String("PUT".into())),
-        ("bucket".into(), Value::String("many".into())),
-        ("key".into(), Value::String(key("many"))),
-        ("payload".into(), Value::embed_object(&object).unwrap()),
-        ("payloadHash".into(), Value::Hash(*IoHash::of(&object).as_bytes())),
-    ]);
+    let put = common::put_op(1, "many", &key("many"), &object);
     let results = results(&batch(&s, vec![put, get_op(2, "many", &key("many"))]));
     assert_eq!(results[&1].0, 400, "{:?}", results[&1].1);
     assert!(results[&1].1["title"].as_str().unwrap().contains("4097 attachments"), "{:?}", results[&1].1);

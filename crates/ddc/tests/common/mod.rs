@@ -89,3 +89,16 @@ pub fn status(r: Result<ureq::Response, ureq::Error>) -> u16 {
         Err(e) => panic!("transport error: {e}"),
     }
 }
+
+/// A batch PUT op `id`: `object` under `bucket/key`, with its hash.
+pub fn put_op(id: i128, bucket: &str, key: &str, object: &[u8]) -> tickwire_ddc::cb::Value {
+    use tickwire_ddc::cb::Value;
+    Value::Object(vec![
+        ("opId".into(), Value::Integer(id)),
+        ("op".into(), Value::String("PUT".into())),
+        ("bucket".into(), Value::String(bucket.into())),
+        ("key".into(), Value::String(key.into())),
+        ("payload".into(), Value::embed_object(object).expect("a compact-binary object")),
+        ("payloadHash".into(), Value::Hash(*tickwire_ddc::IoHash::of(object).as_bytes())),
+    ])
+}
