@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command from README.md: every crate's unit, property and integration tests, then the
-# TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
+# The test command from README.md: every crate's unit, property and integration tests (the DDC's
+# metadata tests against both SQLite and a real PostgreSQL server the tests start, installed with
+# apt-get when missing), the DDC's HTTP integration tests a second time with the metadata in
+# PostgreSQL, then the TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
 # gateway binary the cargo tests built, and the live web view in headless Chromium (installed
 # with apt-get when missing). Ends with one summary line, "N passed, N failed", over
 # all of them.
@@ -9,8 +11,23 @@ cd "$(dirname "$0")/.."
 log=$(mktemp)
 stamp=$(mktemp)
 trap 'rm -f "$log" "$stamp"' EXIT
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+apt_install() {
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+# The Postgres tests start their own server from Debian's packages (crates/ddc/tests/common/postgres.rs).
+if [ -z "${TICKWIRE_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "installing PostgreSQL for the DDC's Postgres tests (apt-get install postgresql)"
+  apt_install postgresql || echo "could not install postgresql: the Postgres tests will fail" >&2
+fi
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The DDC's HTTP suites again, each server's metadata in a Postgres database of its own.
+echo
+echo "== DDC integration tests with the metadata in PostgreSQL"
+TICKWIRE_DDC_TEST_META=postgres cargo test -p tickwire-ddc --locked --no-fail-fast --test '*' 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" -ne 0 ] && status=1
 passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 
@@ -31,10 +48,7 @@ else
   # The browser test drives the system's Chromium (Debian's package).
   if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
     echo "installing Chromium for the browser test (apt-get install chromium)"
-    sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
-      || echo "could not install chromium: the browser test will fail" >&2
+    apt_install chromium || echo "could not install chromium: the browser test will fail" >&2
   fi
   (cd sdk/ts && npm ci --no-audit --no-fund && TICKWIRE_BIN="$PWD/../../target/debug/tickwire" npm test) 2>&1 | tee "$log"
   sdk_status=${PIPESTATUS[0]}

@@ -84,7 +84,7 @@ impl Content {
             return Ok(report);
         }
         let young = now.checked_sub(policy.blob_grace).unwrap_or(SystemTime::UNIX_EPOCH);
-        for ns in self.meta.namespaces() {
+        for ns in self.meta.namespaces().await? {
             self.sweep(&ns, young, &mut report).await?;
         }
         Ok(report)
@@ -98,7 +98,7 @@ impl Content {
         let mut live = Live::default();
         let mut after: Option<RefCursor> = None;
         loop {
-            let RefPage { attachments, next } = self.meta.ref_attachments(ns, after.take()).await?;
+            let RefPage { attachments, next, .. } = self.meta.ref_attachments(ns, after.take()).await?;
             self.mark(ns, attachments, &mut live).await?;
             match next {
                 Some(cursor) => after = Some(cursor),
@@ -203,6 +203,17 @@ mod tests {
     use crate::RefKey;
     use crate::cb::Value;
     use crate::meta::RefRow;
+    use crate::meta::testing::{TestBackend, TestPlace, on_each_backend};
+
+    on_each_backend!(
+        a_run_removes_what_no_live_ref_names,
+        expiry_runs_in_batches_and_counts_recent_reads,
+        a_hash_named_both_ways_is_followed_as_an_object,
+        a_reupload_restarts_the_grace,
+        refs_written_since_a_time_are_found,
+        a_blob_a_check_relies_on_is_kept_fresh,
+        a_run_does_not_mark_what_it_reads,
+    );
 
     const HOUR: Duration = Duration::from_secs(3600);
     const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -231,8 +242,8 @@ mod tests {
     }
 
     /// A store whose count of blobs at start has finished (a collection sweeps only then).
-    async fn store(dir: &std::path::Path) -> Content {
-        let content = Content::open_in(dir, 1 << 30).await;
+    async fn store(place: &TestPlace) -> Content {
+        let content = Content::open_at(place, 1 << 30).await;
         for _ in 0..500 {
             if content.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
                 return content;
@@ -247,10 +258,9 @@ mod tests {
     /// names is kept: a raw blob, the compressed buffer holding a raw hash (and its content
     /// id), and an object attachment with the blob it names in turn. A blob nobody names goes
     /// once it is older than the grace.
-    #[tokio::test]
-    async fn a_run_removes_what_no_live_ref_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn a_run_removes_what_no_live_ref_names(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let raw = blob(&content, b"raw blob").await;
         let payload = b"compressed payload";
         let raw_hash = IoHash::of(payload);
@@ -307,10 +317,9 @@ mod tests {
 
     /// Expired refs are removed a batch at a time, all of them in one run; a ref read since
     /// (its access noted in memory, not yet written) is not expired.
-    #[tokio::test]
-    async fn expiry_runs_in_batches_and_counts_recent_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn expiry_runs_in_batches_and_counts_recent_reads(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let empty = Value::Object(vec![]).to_bytes();
         let old = now_ms() - 20 * 24 * 3600 * 1000;
         let bucket = Name::bucket("b").unwrap();
@@ -338,10 +347,9 @@ mod tests {
     /// A hash named as a binary attachment by one ref (a compressed buffer whose payload is an
     /// object) and as an object attachment by another is followed both ways: what the object
     /// names is kept.
-    #[tokio::test]
-    async fn a_hash_named_both_ways_is_followed_as_an_object() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn a_hash_named_both_ways_is_followed_as_an_object(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let child = blob(&content, b"named by the object").await;
         let object = Value::Object(vec![("c".into(), Value::BinaryAttachment(*child.as_bytes()))]).to_bytes();
         let hash = blob(&content, &object).await;
@@ -369,10 +377,9 @@ mod tests {
 
     /// From the first run on, an upload of a blob already stored (not written again) that is
     /// older than half the grace restarts its grace.
-    #[tokio::test]
-    async fn a_reupload_restarts_the_grace() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn a_reupload_restarts_the_grace(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
         let id = blob(&content, b"uploaded twice").await;
         content.meta.add_namespace(&ns()).await.unwrap();
@@ -391,10 +398,9 @@ mod tests {
 
     /// Writes stamp the time they commit, and the refs written since a time are found without
     /// reading the others (what a collection marks again before it sweeps).
-    #[tokio::test]
-    async fn refs_written_since_a_time_are_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn refs_written_since_a_time_are_found(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let empty = Value::Object(vec![]).to_bytes();
         put_ref(&content, "a", empty.clone(), true).await;
         put_ref(&content, "b", empty.clone(), false).await;
@@ -415,10 +421,9 @@ mod tests {
     /// From the first run on, a blob a presence check finds that was last written more than
     /// half the grace ago is marked as written now, so a sweep under way keeps what a new ref
     /// relies on. Before the first run, nothing is marked.
-    #[tokio::test]
-    async fn a_blob_a_check_relies_on_is_kept_fresh() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn a_blob_a_check_relies_on_is_kept_fresh(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let id = blob(&content, b"relied on").await;
         let path = content.blobs.blob_path(&ns(), &id);
         let two_hours_ago = SystemTime::now() - 2 * HOUR;
@@ -440,25 +445,24 @@ mod tests {
     /// next start (it may have been written again a moment before); other temp files go.
     #[tokio::test]
     async fn a_taken_blob_is_put_back_at_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+        let dir = TestPlace::new(TestBackend::Sqlite).unwrap();
+        let content = store(&dir).await;
         let id = blob(&content, b"taken out").await;
         let place = content.blobs.blob_path(&ns(), &id);
-        let taken = dir.path().join(".tmp").join(format!("1-1.gc.ue.ddc.{}", id.to_hex()));
+        let taken = dir.dir().join(".tmp").join(format!("1-1.gc.ue.ddc.{}", id.to_hex()));
         std::fs::rename(&place, &taken).unwrap();
-        std::fs::write(dir.path().join(".tmp").join("1-2"), b"an upload cut short").unwrap();
+        std::fs::write(dir.dir().join(".tmp").join("1-2"), b"an upload cut short").unwrap();
         drop(content);
-        let content = store(dir.path()).await;
+        let content = store(&dir).await;
         assert!(has(&content, id).await, "back in place");
-        assert_eq!(std::fs::read_dir(dir.path().join(".tmp")).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(dir.dir().join(".tmp")).unwrap().count(), 0);
     }
 
     /// The collector's own reads of object attachments do not mark them as written: a named
     /// object is kept because it is named, and a run writes no inode times.
-    #[tokio::test]
-    async fn a_run_does_not_mark_what_it_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let content = store(dir.path()).await;
+    async fn a_run_does_not_mark_what_it_reads(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let content = store(&place).await;
         let object = blob(&content, &Value::Object(vec![("n".into(), Value::Integer(1))]).to_bytes()).await;
         put_ref(
             &content,

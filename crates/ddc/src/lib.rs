@@ -2,7 +2,7 @@
 //!
 //! Layers, bottom up: content hashes ([`IoHash`]) and names; the wire formats (compact binary
 //! in [`cb`], compressed buffers in [`compressed`]); storage (blobs on the filesystem, refs
-//! and content ids in SQLite: [`meta`], joined in [`storage`], charging what it reads to the
+//! and content ids in SQLite or PostgreSQL: [`meta`], joined in [`storage`], charging what it reads to the
 //! memory [`budget`]); the ref rules ([`refs`]);
 //! auth; and the HTTP API ([`http`]) served with connection limits ([`serve`]).
 

@@ -392,7 +392,17 @@ impl Content {
 impl Content {
     /// A store under `dir` with a memory budget of `budget` bytes, for tests.
     pub(crate) async fn open_in(dir: &std::path::Path, budget: u32) -> Content {
-        let (blobs, meta) = (BlobStore::open(dir).await.unwrap(), MetaStore::open(dir).await.unwrap());
+        let meta = MetaStore::open(dir).await.unwrap();
+        Content::open_with(dir, meta, budget).await
+    }
+
+    /// A store in a test's place, on its metadata backend ([`crate::meta::testing`]).
+    pub(crate) async fn open_at(place: &crate::meta::testing::TestPlace, budget: u32) -> Content {
+        Content::open_with(place.dir(), place.open().await, budget).await
+    }
+
+    async fn open_with(dir: &std::path::Path, meta: MetaStore, budget: u32) -> Content {
+        let blobs = BlobStore::open(dir).await.unwrap();
         Content { blobs, meta, decodes: DecodeSlots::default(), budget: MemoryBudget::new(budget) }
     }
 }

@@ -119,6 +119,11 @@ struct DdcArgs {
     /// Where blobs (files) and metadata (`.meta/ddc.sqlite`) are stored.
     #[arg(long, default_value = "tickwire-ddc-data")]
     root: PathBuf,
+    /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
+    /// created if absent. Blobs stay under --root. No TLS to Postgres.
+    #[arg(long, value_name = "URL")]
+    refs: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: std::net::SocketAddr,
     /// Bearer tokens and their grants: TOML `[[tokens]]` (token, namespaces, actions) and/or a
@@ -429,7 +434,16 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .context("--memory-budget-mib must be below 4096")?,
         body_timeout: args.body_timeout,
     };
-    let mut ddc = http::Ddc::open(&args.root, auth, limits)
+    let meta = match &args.refs {
+        // The URL is not repeated: it may hold a password.
+        Some(url) => tickwire_ddc::meta::MetaStore::open_postgres(url)
+            .await
+            .context("opening the Postgres metadata store (--refs)")?,
+        None => tickwire_ddc::meta::MetaStore::open(&args.root)
+            .await
+            .with_context(|| format!("opening the metadata in {}", args.root.display()))?,
+    };
+    let mut ddc = http::Ddc::open_with_meta(&args.root, meta, auth, limits)
         .await
         .with_context(|| format!("opening the store in {}", args.root.display()))?;
     ddc.allow_overwrite = !args.deny_overwrite;
@@ -467,9 +481,10 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     announce(&format!(
-        "{LISTENING_PREFIX}{scheme}://{}/ (store in {})",
+        "{LISTENING_PREFIX}{scheme}://{}/ (store in {}, metadata in {})",
         listener.local_addr()?,
-        args.root.display()
+        args.root.display(),
+        ddc.content.meta.backend_name()
     ));
     let limits = tickwire_ddc::serve::ServeLimits {
         max_connections: args.max_connections,

@@ -2,6 +2,7 @@
 //! compressed buffers, refs that name them), then restarted on the same store: every write
 //! that was acknowledged reads back byte for byte, and whatever was in flight is either absent
 //! or whole (a served blob hashes to its id; a served ref is the exact object, finalized).
+//! Once with the embedded metadata, once with it in PostgreSQL (`--refs`).
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -13,12 +14,16 @@ use tickwire_ddc::IoHash;
 use tickwire_ddc::cb::Value;
 use tickwire_ddc::compressed::encode_none;
 
+#[path = "../../ddc/tests/common/postgres.rs"]
+mod postgres;
+
 const NS: &str = "crash";
 
-fn start(root: &std::path::Path) -> (Child, String) {
+fn start(root: &std::path::Path, refs: Option<&str>) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tickwire"))
         .args(["ddc", "--dev-auth", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
+        .args(refs.map(|url| ["--refs", url]).into_iter().flatten())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -84,8 +89,37 @@ fn get(base: &str, path: &str) -> Option<Vec<u8>> {
 
 #[test]
 fn acknowledged_writes_survive_sigkill_and_nothing_half_written_is_served() {
+    survives_sigkill(None);
+}
+
+#[test]
+fn with_the_metadata_in_postgres_too() {
+    if let Some(url) = postgres::database() {
+        survives_sigkill(Some(&url));
+    }
+}
+
+/// A server that cannot reach its Postgres says so and exits, without printing the URL (it
+/// may hold a password).
+#[test]
+fn an_unreachable_postgres_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, base) = start(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("postgres://someone:secret@127.0.0.1:{port}/ddc");
+    let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
+        .args(["ddc", "--dev-auth", "--listen", "127.0.0.1:0", "--refs", &url, "--root"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("opening the Postgres metadata store (--refs)"), "{stderr}");
+    assert!(!stderr.contains("secret"), "{stderr}");
+}
+
+fn survives_sigkill(refs: Option<&str>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, base) = start(dir.path(), refs);
     let stop = Arc::new(AtomicBool::new(false));
     // (write, acknowledged) for every upload attempted.
     let log: Arc<Mutex<Vec<(Write, bool)>>> = Arc::default();
@@ -131,7 +165,7 @@ fn acknowledged_writes_survive_sigkill_and_nothing_half_written_is_served() {
         w.join().unwrap();
     }
 
-    let (mut child, base) = start(dir.path());
+    let (mut child, base) = start(dir.path(), refs);
     let log = log.lock().unwrap().clone();
     let acked = log.iter().filter(|(_, a)| *a).count();
     assert!(acked > 50, "the load wrote something before the kill: {acked}");

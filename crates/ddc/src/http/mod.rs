@@ -80,8 +80,19 @@ impl Ddc {
     /// Opens (creating if needed) the store under `root`: blobs on the filesystem, metadata in
     /// `<root>/.meta/ddc.sqlite`.
     pub async fn open(root: &Path, auth: Auth, limits: Limits) -> Result<Ddc, ContentError> {
-        let blobs = BlobStore::open(root).await?;
         let meta = MetaStore::open(root).await?;
+        Ddc::open_with_meta(root, meta, auth, limits).await
+    }
+
+    /// Opens the store with blobs under `root` and the metadata in `meta` (for example
+    /// [`MetaStore::open_postgres`]).
+    pub async fn open_with_meta(
+        root: &Path,
+        meta: MetaStore,
+        auth: Auth,
+        limits: Limits,
+    ) -> Result<Ddc, ContentError> {
+        let blobs = BlobStore::open(root).await?;
         Ok(Ddc {
             content: Content {
                 blobs,

@@ -1,12 +1,15 @@
 //! A DDC server for the integration tests: a temporary root, two tokens, on its own thread.
 #![allow(dead_code)]
 
+pub mod postgres;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tickwire_ddc::Auth;
 use tickwire_ddc::http::{Ddc, Limits, router};
+use tickwire_ddc::meta::MetaStore;
 use tickwire_ddc::serve::{ServeLimits, serve};
 
 pub const TOKENS: &str = r#"
@@ -20,6 +23,11 @@ token = "reader"
 namespaces = ["ue.ddc"]
 actions = ["ReadObject"]
 "#;
+
+/// With `postgres` in it, every server keeps its metadata in a database of its own on the
+/// test Postgres server (`postgres.rs`) instead of SQLite: `scripts/test.sh` runs the refs
+/// suite so a second time.
+pub const META_ENV: &str = "TICKWIRE_DDC_TEST_META";
 
 pub struct Server {
     pub addr: SocketAddr,
@@ -63,11 +71,18 @@ pub fn start_configured(
 ) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
+    let meta_url =
+        if std::env::var_os(META_ENV).is_some_and(|v| v == "postgres") { postgres::database() } else { None };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let mut ddc = Ddc::open(&root, Auth::from_toml(TOKENS).unwrap(), api_limits).await.unwrap();
+            let meta = match meta_url {
+                Some(url) => MetaStore::open_postgres(&url).await.unwrap(),
+                None => MetaStore::open(&root).await.unwrap(),
+            };
+            let auth = Auth::from_toml(TOKENS).unwrap();
+            let mut ddc = Ddc::open_with_meta(&root, meta, auth, api_limits).await.unwrap();
             configure(&mut ddc);
             let ddc = Arc::new(ddc);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

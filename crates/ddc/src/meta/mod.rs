@@ -1,0 +1,431 @@
+//! The metadata store: refs, the content ids of compressed buffers and the namespaces. Blobs
+//! live apart ([`crate::BlobStore`]); a ref's object is small and lives inline in its row, so
+//! reading a ref is one indexed lookup.
+//!
+//! Two backends hold the same tables under the same rules: SQLite in the store's root, the
+//! default (`sqlite.rs`), and PostgreSQL for scale-out (`postgres.rs`). [`MetaStore`] is what
+//! the rest of the crate sees; it picks the backend, and keeps what is not a backend's business
+//! in memory: the namespaces known to exist, and the last-access times reads noted.
+//!
+//! Writers order their steps so that a row never names a blob before the blob is durable (the
+//! blob store fsyncs before the row is written). Last-access times are not written on each
+//! read; reads note them in memory and [`MetaStore::flush_access`] writes them in one
+//! transaction (the server calls it every few seconds and at shutdown).
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::budget::{Held, MemoryBudget, NoRoom};
+use crate::cb::CbType;
+use crate::{IoHash, Name, RefKey};
+
+mod collect;
+mod postgres;
+mod sqlite;
+#[cfg(test)]
+pub(crate) mod testing;
+pub use collect::{EXPIRE_BATCH, RefCursor, RefPage};
+pub use postgres::RETRIES as POSTGRES_RETRIES;
+
+/// Where the embedded metadata lives under the store's root. Names cannot start with `.`, so
+/// no namespace directory can collide with it.
+pub const META_DIR: &str = ".meta";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("metadata store: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("metadata store (Postgres): {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("metadata store (Postgres): no connection: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("metadata store: {0}")]
+    Config(String),
+    #[error("metadata store: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("metadata store: a blocking task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("metadata store: a stored hash is {0} bytes, not 20 (the store is damaged)")]
+    Damaged(usize),
+    #[error(transparent)]
+    Busy(#[from] NoRoom),
+    #[error("the ref's object is {len} bytes, more than the memory budget can give this request ({room})")]
+    PastRoom { len: usize, room: usize },
+}
+
+/// One ref as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefRow {
+    /// IoHash of `object`.
+    pub object_hash: IoHash,
+    /// The compact-binary object, exactly as the client sent it (or the wrapper built for a
+    /// raw PUT).
+    pub object: Vec<u8>,
+    /// All its attachments were present when it was last put or finalized.
+    pub finalized: bool,
+    /// Milliseconds since the Unix epoch of the last write or read (reads are flushed late).
+    pub last_access_ms: i64,
+}
+
+/// A ref as the backends name it: (namespace, bucket, key).
+type RefId = (String, String, String);
+
+/// An attachment as a stored object names it.
+type Stored = (CbType, IoHash);
+
+fn ref_id(ns: &Name, bucket: &Name, key: &RefKey) -> RefId {
+    (ns.as_str().to_owned(), bucket.as_str().to_owned(), key.as_str().to_owned())
+}
+
+/// Where the metadata is kept.
+#[derive(Clone)]
+enum Backend {
+    Sqlite(sqlite::Sqlite),
+    Postgres(postgres::Postgres),
+}
+
+/// Runs one backend operation, whichever backend it is.
+macro_rules! on_backend {
+    ($store:expr, $op:ident($($arg:expr),*)) => {
+        match &$store.backend {
+            Backend::Sqlite(b) => b.$op($($arg),*).await,
+            Backend::Postgres(b) => b.$op($($arg),*).await,
+        }
+    };
+}
+use on_backend;
+
+/// Refs, content ids and namespaces; cheap to clone.
+#[derive(Clone)]
+pub struct MetaStore {
+    backend: Backend,
+    /// Reads not yet written: ref → last access.
+    touched: Arc<Mutex<HashMap<RefId, i64>>>,
+    /// Namespaces known to exist, so a write to a known one adds no row.
+    namespaces: Arc<Mutex<HashSet<Name>>>,
+}
+
+fn hash_of(bytes: &[u8]) -> Result<IoHash, MetaError> {
+    let len = bytes.len();
+    <[u8; 20]>::try_from(bytes).map(IoHash::from_bytes).map_err(|_| MetaError::Damaged(len))
+}
+
+/// Takes the share of `budget` for a stored object of `len` bytes: refused for good past
+/// `room` (what the budget could ever give the caller), refused for now when the budget has
+/// not got it.
+fn charge(len: i64, budget: &MemoryBudget, room: usize) -> Result<Held, MetaError> {
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > room {
+        return Err(MetaError::PastRoom { len, room });
+    }
+    Ok(Held::take(budget, len)?)
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    epoch_ms(std::time::SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch of `t` (0 before it).
+pub fn epoch_ms(t: std::time::SystemTime) -> i64 {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl MetaStore {
+    /// Opens (creating if needed) the embedded metadata under `root`
+    /// (`<root>/.meta/ddc.sqlite`).
+    pub async fn open(root: &Path) -> Result<MetaStore, MetaError> {
+        let (backend, known) = sqlite::Sqlite::open(root).await?;
+        Ok(MetaStore::with(Backend::Sqlite(backend), known))
+    }
+
+    /// Connects to the Postgres database at `url` (`postgres://user@host:port/db`, or libpq's
+    /// `key=value` form) and creates its tables if absent. Many servers may share one.
+    pub async fn open_postgres(url: &str) -> Result<MetaStore, MetaError> {
+        let (backend, known) = postgres::Postgres::open(url).await?;
+        Ok(MetaStore::with(Backend::Postgres(backend), known))
+    }
+
+    fn with(backend: Backend, known: Vec<Name>) -> MetaStore {
+        MetaStore {
+            backend,
+            touched: Arc::default(),
+            namespaces: Arc::new(Mutex::new(known.into_iter().collect())),
+        }
+    }
+
+    /// Which backend holds the metadata: `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Records that `ns` exists (first write to it creates it).
+    pub async fn add_namespace(&self, ns: &Name) -> Result<(), MetaError> {
+        if self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns) {
+            return Ok(());
+        }
+        on_backend!(self, add_namespace(ns.as_str().to_owned()))?;
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).insert(ns.clone());
+        Ok(())
+    }
+
+    /// Every namespace, sorted. With Postgres, read from the database, since other servers
+    /// may have added or removed some (and what this server remembers is brought up to date);
+    /// the SQLite file has one server, which remembers them all.
+    pub async fn namespaces(&self) -> Result<Vec<Name>, MetaError> {
+        if let Backend::Postgres(b) = &self.backend {
+            let stored = b.namespaces().await?;
+            *self.namespaces.lock().unwrap_or_else(|p| p.into_inner()) = stored.into_iter().collect();
+        }
+        let mut all: Vec<Name> =
+            self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        all.sort();
+        Ok(all)
+    }
+
+    /// Reads a ref, its object charged to `budget` before it is read: its length comes first,
+    /// in the same read transaction. An object longer than `room` (what the budget could ever
+    /// give the caller: the whole budget, less what the request already holds) is not read
+    /// ([`MetaError::PastRoom`], a deterministic answer, not a 429 its retries would meet
+    /// again); one the budget cannot hold now fails with [`MetaError::Busy`]. The share comes
+    /// back with the row; keep it as long as the object.
+    pub async fn get_ref(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        budget: &MemoryBudget,
+        room: usize,
+    ) -> Result<Option<(RefRow, Held)>, MetaError> {
+        let id = ref_id(ns, bucket, key);
+        let row = on_backend!(self, get_ref(id.clone(), budget.clone(), room))?;
+        if let Some((row, _)) = &row {
+            let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            touched.insert(id, now_ms().max(row.last_access_ms));
+        }
+        Ok(row)
+    }
+
+    /// A ref's object hash and whether it is finalized, without its object (a PUT compares
+    /// these only). Not a read of the ref: its last access is not noted.
+    pub async fn ref_state(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+    ) -> Result<Option<(IoHash, bool)>, MetaError> {
+        on_backend!(self, ref_state(ref_id(ns, bucket, key)))
+    }
+
+    /// Writes the ref. Without `overwrite`, a finalized ref holding another object is left as
+    /// it is, in the same statement (two writers cannot both pass a check made before it), and
+    /// the answer is false. The row's last access is the time it is written.
+    pub async fn put_ref(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        row: RefRow,
+        overwrite: bool,
+    ) -> Result<bool, MetaError> {
+        self.add_namespace(ns).await?;
+        on_backend!(self, put_ref(ref_id(ns, bucket, key), row, overwrite))
+    }
+
+    /// Marks the ref finalized (or not) if it still holds the object `hash`; false if it
+    /// does not.
+    pub async fn set_finalized(
+        &self,
+        ns: &Name,
+        bucket: &Name,
+        key: &RefKey,
+        hash: IoHash,
+        finalized: bool,
+    ) -> Result<bool, MetaError> {
+        on_backend!(self, set_finalized(ref_id(ns, bucket, key), hash, finalized))
+    }
+
+    /// Removes one ref; how many were removed (0 or 1).
+    pub async fn delete_ref(&self, ns: &Name, bucket: &Name, key: &RefKey) -> Result<usize, MetaError> {
+        on_backend!(self, delete_ref(ref_id(ns, bucket, key)))
+    }
+
+    /// Removes a bucket's refs; how many.
+    pub async fn delete_bucket(&self, ns: &Name, bucket: &Name) -> Result<usize, MetaError> {
+        on_backend!(self, delete_bucket(ns.as_str().to_owned(), bucket.as_str().to_owned()))
+    }
+
+    /// Removes a namespace's refs, content ids and its name; false if it did not exist.
+    pub async fn delete_namespace(&self, ns: &Name) -> Result<bool, MetaError> {
+        let existed = on_backend!(self, delete_namespace(ns.as_str().to_owned()))?;
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).remove(ns);
+        Ok(existed)
+    }
+
+    /// The blob holding the compressed buffer whose raw hash is `raw`, if one was stored.
+    pub async fn content_blob(&self, ns: &Name, raw: IoHash) -> Result<Option<IoHash>, MetaError> {
+        on_backend!(self, content_blob(ns.as_str().to_owned(), raw))
+    }
+
+    /// Records that the compressed buffer with raw hash `raw` is the blob `blob`. The blob
+    /// must already be durable.
+    pub async fn put_content(&self, ns: &Name, raw: IoHash, blob: IoHash) -> Result<(), MetaError> {
+        self.add_namespace(ns).await?;
+        on_backend!(self, put_content(ns.as_str().to_owned(), raw, blob))
+    }
+
+    /// Forgets a content id; false if there was none.
+    pub async fn delete_content(&self, ns: &Name, raw: IoHash) -> Result<bool, MetaError> {
+        on_backend!(self, delete_content(ns.as_str().to_owned(), raw))
+    }
+
+    /// Writes the last-access times noted by reads since the last flush, in one transaction.
+    /// Returns how many refs were updated. A time is never moved back.
+    pub async fn flush_access(&self) -> Result<usize, MetaError> {
+        let touched = std::mem::take(&mut *self.touched.lock().unwrap_or_else(|p| p.into_inner()));
+        if touched.is_empty() {
+            return Ok(0);
+        }
+        on_backend!(self, flush_access(touched.into_iter().collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{TestBackend, TestPlace, on_each_backend};
+    use super::*;
+
+    on_each_backend!(
+        a_finalized_ref_is_replaced_only_when_overwriting,
+        a_refs_object_is_charged_to_the_budget_before_it_is_read,
+        refs_survive_reopening_and_finalize_only_their_own_object,
+    );
+
+    fn names() -> (Name, Name, RefKey) {
+        ("ue.ddc".parse().unwrap(), Name::bucket("bucket").unwrap(), "a".repeat(40).parse().unwrap())
+    }
+
+    /// A read with room to spare in its budget.
+    async fn get(meta: &MetaStore, ns: &Name, bucket: &Name, key: &RefKey) -> Option<RefRow> {
+        let budget = MemoryBudget::new(1 << 20);
+        meta.get_ref(ns, bucket, key, &budget, budget.total()).await.unwrap().map(|(row, _)| row)
+    }
+
+    fn row(object: &[u8], finalized: bool) -> RefRow {
+        RefRow { object_hash: IoHash::of(object), object: object.to_vec(), finalized, last_access_ms: 1 }
+    }
+
+    /// Without overwriting, a finalized ref keeps its object: the write itself checks, so two
+    /// writers racing past an earlier read cannot both succeed.
+    async fn a_finalized_ref_is_replaced_only_when_overwriting(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let (ns, bucket, key) = names();
+        let meta = place.open().await;
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", false), false).await.unwrap());
+        assert!(
+            meta.put_ref(&ns, &bucket, &key, row(b"second", false), false).await.unwrap(),
+            "not finalized"
+        );
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap());
+        assert!(!meta.put_ref(&ns, &bucket, &key, row(b"second", false), false).await.unwrap());
+        assert_eq!(get(&meta, &ns, &bucket, &key).await.unwrap().object, b"first");
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap(), "the same one");
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"second", true), true).await.unwrap());
+        assert_eq!(get(&meta, &ns, &bucket, &key).await.unwrap().object, b"second");
+    }
+
+    /// A ref's object is charged before it is read: a budget without room for it now gets
+    /// `Busy` and keeps all it had; an object past the caller's room is not charged at all;
+    /// a budget with room lends exactly the object's length until the share is dropped.
+    async fn a_refs_object_is_charged_to_the_budget_before_it_is_read(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let (ns, bucket, key) = names();
+        let meta = place.open().await;
+        let object = vec![7u8; 1000];
+        assert!(meta.put_ref(&ns, &bucket, &key, row(&object, true), false).await.unwrap());
+        let budget = MemoryBudget::new(1500);
+        let other = Held::take(&budget, 501).unwrap();
+        let refused = meta.get_ref(&ns, &bucket, &key, &budget, 1500).await;
+        assert!(matches!(refused, Err(MetaError::Busy(NoRoom { bytes: 1000 }))), "{refused:?}");
+        assert_eq!(budget.available(), 999);
+        let past = meta.get_ref(&ns, &bucket, &key, &budget, 999).await;
+        assert!(matches!(past, Err(MetaError::PastRoom { len: 1000, room: 999 })), "{past:?}");
+        drop(other);
+        let (got, held) = meta.get_ref(&ns, &bucket, &key, &budget, 1500).await.unwrap().unwrap();
+        assert_eq!((got.object, held.bytes(), budget.available()), (object, 1000, 500));
+        drop(held);
+        assert_eq!(budget.available(), 1500);
+        assert_eq!(meta.ref_state(&ns, &bucket, &key).await.unwrap(), Some((IoHash::of(&[7u8; 1000]), true)));
+        let other = Name::bucket("other").unwrap();
+        assert!(meta.get_ref(&ns, &other, &key, &budget, 1500).await.unwrap().is_none());
+        assert_eq!(meta.ref_state(&ns, &other, &key).await.unwrap(), None);
+    }
+
+    async fn refs_survive_reopening_and_finalize_only_their_own_object(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let (ns, bucket, key) = names();
+        let meta = place.open().await;
+        assert_eq!(get(&meta, &ns, &bucket, &key).await, None);
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"first", false), false).await.unwrap());
+        assert!(!meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"other"), true).await.unwrap());
+        assert!(meta.set_finalized(&ns, &bucket, &key, IoHash::of(b"first"), true).await.unwrap());
+        assert_eq!(meta.flush_access().await.unwrap(), 0, "nothing was read yet");
+        let got = get(&meta, &ns, &bucket, &key).await.unwrap();
+        assert!(got.finalized);
+        assert_eq!(meta.flush_access().await.unwrap(), 1);
+        meta.put_content(&ns, IoHash::of(b"raw"), IoHash::of(b"compressed")).await.unwrap();
+        drop(meta);
+
+        let meta = place.open().await;
+        let got = get(&meta, &ns, &bucket, &key).await.unwrap();
+        assert_eq!((got.object.as_slice(), got.finalized), (&b"first"[..], true));
+        assert!(got.last_access_ms > 1, "the flushed read time was kept");
+        assert_eq!(meta.namespaces().await.unwrap(), vec![ns.clone()]);
+        assert_eq!(
+            meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(),
+            Some(IoHash::of(b"compressed"))
+        );
+        assert_eq!(meta.delete_bucket(&ns, &bucket).await.unwrap(), 1);
+        assert_eq!(meta.delete_ref(&ns, &bucket, &key).await.unwrap(), 0);
+        assert!(meta.delete_namespace(&ns).await.unwrap());
+        assert_eq!(meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(), None);
+        assert!(meta.namespaces().await.unwrap().is_empty());
+    }
+
+    /// Two servers on one Postgres database: each sees the other's refs and namespaces, and
+    /// of writers racing to put different finalized objects under one new key, from both
+    /// servers at once, exactly one wins (the rule is checked in the write itself).
+    #[tokio::test]
+    async fn two_servers_share_one_postgres_database() {
+        let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };
+        let (a, b) = (place.open().await, place.open().await);
+        let (ns, bucket, key) = names();
+        assert!(a.put_ref(&ns, &bucket, &key, row(b"first", true), false).await.unwrap());
+        assert!(!b.put_ref(&ns, &bucket, &key, row(b"second", true), false).await.unwrap());
+        assert_eq!(get(&b, &ns, &bucket, &key).await.unwrap().object, b"first");
+        let other: Name = "other.ns".parse().unwrap();
+        b.put_content(&other, IoHash::of(b"raw"), IoHash::of(b"blob")).await.unwrap();
+        assert_eq!(a.namespaces().await.unwrap(), vec![other.clone(), ns.clone()]);
+        assert!(a.delete_namespace(&other).await.unwrap());
+        assert_eq!(b.namespaces().await.unwrap(), vec![ns.clone()]);
+
+        let raced: RefKey = "b".repeat(40).parse().unwrap();
+        let writers = (0..16u8).map(|i| {
+            let (store, ns, bucket, raced) =
+                (if i % 2 == 0 { a.clone() } else { b.clone() }, ns.clone(), bucket.clone(), raced.clone());
+            tokio::spawn(
+                async move { store.put_ref(&ns, &bucket, &raced, row(&[i], true), false).await.unwrap() },
+            )
+        });
+        let mut won = 0;
+        for writer in writers.collect::<Vec<_>>() {
+            won += usize::from(writer.await.unwrap());
+        }
+        assert_eq!(won, 1, "exactly one writer put its object");
+    }
+}

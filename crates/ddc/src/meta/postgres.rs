@@ -1,0 +1,447 @@
+//! The scale-out metadata backend: refs, content ids and namespaces in PostgreSQL
+//! (`tickwire ddc --refs postgres://...`), for when several servers share one cache or one
+//! machine's SQLite is not enough. The same tables and the same rules as the embedded backend
+//! (`sqlite.rs`), so the same tests run against both.
+//!
+//! Durability is Postgres's own: a write is acknowledged once its transaction has committed,
+//! so with the server's default `synchronous_commit` it survives a crash of either process.
+//!
+//! Unlike SQLite's single writer, writes here run at once from any number of connections (and
+//! servers). Each rule a write checks is therefore part of its one statement (a ref's
+//! overwrite rule is the upsert's `WHERE`), or holds a row lock across its check
+//! (`forget_content_of`). Writes that touch many rows (a flush of read times, an expiry batch)
+//! can deadlock with each other; Postgres then aborts one, and it is run again
+//! ([`RETRIES`]).
+//!
+//! Connections come from a pool ([`deadpool_postgres`]), made with `NoTls`: `sslmode=require`
+//! in the URL is refused when connecting. Reach a remote server over a tunnel or a private
+//! network.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{IsolationLevel, NoTls};
+
+use super::{MetaError, RefCursor, RefId, RefPage, RefRow, Stored, charge, hash_of, now_ms};
+use crate::budget::{Held, MemoryBudget};
+use crate::storage::attachment_hashes;
+use crate::{IoHash, Name};
+
+/// The tables, created if absent. `CREATE ... IF NOT EXISTS` is not safe to run from two
+/// connections at once, so it runs under a transaction-scoped advisory lock (the key is an
+/// arbitrary constant: "tickwire ddc schema").
+const SCHEMA: &str = "
+SELECT pg_advisory_xact_lock(7463917286190101);
+CREATE TABLE IF NOT EXISTS namespaces (
+    ns TEXT PRIMARY KEY
+);
+CREATE TABLE IF NOT EXISTS refs (
+    ns TEXT NOT NULL,
+    bucket TEXT NOT NULL,
+    key TEXT NOT NULL,
+    object_hash BYTEA NOT NULL,
+    object BYTEA NOT NULL,
+    finalized BOOLEAN NOT NULL,
+    last_access BIGINT NOT NULL,
+    PRIMARY KEY (ns, bucket, key)
+);
+CREATE INDEX IF NOT EXISTS refs_by_access ON refs (finalized, last_access);
+CREATE TABLE IF NOT EXISTS content (
+    ns TEXT NOT NULL,
+    raw_hash BYTEA NOT NULL,
+    blob_id BYTEA NOT NULL,
+    PRIMARY KEY (ns, raw_hash)
+);
+CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
+";
+
+/// How many times a write Postgres aborted for a deadlock or a serialization failure is run
+/// again before its error is returned.
+pub const RETRIES: usize = 3;
+
+/// Connections the pool opens at most.
+const POOL_SIZE: usize = 16;
+
+/// Refs one page of the collector's walk reads at most.
+const PAGE_ROWS: i64 = super::collect::PAGE_REFS as i64;
+
+/// The Postgres backend; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Postgres {
+    pool: Pool,
+}
+
+fn transient(e: &MetaError) -> bool {
+    let MetaError::Postgres(e) = e else { return false };
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+}
+
+/// A `(ns, bucket, key)` list as three arrays, for `unnest`.
+fn columns<'a>(keys: impl Iterator<Item = &'a RefId>) -> [Vec<&'a str>; 3] {
+    let mut cols: [Vec<&str>; 3] = Default::default();
+    for (n, b, k) in keys {
+        cols[0].push(n);
+        cols[1].push(b);
+        cols[2].push(k);
+    }
+    cols
+}
+
+impl Postgres {
+    /// Connects to `url` (a libpq URL or key=value string), creates the tables if absent;
+    /// with the namespaces stored.
+    pub async fn open(url: &str) -> Result<(Postgres, Vec<Name>), MetaError> {
+        let config = tokio_postgres::Config::from_str(url)?;
+        let manager =
+            Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| MetaError::Config(format!("the Postgres pool: {e}")))?;
+        let backend = Postgres { pool };
+        let mut client = backend.client().await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(SCHEMA).await?;
+        tx.commit().await?;
+        drop(client);
+        let known = backend.namespaces().await?;
+        Ok((backend, known))
+    }
+
+    /// The namespaces stored.
+    pub async fn namespaces(&self) -> Result<Vec<Name>, MetaError> {
+        let rows = self.client().await?.query("SELECT ns FROM namespaces", &[]).await?;
+        Ok(rows.iter().filter_map(|r| r.get::<_, &str>(0).parse::<Name>().ok()).collect())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
+        self.pool.get().await.map_err(|e| match e {
+            // Postgres's own error (connection refused, authentication failed), not the pool's.
+            deadpool_postgres::PoolError::Backend(e) => MetaError::Postgres(e),
+            e => MetaError::Pool(e),
+        })
+    }
+
+    /// Runs `op` again while Postgres aborts it for a deadlock or a serialization failure, at
+    /// most [`RETRIES`] more times.
+    async fn retrying<T, F: Future<Output = Result<T, MetaError>>>(
+        &self,
+        mut op: impl FnMut() -> F,
+    ) -> Result<T, MetaError> {
+        let mut tries = 0;
+        loop {
+            match op().await {
+                Err(e) if tries < RETRIES && transient(&e) => tries += 1,
+                done => return done,
+            }
+        }
+    }
+
+    pub async fn add_namespace(&self, ns: String) -> Result<(), MetaError> {
+        let c = self.client().await?;
+        c.execute("INSERT INTO namespaces (ns) VALUES ($1) ON CONFLICT DO NOTHING", &[&ns]).await?;
+        Ok(())
+    }
+
+    pub async fn get_ref(
+        &self,
+        (n, b, k): RefId,
+        budget: MemoryBudget,
+        room: usize,
+    ) -> Result<Option<(RefRow, Held)>, MetaError> {
+        let mut c = self.client().await?;
+        // One snapshot for both reads: the object read is the one whose length was charged.
+        let tx = c
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        // `octet_length` reads the stored value's size, not the value.
+        let head = tx
+            .query_opt(
+                "SELECT object_hash, octet_length(object)::BIGINT FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                &[&n, &b, &k],
+            )
+            .await?;
+        let Some(head) = head else { return Ok(None) };
+        let held = charge(head.get(1), &budget, room)?;
+        let row = tx
+            .query_one(
+                "SELECT object, finalized, last_access FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                &[&n, &b, &k],
+            )
+            .await?;
+        tx.commit().await?;
+        let row = RefRow {
+            object_hash: hash_of(head.get(0))?,
+            object: row.get(0),
+            finalized: row.get(1),
+            last_access_ms: row.get(2),
+        };
+        Ok(Some((row, held)))
+    }
+
+    pub async fn ref_state(&self, (n, b, k): RefId) -> Result<Option<(IoHash, bool)>, MetaError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT object_hash, finalized FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                &[&n, &b, &k],
+            )
+            .await?;
+        row.map(|r| Ok((hash_of(r.get(0))?, r.get(1)))).transpose()
+    }
+
+    pub async fn put_ref(&self, (n, b, k): RefId, row: RefRow, overwrite: bool) -> Result<bool, MetaError> {
+        let c = self.client().await?;
+        let hash = &row.object_hash.as_bytes()[..];
+        let written = c
+            .execute(
+                // The overwrite rule is the upsert's own condition: two servers racing past an
+                // earlier read cannot both replace a finalized ref.
+                "INSERT INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (ns, bucket, key) DO UPDATE SET object_hash = excluded.object_hash,
+                   object = excluded.object, finalized = excluded.finalized,
+                   last_access = excluded.last_access
+                 WHERE $8 OR NOT refs.finalized OR refs.object_hash = excluded.object_hash",
+                // Stamped as it is sent, not when it was built: a garbage collection that began
+                // meanwhile marks it again (its re-mark reaches a minute back).
+                &[
+                    &n,
+                    &b,
+                    &k,
+                    &hash,
+                    &row.object,
+                    &row.finalized,
+                    &now_ms().max(row.last_access_ms),
+                    &overwrite,
+                ],
+            )
+            .await?;
+        Ok(written == 1)
+    }
+
+    pub async fn set_finalized(
+        &self,
+        (n, b, k): RefId,
+        hash: IoHash,
+        finalized: bool,
+    ) -> Result<bool, MetaError> {
+        let c = self.client().await?;
+        let changed = c
+            .execute(
+                "UPDATE refs SET finalized = $6, last_access = $5
+                 WHERE ns = $1 AND bucket = $2 AND key = $3 AND object_hash = $4",
+                &[&n, &b, &k, &&hash.as_bytes()[..], &now_ms(), &finalized],
+            )
+            .await?;
+        Ok(changed == 1)
+    }
+
+    pub async fn delete_ref(&self, (n, b, k): RefId) -> Result<usize, MetaError> {
+        let c = self.client().await?;
+        let gone =
+            c.execute("DELETE FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3", &[&n, &b, &k]).await?;
+        Ok(gone as usize)
+    }
+
+    pub async fn delete_bucket(&self, n: String, b: String) -> Result<usize, MetaError> {
+        let c = self.client().await?;
+        Ok(c.execute("DELETE FROM refs WHERE ns = $1 AND bucket = $2", &[&n, &b]).await? as usize)
+    }
+
+    pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        tx.execute("DELETE FROM refs WHERE ns = $1", &[&n]).await?;
+        tx.execute("DELETE FROM content WHERE ns = $1", &[&n]).await?;
+        let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[&n]).await? == 1;
+        tx.commit().await?;
+        Ok(existed)
+    }
+
+    pub async fn content_blob(&self, n: String, raw: IoHash) -> Result<Option<IoHash>, MetaError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT blob_id FROM content WHERE ns = $1 AND raw_hash = $2",
+                &[&n, &&raw.as_bytes()[..]],
+            )
+            .await?;
+        row.map(|r| hash_of(r.get(0))).transpose()
+    }
+
+    pub async fn put_content(&self, n: String, raw: IoHash, blob: IoHash) -> Result<(), MetaError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO content (ns, raw_hash, blob_id) VALUES ($1, $2, $3)
+             ON CONFLICT (ns, raw_hash) DO UPDATE SET blob_id = excluded.blob_id",
+            &[&n, &&raw.as_bytes()[..], &&blob.as_bytes()[..]],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn delete_content(&self, n: String, raw: IoHash) -> Result<bool, MetaError> {
+        let c = self.client().await?;
+        let gone = c
+            .execute("DELETE FROM content WHERE ns = $1 AND raw_hash = $2", &[&n, &&raw.as_bytes()[..]])
+            .await?;
+        Ok(gone == 1)
+    }
+
+    pub async fn flush_access(&self, mut touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
+        // In key order, so that two flushes lock rows in the same order.
+        touched.sort_unstable();
+        let [ns, buckets, keys] = columns(touched.iter().map(|(id, _)| id));
+        let at: Vec<i64> = touched.iter().map(|(_, at)| *at).collect();
+        let c = self.client().await?;
+        let statement = "UPDATE refs SET last_access = GREATEST(refs.last_access, t.at)
+             FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[]) AS t(ns, bucket, key, at)
+             WHERE refs.ns = t.ns AND refs.bucket = t.bucket AND refs.key = t.key";
+        let n =
+            self.retrying(|| async { Ok(c.execute(statement, &[&ns, &buckets, &keys, &at]).await?) }).await?;
+        Ok(n as usize)
+    }
+
+    // What garbage collection asks (`collect.rs` says what each does).
+
+    pub async fn expire_refs(
+        &self,
+        cut_ms: i64,
+        unfinalized_cut_ms: i64,
+        limit: i64,
+    ) -> Result<usize, MetaError> {
+        let c = self.client().await?;
+        let statement = "DELETE FROM refs WHERE (ns, bucket, key) IN (SELECT ns, bucket, key FROM (
+               SELECT ns, bucket, key FROM refs WHERE NOT finalized AND last_access < $2
+               UNION ALL
+               SELECT ns, bucket, key FROM refs WHERE finalized AND last_access < $1
+             ) AS expired LIMIT $3)";
+        let n = self
+            .retrying(|| async { Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?) })
+            .await?;
+        Ok(n as usize)
+    }
+
+    pub async fn ref_attachments(&self, n: String, after: Option<RefCursor>) -> Result<RefPage, MetaError> {
+        let (bucket, key) = after.unwrap_or_default();
+        let mut c = self.client().await?;
+        let tx = c
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        // The page's keys and sizes first, so that objects are fetched only as far as the
+        // page's byte bound (the rows of one query would all come to this process at once).
+        let heads = tx
+            .query(
+                "SELECT bucket, key, octet_length(object)::BIGINT FROM refs
+                 WHERE ns = $1 AND (bucket, key) > ($2, $3) ORDER BY bucket, key LIMIT $4",
+                &[&n, &bucket, &key, &PAGE_ROWS],
+            )
+            .await?;
+        let mut sizes = heads.iter().map(|r| usize::try_from(r.get::<_, i64>(2)).unwrap_or(usize::MAX));
+        let mut bytes = 0usize;
+        let taken = sizes
+            .by_ref()
+            .take_while(|len| {
+                let fits = bytes < super::collect::PAGE_BYTES;
+                bytes = bytes.saturating_add(*len);
+                fits
+            })
+            .count();
+        let Some(last) = heads.get(taken.saturating_sub(1)) else { return Ok(RefPage::default()) };
+        let (last_bucket, last_key): (&str, &str) = (last.get(0), last.get(1));
+        let rows = tx
+            .query(
+                "SELECT object FROM refs WHERE ns = $1 AND (bucket, key) > ($2, $3) AND (bucket, key) <= ($4, $5)
+                 ORDER BY bucket, key",
+                &[&n, &bucket, &key, &last_bucket, &last_key],
+            )
+            .await?;
+        tx.commit().await?;
+        let mut page = RefPage::default();
+        for row in &rows {
+            page.add(row.get(0));
+        }
+        // Another page when this one stopped short of the rows there were.
+        let full = taken < heads.len() || heads.len() as i64 == PAGE_ROWS;
+        page.next = full.then(|| (last_bucket.to_owned(), last_key.to_owned()));
+        Ok(page)
+    }
+
+    pub async fn refs_since(&self, n: String, since_ms: i64) -> Result<Vec<RefCursor>, MetaError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT bucket, key FROM refs WHERE ns = $1 AND finalized IN (FALSE, TRUE) AND last_access >= $2",
+                &[&n, &since_ms],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    pub async fn attachments_of_refs(
+        &self,
+        n: String,
+        keys: Vec<RefCursor>,
+    ) -> Result<Vec<Stored>, MetaError> {
+        let (buckets, keys): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT object FROM refs JOIN unnest($2::TEXT[], $3::TEXT[]) AS t(bucket, key)
+                   ON refs.bucket = t.bucket AND refs.key = t.key
+                 WHERE refs.ns = $1",
+                &[&n, &buckets, &keys],
+            )
+            .await?;
+        Ok(rows.iter().flat_map(|r| attachment_hashes(r.get(0)).collect::<Vec<_>>()).collect())
+    }
+
+    pub async fn content_blobs(&self, n: String, raws: Vec<IoHash>) -> Result<Vec<IoHash>, MetaError> {
+        let raws: Vec<&[u8]> = raws.iter().map(|r| &r.as_bytes()[..]).collect();
+        let c = self.client().await?;
+        let rows =
+            c.query("SELECT blob_id FROM content WHERE ns = $1 AND raw_hash = ANY($2)", &[&n, &raws]).await?;
+        rows.iter().map(|r| hash_of(r.get(0))).collect()
+    }
+
+    pub async fn forget_content_of(
+        &self,
+        n: String,
+        gone: Vec<(IoHash, PathBuf)>,
+    ) -> Result<usize, MetaError> {
+        let mut c = self.client().await?;
+        let mut forgotten = 0;
+        for (blob, path) in gone {
+            let blob = &blob.as_bytes()[..];
+            let tx = c.transaction().await?;
+            // The rows locked before the file is checked: an upload of the same buffer writes
+            // its blob, then its content id, which waits here until this commits, so it is
+            // either seen on disk below or written after the delete.
+            let locked = tx
+                .query("SELECT raw_hash FROM content WHERE ns = $1 AND blob_id = $2 FOR UPDATE", &[&n, &blob])
+                .await?;
+            if !locked.is_empty() && !path.try_exists().unwrap_or(true) {
+                let gone =
+                    tx.execute("DELETE FROM content WHERE ns = $1 AND blob_id = $2", &[&n, &blob]).await?;
+                forgotten += gone as usize;
+            }
+            tx.commit().await?;
+        }
+        Ok(forgotten)
+    }
+
+    #[cfg(test)]
+    pub async fn age_all_refs(&self, at_ms: i64) -> Result<usize, MetaError> {
+        let c = self.client().await?;
+        Ok(c.execute("UPDATE refs SET last_access = $1", &[&at_ms]).await? as usize)
+    }
+}

@@ -1,0 +1,65 @@
+//! For tests of anything that stores metadata: the same test runs against each backend, the
+//! embedded SQLite file and a real PostgreSQL server (`tests/common/postgres.rs`).
+
+use std::path::Path;
+
+use super::MetaStore;
+
+#[path = "../../tests/common/postgres.rs"]
+mod server;
+
+/// A metadata backend to test against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TestBackend {
+    Sqlite,
+    Postgres,
+}
+
+/// Where one test's data lives: a temporary root (its blobs, and with SQLite its metadata),
+/// and with Postgres a database of its own.
+pub(crate) struct TestPlace {
+    dir: tempfile::TempDir,
+    url: Option<String>,
+}
+
+impl TestPlace {
+    /// A new place; `None` when the Postgres tests are skipped (the server module says so).
+    pub(crate) fn new(backend: TestBackend) -> Option<TestPlace> {
+        let url = match backend {
+            TestBackend::Sqlite => None,
+            TestBackend::Postgres => Some(server::database()?),
+        };
+        Some(TestPlace { dir: tempfile::tempdir().unwrap(), url })
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Opens the place's metadata (again, if it was opened before).
+    pub(crate) async fn open(&self) -> MetaStore {
+        match &self.url {
+            None => MetaStore::open(self.dir.path()).await.unwrap(),
+            Some(url) => MetaStore::open_postgres(url).await.unwrap(),
+        }
+    }
+}
+
+/// Makes each named `async fn(TestBackend)` two tests, `<name>::sqlite` and
+/// `<name>::postgres`.
+macro_rules! on_each_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use crate::meta::testing::TestBackend;
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(TestBackend::Sqlite).await
+            }
+            #[tokio::test]
+            async fn postgres() {
+                super::$name(TestBackend::Postgres).await
+            }
+        }
+    )*};
+}
+pub(crate) use on_each_backend;

@@ -1,0 +1,213 @@
+//! A real PostgreSQL server for the tests of the Postgres metadata backend: one per test
+//! process, started on first use from the system's packages (Debian's `postgresql`, which
+//! `scripts/test.sh` installs when it is missing), on loopback, in a temporary directory. Each
+//! caller gets a database of its own. The server dies with the test process (the thread that
+//! started it asks the kernel to send it SIGQUIT then), and the next run removes what a dead
+//! process left.
+//!
+//! Without the server's binaries the tests fail, saying how to install them; set
+//! `TICKWIRE_SKIP_POSTGRES=1` to skip the Postgres tests instead (each says it was skipped).
+//! `TICKWIRE_PG_BIN` names the directory of `initdb` and `postgres` if they are elsewhere.
+//!
+//! Shared by the crate's unit tests (`meta`, through `#[path]`) and its integration tests
+//! (`tests/common`): it uses only std and libc.
+#![allow(dead_code)]
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const PREFIX: &str = "tickwire-pg-";
+
+struct Server {
+    port: u16,
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// A new, empty database on the test server, as a URL; `None` (after saying so) when the
+/// Postgres tests are skipped. Panics when the server cannot be started.
+pub fn database() -> Option<String> {
+    if std::env::var_os("TICKWIRE_SKIP_POSTGRES").is_some_and(|v| v == "1") {
+        eprintln!("skipped: TICKWIRE_SKIP_POSTGRES=1");
+        return None;
+    }
+    let server = match SERVER.get_or_init(start) {
+        Ok(server) => server,
+        Err(e) => panic!("{e}"),
+    };
+    let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    let out = server
+        .command("psql")
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "-U", "postgres", "-d", "postgres", "-q"])
+        .args(["-v", "ON_ERROR_STOP=1", "-c", &format!("CREATE DATABASE {name}")])
+        .output()
+        .unwrap_or_else(|e| panic!("running psql: {e}"));
+    assert!(out.status.success(), "CREATE DATABASE: {}", String::from_utf8_lossy(&out.stderr));
+    Some(format!("postgres://postgres@127.0.0.1:{}/{name}", server.port))
+}
+
+impl Server {
+    /// One of the server's programs, run as the server's user.
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        let mut cmd = Command::new(if path.exists() { path } else { PathBuf::from(program) });
+        as_user(&mut cmd, self.user, false);
+        cmd
+    }
+}
+
+/// Makes `cmd` run as `user` (uid, gid), and with `die_with_parent`, get SIGQUIT (Postgres's
+/// immediate shutdown) when the thread that spawned it ends.
+fn as_user(cmd: &mut Command, user: Option<(u32, u32)>, die_with_parent: bool) {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some((uid, gid)) = user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // After the change of user, which clears it.
+            if die_with_parent && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The directory of `initdb` and `postgres`: `TICKWIRE_PG_BIN`, else Debian's newest
+/// `/usr/lib/postgresql/<major>/bin`, else the directory on `PATH` that has `initdb`.
+fn bin_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TICKWIRE_PG_BIN") {
+        return Some(dir.into());
+    }
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, bin)| bin.join("initdb").exists())
+        .collect();
+    debian.sort();
+    if let Some((_, bin)) = debian.pop() {
+        return Some(bin);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).find(|dir| dir.join("initdb").exists())
+}
+
+/// The server's user: `postgres` when running as root (Postgres refuses root), else ours.
+fn server_user() -> Result<Option<(u32, u32)>, String> {
+    // SAFETY: geteuid has no preconditions; getpwnam's result is read before any other call.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return Ok(None);
+        }
+        let pw = libc::getpwnam(c"postgres".as_ptr());
+        if pw.is_null() {
+            return Err("running as root, and there is no `postgres` user to run PostgreSQL as".into());
+        }
+        Ok(Some(((*pw).pw_uid, (*pw).pw_gid)))
+    }
+}
+
+/// Removes what earlier test processes, now gone, left.
+fn remove_stale() {
+    for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn start() -> Result<Server, String> {
+    let bin = bin_dir().ok_or(
+        "the Postgres tests need PostgreSQL's server (initdb, postgres): `apt-get install postgresql`, \
+         or set TICKWIRE_PG_BIN to their directory, or TICKWIRE_SKIP_POSTGRES=1 to skip these tests",
+    )?;
+    let user = server_user()?;
+    remove_stale();
+    let root = std::env::temp_dir().join(format!("{PREFIX}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(&root, Some(uid), Some(gid))
+            .map_err(|e| format!("chown {}: {e}", root.display()))?;
+    }
+    let data = root.join("data");
+    let server = Server { port: 0, bin, user };
+    let out = server
+        .command("initdb")
+        .arg("-D")
+        .arg(&data)
+        .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--no-locale"])
+        .output()
+        .map_err(|e| format!("running initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port();
+    let log = std::fs::File::create(root.join("log")).map_err(|e| format!("creating the log: {e}"))?;
+    let mut cmd = Command::new(server.bin.join("postgres"));
+    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", &port.to_string()]);
+    // A test server: nothing here needs to survive a crash.
+    for setting in
+        ["listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+    {
+        cmd.args(["-c", setting]);
+    }
+    cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
+    as_user(&mut cmd, user, true);
+    // The thread that spawns the server lives as long as the process, waiting for it: the
+    // server gets SIGQUIT when this thread ends, that is when the process does.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("test-postgres".into())
+        .spawn(move || match cmd.spawn() {
+            Ok(mut child) => {
+                let _ = tx.send(Ok(()));
+                let status = child.wait();
+                let _ = tx.send(Err(format!("postgres exited: {status:?}")));
+            }
+            Err(e) => {
+                let _ = tx.send(Err(format!("starting postgres: {e}")));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv().map_err(|e| e.to_string())??;
+    let server = Server { port, ..server };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = server
+            .command("pg_isready")
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return Ok(server);
+        }
+        let log = || std::fs::read_to_string(root.join("log")).unwrap_or_default();
+        if let Ok(Err(e)) = rx.try_recv() {
+            return Err(format!("{e}; its log:\n{}", log()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("postgres did not accept connections within 30 s; its log:\n{}", log()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
