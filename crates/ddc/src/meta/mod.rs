@@ -304,6 +304,7 @@ mod tests {
         a_finalized_ref_is_replaced_only_when_overwriting,
         a_refs_object_is_charged_to_the_budget_before_it_is_read,
         refs_survive_reopening_and_finalize_only_their_own_object,
+        a_long_object_is_charged_at_its_length,
     );
 
     fn names() -> (Name, Name, RefKey) {
@@ -400,6 +401,22 @@ mod tests {
     /// Two servers on one Postgres database: each sees the other's refs and namespaces, and
     /// of writers racing to put different finalized objects under one new key, from both
     /// servers at once, exactly one wins (the rule is checked in the write itself).
+    /// An object longer than what a read charges up front (Postgres reads short ones with the
+    /// query that finds them) is charged at its length, and read whole.
+    async fn a_long_object_is_charged_at_its_length(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let meta = place.open().await;
+        let (ns, bucket, key) = names();
+        let object: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        assert!(meta.put_ref(&ns, &bucket, &key, row(&object, true), false).await.unwrap());
+        let budget = MemoryBudget::new(1 << 20);
+        let (got, held) = meta.get_ref(&ns, &bucket, &key, &budget, 1 << 20).await.unwrap().unwrap();
+        assert_eq!((got.object == object, held.bytes()), (true, object.len()));
+        assert_eq!(budget.available(), (1 << 20) - object.len());
+        let past = meta.get_ref(&ns, &bucket, &key, &budget, object.len() - 1).await;
+        assert!(matches!(past, Err(MetaError::PastRoom { .. })), "{past:?}");
+    }
+
     #[tokio::test]
     async fn two_servers_share_one_postgres_database() {
         let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };

@@ -61,6 +61,10 @@ CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 /// again before its error is returned.
 pub const RETRIES: usize = 3;
 
+/// A ref's object at most this long is read with the query that finds it, into a share of
+/// the memory budget taken before (`get_ref`).
+const INLINE_OBJECT: usize = 64 << 10;
+
 /// Connections the pool opens at most.
 const POOL_SIZE: usize = 16;
 
@@ -152,6 +156,31 @@ impl Postgres {
         room: usize,
     ) -> Result<Option<(RefRow, Held)>, MetaError> {
         let mut c = self.client().await?;
+        // Most objects are small: one query brings one back, read into a share taken before
+        // it and then cut to its length. When the budget cannot lend that share now, or the
+        // object is longer, the object is charged at its length first (below).
+        if let Ok(mut held) = Held::take(&budget, INLINE_OBJECT.min(room)) {
+            let inline = i64::try_from(held.bytes()).unwrap_or(i64::MAX);
+            let row = c
+                .query_opt(
+                    "SELECT object_hash, finalized, last_access,
+                       CASE WHEN octet_length(object) <= $4::BIGINT THEN object END
+                     FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                    &[&n, &b, &k, &inline],
+                )
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            if let Some(object) = row.get::<_, Option<Vec<u8>>>(3) {
+                held.resize(&budget, object.len())?;
+                let row = RefRow {
+                    object_hash: hash_of(row.get(0))?,
+                    object,
+                    finalized: row.get(1),
+                    last_access_ms: row.get(2),
+                };
+                return Ok(Some((row, held)));
+            }
+        }
         // One snapshot for both reads: the object read is the one whose length was charged.
         let tx = c
             .build_transaction()
