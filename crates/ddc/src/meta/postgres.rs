@@ -93,6 +93,13 @@ fn columns<'a>(keys: impl Iterator<Item = &'a RefId>) -> [Vec<&'a str>; 3] {
     cols
 }
 
+/// A read-only transaction on one snapshot: what its reads see does not move between them.
+async fn snapshot(
+    c: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, MetaError> {
+    Ok(c.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start().await?)
+}
+
 impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), creates the tables if absent;
     /// with the namespaces stored.
@@ -182,12 +189,7 @@ impl Postgres {
             }
         }
         // One snapshot for both reads: the object read is the one whose length was charged.
-        let tx = c
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(&mut c).await?;
         // `octet_length` reads the stored value's size, not the value.
         let head = tx
             .query_opt(
@@ -360,12 +362,7 @@ impl Postgres {
     pub async fn ref_attachments(&self, n: String, after: Option<RefCursor>) -> Result<RefPage, MetaError> {
         let (bucket, key) = after.unwrap_or_default();
         let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(&mut c).await?;
         // The page's keys and sizes first, so that objects are fetched only as far as the
         // page's byte bound (the rows of one query would all come to this process at once).
         let heads = tx
