@@ -84,7 +84,7 @@ impl Content {
             return Ok(report);
         }
         let young = now.checked_sub(policy.blob_grace).unwrap_or(SystemTime::UNIX_EPOCH);
-        for ns in self.meta.namespaces().await? {
+        for ns in self.meta.namespaces() {
             self.sweep(&ns, young, &mut report).await?;
         }
         Ok(report)

@@ -121,8 +121,10 @@ struct DdcArgs {
     root: PathBuf,
     /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
-    /// created if absent. Blobs stay under --root. No TLS to Postgres.
-    #[arg(long, value_name = "URL")]
+    /// created if absent; one server per database. Blobs stay under --root. No TLS to
+    /// Postgres. A URL with a password belongs in the environment variable, not on the
+    /// command line, where every local user can read it.
+    #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_REFS", hide_env_values = true)]
     refs: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: std::net::SocketAddr,

@@ -589,7 +589,6 @@ pub async fn namespaces(
         .content
         .meta
         .namespaces()
-        .await?
         .into_iter()
         .filter(|ns| ddc.check(&headers, ns, Action::ReadObject).is_ok())
         .map(|ns| ns.as_str().to_owned())

@@ -1,26 +1,34 @@
-//! The scale-out metadata backend: refs, content ids and namespaces in PostgreSQL
-//! (`tickwire ddc --refs postgres://...`), for when several servers share one cache or one
-//! machine's SQLite is not enough. The same tables and the same rules as the embedded backend
-//! (`sqlite.rs`), so the same tests run against both.
+//! The metadata backend for a database server: refs, content ids and namespaces in PostgreSQL
+//! (`tickwire ddc --refs postgres://...`), for a store whose metadata should live in a
+//! database that is backed up, replicated and watched like the studio's others, or has
+//! outgrown one machine's SQLite file. The same tables and the same rules as the embedded
+//! backend (`sqlite.rs`), so the same tests run against both.
+//!
+//! **One server per database.** Blobs are still files under one server's root, so a second
+//! server on the same database would expire and collect against blobs it does not have. A
+//! server holds a session-level advisory lock on its database from start to stop
+//! ([`SERVER_LOCK`]); a second one is refused at start.
 //!
 //! Durability is Postgres's own: a write is acknowledged once its transaction has committed,
 //! so with the server's default `synchronous_commit` it survives a crash of either process.
 //!
-//! Unlike SQLite's single writer, writes here run at once from any number of connections (and
-//! servers). Each rule a write checks is therefore part of its one statement (a ref's
-//! overwrite rule is the upsert's `WHERE`), or holds a row lock across its check
-//! (`forget_content_of`). Writes that touch many rows (a flush of read times, an expiry batch)
-//! can deadlock with each other; Postgres then aborts one, and it is run again
-//! ([`RETRIES`]).
+//! Unlike SQLite's single writer, this server's writes run at once on many connections. Each
+//! rule a write checks is therefore part of its one statement (a ref's overwrite rule is the
+//! upsert's `WHERE`; an expiry re-checks the row it deletes), or holds a row lock across its
+//! check (`forget_content_of`). Writes that change many rows (a flush of read times, an expiry
+//! batch, a bucket's or a namespace's delete) can deadlock with each other; Postgres then
+//! aborts one, and it is run again ([`RETRIES`]).
 //!
-//! Connections come from a pool ([`deadpool_postgres`]), made with `NoTls`: `sslmode=require`
-//! in the URL is refused when connecting. Reach a remote server over a tunnel or a private
-//! network.
+//! Connections come from a pool ([`deadpool_postgres`]) with timeouts ([`TIMEOUT`]), made with
+//! `NoTls`: `sslmode=require` in the URL is refused when connecting. Reach a remote server over
+//! a tunnel or a private network.
 
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -57,6 +65,24 @@ CREATE TABLE IF NOT EXISTS content (
 CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 ";
 
+/// Tables whose presence means the schema is there: a role that may only read and write rows
+/// can then start the server.
+const SCHEMA_PRESENT: &str =
+    "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
+    AND to_regclass('content') IS NOT NULL";
+
+/// The key of the advisory lock a server holds on its database (an arbitrary constant).
+pub const SERVER_LOCK: i64 = 7463917286190102;
+
+/// How long a starting server waits for another to release its database (a server restarted
+/// at once may find its previous session not yet closed).
+const SERVER_LOCK_WAIT: &str = "5s";
+
+/// The longest a connection may take to open, a request may wait for a pooled connection,
+/// and a statement may run (unless the URL sets `connect_timeout` or `options` itself): a
+/// database that stops answering fails requests with a 500 instead of holding them.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How many times a write Postgres aborted for a deadlock or a serialization failure is run
 /// again before its error is returned.
 pub const RETRIES: usize = 3;
@@ -75,6 +101,8 @@ const PAGE_ROWS: i64 = super::collect::PAGE_REFS as i64;
 #[derive(Clone)]
 pub(super) struct Postgres {
     pool: Pool,
+    /// The session holding [`SERVER_LOCK`], open as long as a clone of the backend is.
+    _lock: std::sync::Arc<tokio_postgres::Client>,
 }
 
 fn transient(e: &MetaError) -> bool {
@@ -93,6 +121,29 @@ fn columns<'a>(keys: impl Iterator<Item = &'a RefId>) -> [Vec<&'a str>; 3] {
     cols
 }
 
+/// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
+/// previous server's session to close); refused while another server holds it.
+async fn take_database(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, MetaError> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "the Postgres session holding this server's database lock ended");
+        }
+    });
+    client.batch_execute(&format!("SET lock_timeout = '{SERVER_LOCK_WAIT}'")).await?;
+    match client.execute("SELECT pg_advisory_lock($1)", &[&SERVER_LOCK]).await {
+        Ok(_) => {
+            client.batch_execute("SET lock_timeout = 0").await?;
+            Ok(client)
+        }
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Err(MetaError::Config(
+            "another tickwire ddc server is using this database: one server per database (blobs are not shared)"
+                .into(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A read-only transaction on one snapshot: what its reads see does not move between them.
 async fn snapshot(
     c: &mut deadpool_postgres::Object,
@@ -101,30 +152,36 @@ async fn snapshot(
 }
 
 impl Postgres {
-    /// Connects to `url` (a libpq URL or key=value string), creates the tables if absent;
-    /// with the namespaces stored.
+    /// Connects to `url` (a libpq URL or key=value string), takes the database for this
+    /// server ([`SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
     pub async fn open(url: &str) -> Result<(Postgres, Vec<Name>), MetaError> {
-        let config = tokio_postgres::Config::from_str(url)?;
+        let mut config = tokio_postgres::Config::from_str(url)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(TIMEOUT);
+        }
+        if config.get_options().is_none() {
+            config.options(format!("-c statement_timeout={}", TIMEOUT.as_millis()));
+        }
+        let lock = take_database(&config).await?;
         let manager =
             Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let timeouts = Timeouts { wait: Some(TIMEOUT), create: Some(TIMEOUT), recycle: Some(TIMEOUT) };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .timeouts(timeouts)
             .build()
             .map_err(|e| MetaError::Config(format!("the Postgres pool: {e}")))?;
-        let backend = Postgres { pool };
+        let backend = Postgres { pool, _lock: std::sync::Arc::new(lock) };
         let mut client = backend.client().await?;
-        let tx = client.transaction().await?;
-        tx.batch_execute(SCHEMA).await?;
-        tx.commit().await?;
-        drop(client);
-        let known = backend.namespaces().await?;
+        if !client.query_one(SCHEMA_PRESENT, &[]).await?.get::<_, bool>(0) {
+            let tx = client.transaction().await?;
+            tx.batch_execute(SCHEMA).await?;
+            tx.commit().await?;
+        }
+        let rows = client.query("SELECT ns FROM namespaces", &[]).await?;
+        let known = rows.iter().filter_map(|r| r.get::<_, &str>(0).parse::<Name>().ok()).collect();
         Ok((backend, known))
-    }
-
-    /// The namespaces stored.
-    pub async fn namespaces(&self) -> Result<Vec<Name>, MetaError> {
-        let rows = self.client().await?.query("SELECT ns FROM namespaces", &[]).await?;
-        Ok(rows.iter().filter_map(|r| r.get::<_, &str>(0).parse::<Name>().ok()).collect())
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
@@ -282,17 +339,30 @@ impl Postgres {
 
     pub async fn delete_bucket(&self, n: String, b: String) -> Result<usize, MetaError> {
         let c = self.client().await?;
-        Ok(c.execute("DELETE FROM refs WHERE ns = $1 AND bucket = $2", &[&n, &b]).await? as usize)
+        let statement = "DELETE FROM refs WHERE ns = $1 AND bucket = $2";
+        Ok(self.retrying(|| async { Ok(c.execute(statement, &[&n, &b]).await?) }).await? as usize)
     }
 
     pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
         let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        tx.execute("DELETE FROM refs WHERE ns = $1", &[&n]).await?;
-        tx.execute("DELETE FROM content WHERE ns = $1", &[&n]).await?;
-        let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[&n]).await? == 1;
-        tx.commit().await?;
-        Ok(existed)
+        let c = &mut c;
+        let n = &n;
+        // The whole transaction again after a deadlock (its first try was rolled back).
+        let mut tries = 0;
+        loop {
+            let attempt = async {
+                let tx = c.transaction().await?;
+                tx.execute("DELETE FROM refs WHERE ns = $1", &[n]).await?;
+                tx.execute("DELETE FROM content WHERE ns = $1", &[n]).await?;
+                let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[n]).await? == 1;
+                tx.commit().await?;
+                Ok::<_, MetaError>(existed)
+            };
+            match attempt.await {
+                Err(e) if tries < RETRIES && transient(&e) => tries += 1,
+                done => return done,
+            }
+        }
     }
 
     pub async fn content_blob(&self, n: String, raw: IoHash) -> Result<Option<IoHash>, MetaError> {
@@ -325,9 +395,7 @@ impl Postgres {
         Ok(gone == 1)
     }
 
-    pub async fn flush_access(&self, mut touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
-        // In key order, so that two flushes lock rows in the same order.
-        touched.sort_unstable();
+    pub async fn flush_access(&self, touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
         let [ns, buckets, keys] = columns(touched.iter().map(|(id, _)| id));
         let at: Vec<i64> = touched.iter().map(|(_, at)| *at).collect();
         let c = self.client().await?;
@@ -348,11 +416,17 @@ impl Postgres {
         limit: i64,
     ) -> Result<usize, MetaError> {
         let c = self.client().await?;
+        // The condition twice: once to find the batch, and once on each row as it is deleted.
+        // A row a write changed after the batch was found (a ref put, finalized or read just
+        // now) is deleted only if it is still expired: under READ COMMITTED, the DELETE waits
+        // for that write and then re-checks its own WHERE against the new row, not the
+        // subquery's.
         let statement = "DELETE FROM refs WHERE (ns, bucket, key) IN (SELECT ns, bucket, key FROM (
                SELECT ns, bucket, key FROM refs WHERE NOT finalized AND last_access < $2
                UNION ALL
                SELECT ns, bucket, key FROM refs WHERE finalized AND last_access < $1
-             ) AS expired LIMIT $3)";
+             ) AS expired LIMIT $3)
+             AND CASE WHEN finalized THEN last_access < $1 ELSE last_access < $2 END";
         let n = self
             .retrying(|| async { Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?) })
             .await?;

@@ -32,6 +32,11 @@ impl TestPlace {
         Some(TestPlace { dir: tempfile::tempdir().unwrap(), url })
     }
 
+    /// The Postgres database's URL (`None` with SQLite).
+    pub(crate) fn url(&self) -> Option<&str> {
+        self.url.as_deref()
+    }
+
     pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }

@@ -71,8 +71,15 @@ pub fn start_configured(
 ) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_owned();
-    let meta_url =
-        if std::env::var_os(META_ENV).is_some_and(|v| v == "postgres") { postgres::database() } else { None };
+    let meta_url = if std::env::var_os(META_ENV).is_some_and(|v| v == "postgres") {
+        assert!(
+            !postgres::skipped(),
+            "{META_ENV}=postgres, but TICKWIRE_SKIP_POSTGRES=1: nothing would test Postgres"
+        );
+        postgres::database()
+    } else {
+        None
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

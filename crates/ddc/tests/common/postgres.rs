@@ -1,12 +1,14 @@
 //! A real PostgreSQL server for the tests of the Postgres metadata backend: one per test
 //! process, started on first use from the system's packages (Debian's `postgresql`, which
-//! `scripts/test.sh` installs when it is missing), on loopback, in a temporary directory. Each
-//! caller gets a database of its own. The server dies with the test process (the thread that
-//! started it asks the kernel to send it SIGQUIT then), and the next run removes what a dead
-//! process left.
+//! `scripts/test.sh` installs when it is missing), in a temporary directory, reached only
+//! through a Unix socket in that directory (no TCP port, so test processes running at once
+//! cannot meet each other's server). Each caller gets a database of its own. The server dies
+//! with the test process (the thread that started it asks the kernel to send it SIGQUIT then);
+//! its directory is removed at exit, and by the next run if the process was killed.
 //!
 //! Without the server's binaries the tests fail, saying how to install them; set
-//! `TICKWIRE_SKIP_POSTGRES=1` to skip the Postgres tests instead (each says it was skipped).
+//! `TICKWIRE_SKIP_POSTGRES=1` to skip the Postgres tests instead (each prints that it was
+//! skipped, past the test harness's capture, and passes without testing anything).
 //! `TICKWIRE_PG_BIN` names the directory of `initdb` and `postgres` if they are elsewhere.
 //!
 //! Shared by the crate's unit tests (`meta`, through `#[path]`) and its integration tests
@@ -24,9 +26,18 @@ use std::time::{Duration, Instant};
 const PREFIX: &str = "tickwire-pg-";
 
 struct Server {
-    port: u16,
+    /// The socket's directory.
+    dir: PathBuf,
     bin: PathBuf,
     user: Option<(u32, u32)>,
+}
+
+/// The port in the socket's name (`.s.PGSQL.<port>`); no TCP listener.
+const PORT: &str = "5432";
+
+/// Whether the Postgres tests are skipped (`TICKWIRE_SKIP_POSTGRES=1`).
+pub fn skipped() -> bool {
+    std::env::var_os("TICKWIRE_SKIP_POSTGRES").is_some_and(|v| v == "1")
 }
 
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
@@ -35,8 +46,10 @@ static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 /// A new, empty database on the test server, as a URL; `None` (after saying so) when the
 /// Postgres tests are skipped. Panics when the server cannot be started.
 pub fn database() -> Option<String> {
-    if std::env::var_os("TICKWIRE_SKIP_POSTGRES").is_some_and(|v| v == "1") {
-        eprintln!("skipped: TICKWIRE_SKIP_POSTGRES=1");
+    if skipped() {
+        // Not `eprintln!`, which the test harness captures and drops for a passing test.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(b"Postgres test skipped: TICKWIRE_SKIP_POSTGRES=1\n");
         return None;
     }
     let server = match SERVER.get_or_init(start) {
@@ -46,12 +59,14 @@ pub fn database() -> Option<String> {
     let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
     let out = server
         .command("psql")
-        .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "-U", "postgres", "-d", "postgres", "-q"])
+        .arg("-h")
+        .arg(&server.dir)
+        .args(["-p", PORT, "-U", "postgres", "-d", "postgres", "-q"])
         .args(["-v", "ON_ERROR_STOP=1", "-c", &format!("CREATE DATABASE {name}")])
         .output()
         .unwrap_or_else(|e| panic!("running psql: {e}"));
     assert!(out.status.success(), "CREATE DATABASE: {}", String::from_utf8_lossy(&out.stderr));
-    Some(format!("postgres://postgres@127.0.0.1:{}/{name}", server.port))
+    Some(format!("host={} port={PORT} user=postgres dbname={name}", server.dir.display()))
 }
 
 impl Server {
@@ -132,6 +147,21 @@ fn remove_stale() {
     }
 }
 
+/// Removes the server's directory when the process exits (the server is sent SIGQUIT as its
+/// thread ends; a file it still has open goes when it does).
+fn remove_at_exit(root: &Path) {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(root) = ROOT.get() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+    if ROOT.set(root.to_owned()).is_ok() {
+        // SAFETY: `remove` is a plain function that stays valid for the life of the process.
+        unsafe { libc::atexit(remove) };
+    }
+}
+
 fn start() -> Result<Server, String> {
     let bin = bin_dir().ok_or(
         "the Postgres tests need PostgreSQL's server (initdb, postgres): `apt-get install postgresql`, \
@@ -147,7 +177,7 @@ fn start() -> Result<Server, String> {
             .map_err(|e| format!("chown {}: {e}", root.display()))?;
     }
     let data = root.join("data");
-    let server = Server { port: 0, bin, user };
+    let server = Server { dir: root.clone(), bin, user };
     let out = server
         .command("initdb")
         .arg("-D")
@@ -158,17 +188,13 @@ fn start() -> Result<Server, String> {
     if !out.status.success() {
         return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
     let log = std::fs::File::create(root.join("log")).map_err(|e| format!("creating the log: {e}"))?;
     let mut cmd = Command::new(server.bin.join("postgres"));
-    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", &port.to_string()]);
-    // A test server: nothing here needs to survive a crash.
-    for setting in
-        ["listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off", "full_page_writes=off"]
-    {
+    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", PORT]);
+    // A test server: nothing here needs to survive a crash. Each HTTP test server keeps its
+    // pool open to the end of the process, so more connections than the default 100.
+    let settings = ["listen_addresses=", "max_connections=500", "fsync=off", "synchronous_commit=off"];
+    for setting in settings.into_iter().chain(["full_page_writes=off"]) {
         cmd.args(["-c", setting]);
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
@@ -190,20 +216,23 @@ fn start() -> Result<Server, String> {
         })
         .map_err(|e| e.to_string())?;
     rx.recv().map_err(|e| e.to_string())??;
-    let server = Server { port, ..server };
+    remove_at_exit(&root);
     let deadline = Instant::now() + Duration::from_secs(30);
+    let log = || std::fs::read_to_string(root.join("log")).unwrap_or_default();
     loop {
+        if let Ok(Err(e)) = rx.try_recv() {
+            return Err(format!("{e}; its log:\n{}", log()));
+        }
         let ready = server
             .command("pg_isready")
-            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .arg("-q")
+            .arg("-h")
+            .arg(&root)
+            .args(["-p", PORT])
             .status()
             .is_ok_and(|s| s.success());
         if ready {
             return Ok(server);
-        }
-        let log = || std::fs::read_to_string(root.join("log")).unwrap_or_default();
-        if let Ok(Err(e)) = rx.try_recv() {
-            return Err(format!("{e}; its log:\n{}", log()));
         }
         if Instant::now() > deadline {
             return Err(format!("postgres did not accept connections within 30 s; its log:\n{}", log()));
