@@ -57,7 +57,10 @@ impl ChildServer {
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            // A bench's own DDC is on a temp directory: never on a database the caller's
+            // environment names (which may be production's).
+            .env_remove("TICKWIRE_DDC_REFS");
         let mut child = cmd.spawn().with_context(|| format!("cannot start `tickwire {}`", args[0]))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let mut lines = BufReader::new(stdout).lines();

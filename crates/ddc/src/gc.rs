@@ -73,7 +73,9 @@ impl Content {
             let batch = crate::meta::EXPIRE_BATCH;
             let expired = self.meta.expire_refs(cut, unfinalized_cut, batch).await?;
             report.refs_expired += expired as u64;
-            if expired < batch {
+            // Until a batch finds nothing: with Postgres, a batch may delete fewer than it
+            // found (a ref freshened meanwhile is re-checked and kept) while more remain.
+            if expired == 0 {
                 break;
             }
             tokio::task::yield_now().await;

@@ -24,6 +24,7 @@ fn start(root: &std::path::Path, refs: Option<&str>) -> (Child, String) {
         .args(["ddc", "--dev-auth", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .args(refs.map(|url| ["--refs", url]).into_iter().flatten())
+        .env_remove("TICKWIRE_DDC_REFS")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -109,6 +110,7 @@ fn an_unreachable_postgres_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tickwire"))
         .args(["ddc", "--dev-auth", "--listen", "127.0.0.1:0", "--refs", &url, "--root"])
         .arg(dir.path())
+        .env_remove("TICKWIRE_DDC_REFS")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -287,7 +287,18 @@ impl MetaStore {
         if touched.is_empty() {
             return Ok(0);
         }
-        on_backend!(self, flush_access(touched.into_iter().collect()))
+        let noted: Vec<(RefId, i64)> = touched.into_iter().collect();
+        let result = on_backend!(self, flush_access(noted.clone()));
+        if result.is_err() {
+            // Noted again for the next flush (keeping any later read's time), so that a failed
+            // write does not let read refs expire.
+            let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            for (id, at) in noted {
+                let kept = touched.entry(id).or_insert(at);
+                *kept = (*kept).max(at);
+            }
+        }
+        result
     }
 }
 
@@ -471,7 +482,8 @@ mod tests {
             let meta = meta.clone();
             async move { meta.expire_refs(now_ms() - 1000, now_ms() - 1000, 10).await.unwrap() }
         });
-        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM refs%'";
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+            AND query LIKE 'DELETE FROM refs%' AND datname = current_database()";
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while observer.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
             assert!(std::time::Instant::now() < deadline, "the expiry never waited for the write");
@@ -480,5 +492,40 @@ mod tests {
         write.commit().await.unwrap();
         assert_eq!(expiry.await.unwrap(), 0, "the ref was written while the expiry waited");
         assert!(get(&meta, &ns, &bucket, &key).await.is_some());
+    }
+
+    /// A server whose lock on its database is gone (its session ended: here it is ended from
+    /// another session, by the query docs/ddc.md gives) fails every operation from then on,
+    /// and a failed flush keeps the read times it could not write.
+    #[tokio::test]
+    async fn a_server_that_lost_its_database_lock_stops() {
+        let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };
+        let meta = place.open().await;
+        let (ns, bucket, key) = names();
+        assert!(meta.put_ref(&ns, &bucket, &key, row(b"read", true), false).await.unwrap());
+        assert!(get(&meta, &ns, &bucket, &key).await.is_some());
+        let (admin, connection) =
+            tokio_postgres::connect(place.url().unwrap(), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let ended = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks
+                 WHERE locktype = 'advisory' AND objid = 2860117014 AND objsubid = 1
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(ended.len(), 1, "the query in the docs finds the server's lock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match meta.ref_state(&ns, &bucket, &key).await {
+                Err(MetaError::Config(e)) if e.contains("lost its lock") => break,
+                other => assert!(std::time::Instant::now() < deadline, "still served: {other:?}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(meta.flush_access().await.is_err());
+        assert_eq!(meta.touched.lock().unwrap().len(), 1, "the read time is kept for a later flush");
     }
 }

@@ -26,6 +26,8 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
@@ -65,7 +67,7 @@ CREATE TABLE IF NOT EXISTS content (
 CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 ";
 
-/// Tables whose presence means the schema is there: a role that may only read and write rows
+/// Tables and indexes whose presence means the schema is there: a role that may only read and write rows
 /// can then start the server.
 const SCHEMA_PRESENT: &str =
     "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
@@ -102,7 +104,26 @@ const PAGE_ROWS: i64 = super::collect::PAGE_REFS as i64;
 pub(super) struct Postgres {
     pool: Pool,
     /// The session holding [`SERVER_LOCK`], open as long as a clone of the backend is.
-    _lock: std::sync::Arc<tokio_postgres::Client>,
+    _lock: Arc<tokio_postgres::Client>,
+    /// Set when that session ended: the lock went with it, and another server may hold the
+    /// database now, so every operation fails from then on ([`LOCK_LOST`]).
+    lock_lost: Arc<AtomicBool>,
+}
+
+/// What every operation answers once the server's lock on its database is gone.
+pub const LOCK_LOST: &str =
+    "this server lost its lock on the Postgres database (its session ended): restart the server";
+
+/// How often the lock's session is checked, so that a connection that died without closing is
+/// noticed.
+const LOCK_CHECK: Duration = Duration::from_secs(10);
+
+/// Whether a write that failed with `e` is run again: after a deadlock or a serialization
+/// failure, at most [`RETRIES`] times (`tries` counts them).
+fn again(e: &MetaError, tries: &mut usize) -> bool {
+    let again = *tries < RETRIES && transient(e);
+    *tries += usize::from(again);
+    again
 }
 
 fn transient(e: &MetaError) -> bool {
@@ -122,26 +143,55 @@ fn columns<'a>(keys: impl Iterator<Item = &'a RefId>) -> [Vec<&'a str>; 3] {
 }
 
 /// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
-/// previous server's session to close); refused while another server holds it.
-async fn take_database(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, MetaError> {
+/// previous server's session to close); refused while another server holds it. `lost` is set
+/// when the session ends, or stops answering the check made every [`LOCK_CHECK`].
+async fn take_database(
+    config: &tokio_postgres::Config,
+    lost: Arc<AtomicBool>,
+) -> Result<Arc<tokio_postgres::Client>, MetaError> {
     let (client, connection) = config.connect(NoTls).await?;
+    let ended = lost.clone();
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::warn!(error = %e, "the Postgres session holding this server's database lock ended");
+        let result = connection.await;
+        ended.store(true, Ordering::Relaxed);
+        tracing::error!(result = ?result.err(), "{LOCK_LOST}");
+    });
+    // The session sits idle: no idle timeout may end it, and a dead peer is found by
+    // keepalives within a minute (Postgres's side; ours is the check below).
+    let _ = client.batch_execute("SET idle_session_timeout = 0").await; // Postgres 14 and later.
+    client
+        .batch_execute(&format!(
+            "SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3;
+             SET lock_timeout = '{SERVER_LOCK_WAIT}'; SET statement_timeout = 0"
+        ))
+        .await?;
+    match client.execute("SELECT pg_advisory_lock($1)", &[&SERVER_LOCK]).await {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            return Err(MetaError::Config(
+                "another tickwire ddc server is using this database: one server per database (blobs are not shared)"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let client = Arc::new(client);
+    let (check, lost) = (Arc::downgrade(&client), lost);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(LOCK_CHECK);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let Some(client) = check.upgrade() else { return }; // The store is gone.
+            let answered = tokio::time::timeout(TIMEOUT, client.simple_query("SELECT 1")).await;
+            if !matches!(answered, Ok(Ok(_))) {
+                lost.store(true, Ordering::Relaxed);
+                tracing::error!("{LOCK_LOST}");
+                return;
+            }
         }
     });
-    client.batch_execute(&format!("SET lock_timeout = '{SERVER_LOCK_WAIT}'")).await?;
-    match client.execute("SELECT pg_advisory_lock($1)", &[&SERVER_LOCK]).await {
-        Ok(_) => {
-            client.batch_execute("SET lock_timeout = 0").await?;
-            Ok(client)
-        }
-        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Err(MetaError::Config(
-            "another tickwire ddc server is using this database: one server per database (blobs are not shared)"
-                .into(),
-        )),
-        Err(e) => Err(e.into()),
-    }
+    Ok(client)
 }
 
 /// A read-only transaction on one snapshot: what its reads see does not move between them.
@@ -159,10 +209,15 @@ impl Postgres {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(TIMEOUT);
         }
-        if config.get_options().is_none() {
-            config.options(format!("-c statement_timeout={}", TIMEOUT.as_millis()));
+        let options = config.get_options().unwrap_or_default().to_owned();
+        if !options.contains("statement_timeout") {
+            config.options(format!("{options} -c statement_timeout={}", TIMEOUT.as_millis()).trim_start());
         }
-        let lock = take_database(&config).await?;
+        if config.get_keepalives_idle() > TIMEOUT {
+            config.keepalives_idle(TIMEOUT);
+        }
+        let lock_lost = Arc::new(AtomicBool::new(false));
+        let lock = take_database(&config, lock_lost.clone()).await?;
         let manager =
             Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let timeouts = Timeouts { wait: Some(TIMEOUT), create: Some(TIMEOUT), recycle: Some(TIMEOUT) };
@@ -172,7 +227,7 @@ impl Postgres {
             .timeouts(timeouts)
             .build()
             .map_err(|e| MetaError::Config(format!("the Postgres pool: {e}")))?;
-        let backend = Postgres { pool, _lock: std::sync::Arc::new(lock) };
+        let backend = Postgres { pool, _lock: lock, lock_lost };
         let mut client = backend.client().await?;
         if !client.query_one(SCHEMA_PRESENT, &[]).await?.get::<_, bool>(0) {
             let tx = client.transaction().await?;
@@ -185,6 +240,9 @@ impl Postgres {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
+        if self.lock_lost.load(Ordering::Relaxed) {
+            return Err(MetaError::Config(LOCK_LOST.into()));
+        }
         self.pool.get().await.map_err(|e| match e {
             // Postgres's own error (connection refused, authentication failed), not the pool's.
             deadpool_postgres::PoolError::Backend(e) => MetaError::Postgres(e),
@@ -201,7 +259,7 @@ impl Postgres {
         let mut tries = 0;
         loop {
             match op().await {
-                Err(e) if tries < RETRIES && transient(&e) => tries += 1,
+                Err(e) if again(&e, &mut tries) => {}
                 done => return done,
             }
         }
@@ -227,9 +285,12 @@ impl Postgres {
             let inline = i64::try_from(held.bytes()).unwrap_or(i64::MAX);
             let row = c
                 .query_opt(
-                    "SELECT object_hash, finalized, last_access,
+                    &c.prepare_cached(
+                        "SELECT object_hash, finalized, last_access,
                        CASE WHEN octet_length(object) <= $4::BIGINT THEN object END
                      FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                    )
+                    .await?,
                     &[&n, &b, &k, &inline],
                 )
                 .await?;
@@ -276,7 +337,10 @@ impl Postgres {
         let c = self.client().await?;
         let row = c
             .query_opt(
-                "SELECT object_hash, finalized FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                &c.prepare_cached(
+                    "SELECT object_hash, finalized FROM refs WHERE ns = $1 AND bucket = $2 AND key = $3",
+                )
+                .await?,
                 &[&n, &b, &k],
             )
             .await?;
@@ -288,14 +352,17 @@ impl Postgres {
         let hash = &row.object_hash.as_bytes()[..];
         let written = c
             .execute(
-                // The overwrite rule is the upsert's own condition: two servers racing past an
+                // The overwrite rule is the upsert's own condition: two writers racing past an
                 // earlier read cannot both replace a finalized ref.
-                "INSERT INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
+                &c.prepare_cached(
+                    "INSERT INTO refs (ns, bucket, key, object_hash, object, finalized, last_access)
                  VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (ns, bucket, key) DO UPDATE SET object_hash = excluded.object_hash,
                    object = excluded.object, finalized = excluded.finalized,
                    last_access = excluded.last_access
                  WHERE $8 OR NOT refs.finalized OR refs.object_hash = excluded.object_hash",
+                )
+                .await?,
                 // Stamped as it is sent, not when it was built: a garbage collection that began
                 // meanwhile marks it again (its re-mark reaches a minute back).
                 &[
@@ -322,8 +389,11 @@ impl Postgres {
         let c = self.client().await?;
         let changed = c
             .execute(
-                "UPDATE refs SET finalized = $6, last_access = $5
+                &c.prepare_cached(
+                    "UPDATE refs SET finalized = $6, last_access = $5
                  WHERE ns = $1 AND bucket = $2 AND key = $3 AND object_hash = $4",
+                )
+                .await?,
                 &[&n, &b, &k, &&hash.as_bytes()[..], &now_ms(), &finalized],
             )
             .await?;
@@ -338,28 +408,41 @@ impl Postgres {
     }
 
     pub async fn delete_bucket(&self, n: String, b: String) -> Result<usize, MetaError> {
-        let c = self.client().await?;
-        let statement = "DELETE FROM refs WHERE ns = $1 AND bucket = $2";
-        Ok(self.retrying(|| async { Ok(c.execute(statement, &[&n, &b]).await?) }).await? as usize)
-    }
-
-    pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
         let mut c = self.client().await?;
-        let c = &mut c;
-        let n = &n;
-        // The whole transaction again after a deadlock (its first try was rolled back).
         let mut tries = 0;
         loop {
             let attempt = async {
                 let tx = c.transaction().await?;
-                tx.execute("DELETE FROM refs WHERE ns = $1", &[n]).await?;
-                tx.execute("DELETE FROM content WHERE ns = $1", &[n]).await?;
-                let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[n]).await? == 1;
+                // A bucket has no bound on its refs: no statement timeout (`TIMEOUT`) here.
+                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+                let gone = tx.execute("DELETE FROM refs WHERE ns = $1 AND bucket = $2", &[&n, &b]).await?;
                 tx.commit().await?;
-                Ok::<_, MetaError>(existed)
+                Ok(gone as usize)
             };
             match attempt.await {
-                Err(e) if tries < RETRIES && transient(&e) => tries += 1,
+                Err(e) if again(&e, &mut tries) => {}
+                done => return done,
+            }
+        }
+    }
+
+    pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
+        let mut c = self.client().await?;
+        let mut tries = 0;
+        // The whole transaction again after a deadlock (its first try was rolled back).
+        loop {
+            let attempt = async {
+                let tx = c.transaction().await?;
+                // A namespace has no bound on its rows: no statement timeout (`TIMEOUT`) here.
+                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+                tx.execute("DELETE FROM refs WHERE ns = $1", &[&n]).await?;
+                tx.execute("DELETE FROM content WHERE ns = $1", &[&n]).await?;
+                let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[&n]).await? == 1;
+                tx.commit().await?;
+                Ok(existed)
+            };
+            match attempt.await {
+                Err(e) if again(&e, &mut tries) => {}
                 done => return done,
             }
         }
@@ -369,7 +452,7 @@ impl Postgres {
         let c = self.client().await?;
         let row = c
             .query_opt(
-                "SELECT blob_id FROM content WHERE ns = $1 AND raw_hash = $2",
+                &c.prepare_cached("SELECT blob_id FROM content WHERE ns = $1 AND raw_hash = $2").await?,
                 &[&n, &&raw.as_bytes()[..]],
             )
             .await?;
@@ -402,8 +485,7 @@ impl Postgres {
         let statement = "UPDATE refs SET last_access = GREATEST(refs.last_access, t.at)
              FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[]) AS t(ns, bucket, key, at)
              WHERE refs.ns = t.ns AND refs.bucket = t.bucket AND refs.key = t.key";
-        let n =
-            self.retrying(|| async { Ok(c.execute(statement, &[&ns, &buckets, &keys, &at]).await?) }).await?;
+        let n = self.retrying(async || Ok(c.execute(statement, &[&ns, &buckets, &keys, &at]).await?)).await?;
         Ok(n as usize)
     }
 
@@ -428,7 +510,7 @@ impl Postgres {
              ) AS expired LIMIT $3)
              AND CASE WHEN finalized THEN last_access < $1 ELSE last_access < $2 END";
         let n = self
-            .retrying(|| async { Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?) })
+            .retrying(async || Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?))
             .await?;
         Ok(n as usize)
     }

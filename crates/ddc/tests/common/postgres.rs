@@ -136,9 +136,16 @@ fn server_user() -> Result<Option<(u32, u32)>, String> {
     }
 }
 
+/// Where the server's directory goes: `/tmp`, not `$TMPDIR`, which may be too long for the
+/// socket's path (at most 107 bytes).
+fn socket_parent() -> PathBuf {
+    let tmp = Path::new("/tmp");
+    if tmp.is_dir() { tmp.to_owned() } else { std::env::temp_dir() }
+}
+
 /// Removes what earlier test processes, now gone, left.
 fn remove_stale() {
-    for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(socket_parent()).into_iter().flatten().flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
@@ -169,7 +176,7 @@ fn start() -> Result<Server, String> {
     )?;
     let user = server_user()?;
     remove_stale();
-    let root = std::env::temp_dir().join(format!("{PREFIX}{}", std::process::id()));
+    let root = socket_parent().join(format!("{PREFIX}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
     if let Some((uid, gid)) = user {
