@@ -408,38 +408,39 @@ impl Postgres {
     }
 
     pub async fn delete_bucket(&self, n: String, b: String) -> Result<usize, MetaError> {
-        let mut c = self.client().await?;
-        let mut tries = 0;
-        loop {
-            let attempt = async {
-                let tx = c.transaction().await?;
-                // A bucket has no bound on its refs: no statement timeout (`TIMEOUT`) here.
-                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-                let gone = tx.execute("DELETE FROM refs WHERE ns = $1 AND bucket = $2", &[&n, &b]).await?;
-                tx.commit().await?;
-                Ok(gone as usize)
-            };
-            match attempt.await {
-                Err(e) if again(&e, &mut tries) => {}
-                done => return done,
-            }
-        }
+        let gone = self.delete_all(&["DELETE FROM refs WHERE ns = $1 AND bucket = $2"], &[&n, &b]).await?;
+        Ok(gone[0] as usize)
     }
 
     pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
+        let statements = [
+            "DELETE FROM refs WHERE ns = $1",
+            "DELETE FROM content WHERE ns = $1",
+            "DELETE FROM namespaces WHERE ns = $1",
+        ];
+        Ok(self.delete_all(&statements, &[&n]).await?[2] == 1)
+    }
+
+    /// Runs `statements`, each with `params`, in one transaction without the statement timeout
+    /// (a bucket or a namespace has no bound on its rows), again after a deadlock (the failed
+    /// try was rolled back); how many rows each removed.
+    async fn delete_all(
+        &self,
+        statements: &[&str],
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<u64>, MetaError> {
         let mut c = self.client().await?;
         let mut tries = 0;
-        // The whole transaction again after a deadlock (its first try was rolled back).
         loop {
             let attempt = async {
                 let tx = c.transaction().await?;
-                // A namespace has no bound on its rows: no statement timeout (`TIMEOUT`) here.
                 tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-                tx.execute("DELETE FROM refs WHERE ns = $1", &[&n]).await?;
-                tx.execute("DELETE FROM content WHERE ns = $1", &[&n]).await?;
-                let existed = tx.execute("DELETE FROM namespaces WHERE ns = $1", &[&n]).await? == 1;
+                let mut removed = Vec::with_capacity(statements.len());
+                for statement in statements {
+                    removed.push(tx.execute(*statement, params).await?);
+                }
                 tx.commit().await?;
-                Ok(existed)
+                Ok(removed)
             };
             match attempt.await {
                 Err(e) if again(&e, &mut tries) => {}
