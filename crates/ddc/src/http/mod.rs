@@ -275,13 +275,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Ready unless the metadata store can no longer be used ([`MetaStore::lost`]).
+async fn ready(axum::extract::State(ddc): axum::extract::State<Arc<Ddc>>) -> Response {
+    if ddc.content.meta.is_lost() {
+        let body = "Unhealthy: the metadata store's database lock is lost";
+        return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "text/plain")], body)
+            .into_response();
+    }
+    ([(header::CONTENT_TYPE, "text/plain")], "Healthy").into_response()
+}
+
 /// The routes, over a shared [`Ddc`].
 pub fn router(ddc: Arc<Ddc>) -> Router {
     let healthy = || async { ([(header::CONTENT_TYPE, "text/plain")], "Healthy") };
     let raw = blobs::raw_routes();
     Router::new()
         .route("/health/live", get(healthy))
-        .route("/health/ready", get(healthy))
+        .route("/health/ready", get(ready))
         .nest("/api/v1/blobs", raw.clone())
         .nest("/api/v1/s", raw)
         .nest("/api/v1/compressed-blobs", blobs::compressed_routes())

@@ -104,6 +104,9 @@ pub struct MetaStore {
     touched: Arc<Mutex<HashMap<RefId, i64>>>,
     /// Namespaces known to exist, so a write to a known one adds no row.
     namespaces: Arc<Mutex<HashSet<Name>>>,
+    /// Held by a flush of read times: one at a time, so that a flush that fails puts its times
+    /// back before the next (the collector's, say) takes the notes.
+    flushing: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn hash_of(bytes: &[u8]) -> Result<IoHash, MetaError> {
@@ -154,6 +157,7 @@ impl MetaStore {
             backend,
             touched: Arc::default(),
             namespaces: Arc::new(Mutex::new(known.into_iter().collect())),
+            flushing: Arc::default(),
         }
     }
 
@@ -163,6 +167,27 @@ impl MetaStore {
             Backend::Sqlite(_) => "sqlite",
             Backend::Postgres(_) => "postgres",
         }
+    }
+
+    /// Completes when this store can no longer be used: with Postgres, when the server lost its
+    /// lock on the database (another server may hold it now); never with SQLite. A server
+    /// should stop then, so that its supervisor starts it again.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let token = match &self.backend {
+            Backend::Postgres(b) => Some(b.lost().clone()),
+            Backend::Sqlite(_) => None,
+        };
+        async move {
+            match token {
+                Some(token) => token.cancelled_owned().await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Whether [`MetaStore::lost`] has completed.
+    pub fn is_lost(&self) -> bool {
+        matches!(&self.backend, Backend::Postgres(b) if b.lost().is_cancelled())
     }
 
     /// Records that `ns` exists (first write to it creates it).
@@ -283,6 +308,7 @@ impl MetaStore {
     /// Writes the last-access times noted by reads since the last flush, in one transaction.
     /// Returns how many refs were updated. A time is never moved back.
     pub async fn flush_access(&self) -> Result<usize, MetaError> {
+        let _one_at_a_time = self.flushing.lock().await;
         let touched = std::mem::take(&mut *self.touched.lock().unwrap_or_else(|p| p.into_inner()));
         if touched.is_empty() {
             return Ok(0);
@@ -525,6 +551,8 @@ mod tests {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        assert!(meta.is_lost());
+        tokio::time::timeout(std::time::Duration::from_secs(5), meta.lost()).await.expect("lost() completed");
         assert!(meta.flush_access().await.is_err());
         assert_eq!(meta.touched.lock().unwrap().len(), 1, "the read time is kept for a later flush");
     }

@@ -27,12 +27,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
+use tokio_util::sync::CancellationToken;
 
 use super::{MetaError, RefCursor, RefId, RefPage, RefRow, Stored, charge, hash_of, now_ms};
 use crate::budget::{Held, MemoryBudget};
@@ -67,11 +67,12 @@ CREATE TABLE IF NOT EXISTS content (
 CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 ";
 
-/// Tables and indexes whose presence means the schema is there: a role that may only read and write rows
-/// can then start the server.
+/// Tables and indexes whose presence means the schema is there: a role that may only read and
+/// write rows can then start the server.
 const SCHEMA_PRESENT: &str =
     "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
-    AND to_regclass('content') IS NOT NULL";
+    AND to_regclass('content') IS NOT NULL AND to_regclass('refs_by_access') IS NOT NULL
+    AND to_regclass('content_by_blob') IS NOT NULL";
 
 /// The key of the advisory lock a server holds on its database (an arbitrary constant).
 pub const SERVER_LOCK: i64 = 7463917286190102;
@@ -104,10 +105,16 @@ const PAGE_ROWS: i64 = super::collect::PAGE_REFS as i64;
 pub(super) struct Postgres {
     pool: Pool,
     /// The session holding [`SERVER_LOCK`], open as long as a clone of the backend is.
-    _lock: Arc<tokio_postgres::Client>,
-    /// Set when that session ended: the lock went with it, and another server may hold the
-    /// database now, so every operation fails from then on ([`LOCK_LOST`]).
-    lock_lost: Arc<AtomicBool>,
+    lock: Arc<LockSession>,
+}
+
+/// The session that holds the server's lock on its database, and whether it ended.
+struct LockSession {
+    client: tokio_postgres::Client,
+    /// Cancelled when the session ended while the store was open: the lock went with it, and
+    /// another server may hold the database now, so every operation fails from then on
+    /// ([`LOCK_LOST`]).
+    lost: CancellationToken,
 }
 
 /// What every operation answers once the server's lock on its database is gone.
@@ -143,21 +150,24 @@ fn columns<'a>(keys: impl Iterator<Item = &'a RefId>) -> [Vec<&'a str>; 3] {
 }
 
 /// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
-/// previous server's session to close); refused while another server holds it. `lost` is set
-/// when the session ends, or stops answering the check made every [`LOCK_CHECK`].
-async fn take_database(
-    config: &tokio_postgres::Config,
-    lost: Arc<AtomicBool>,
-) -> Result<Arc<tokio_postgres::Client>, MetaError> {
+/// previous server's session to close); refused while another server holds it. Its `lost`
+/// is cancelled when the session ends while the store holds it. A session that stops answering
+/// is ended by the keepalives (about a minute); a check every [`LOCK_CHECK`] keeps traffic on
+/// it and logs a check that does not answer.
+async fn take_database(config: &tokio_postgres::Config) -> Result<Arc<LockSession>, MetaError> {
     let (client, connection) = config.connect(NoTls).await?;
-    let ended = lost.clone();
+    let (tx, held) = tokio::sync::oneshot::channel::<std::sync::Weak<LockSession>>();
     tokio::spawn(async move {
         let result = connection.await;
-        ended.store(true, Ordering::Relaxed);
-        tracing::error!(result = ?result.err(), "{LOCK_LOST}");
+        // Only while the store still holds the session: a store dropped (or refused at start)
+        // ends it on purpose.
+        if let Some(session) = held.await.ok().and_then(|weak| weak.upgrade()) {
+            session.lost.cancel();
+            tracing::error!(error = ?result.err(), "{LOCK_LOST}");
+        }
     });
-    // The session sits idle: no idle timeout may end it, and a dead peer is found by
-    // keepalives within a minute (Postgres's side; ours is the check below).
+    // The session sits idle: no idle timeout may end it, and Postgres finds a dead peer within
+    // a minute by its keepalives.
     let _ = client.batch_execute("SET idle_session_timeout = 0").await; // Postgres 14 and later.
     client
         .batch_execute(&format!(
@@ -175,23 +185,31 @@ async fn take_database(
         }
         Err(e) => return Err(e.into()),
     }
-    let client = Arc::new(client);
-    let (check, lost) = (Arc::downgrade(&client), lost);
+    let session = Arc::new(LockSession { client, lost: CancellationToken::new() });
+    let _ = tx.send(Arc::downgrade(&session));
+    let check = Arc::downgrade(&session);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(LOCK_CHECK);
         every.tick().await;
         loop {
             every.tick().await;
-            let Some(client) = check.upgrade() else { return }; // The store is gone.
-            let answered = tokio::time::timeout(TIMEOUT, client.simple_query("SELECT 1")).await;
-            if !matches!(answered, Ok(Ok(_))) {
-                lost.store(true, Ordering::Relaxed);
-                tracing::error!("{LOCK_LOST}");
+            let Some(session) = check.upgrade() else { return }; // The store is gone.
+            if session.lost.is_cancelled() {
                 return;
+            }
+            // A slow answer is not a lost lock: only the session's end is (above).
+            match tokio::time::timeout(TIMEOUT, session.client.simple_query("SELECT 1")).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "checking this server's database lock session failed")
+                }
+                Err(_) => {
+                    tracing::warn!("this server's database lock session did not answer a check in 30 s")
+                }
             }
         }
     });
-    Ok(client)
+    Ok(session)
 }
 
 /// A read-only transaction on one snapshot: what its reads see does not move between them.
@@ -210,14 +228,24 @@ impl Postgres {
             config.connect_timeout(TIMEOUT);
         }
         let options = config.get_options().unwrap_or_default().to_owned();
-        if !options.contains("statement_timeout") {
+        if !options.to_ascii_lowercase().replace('-', "_").contains("statement_timeout") {
             config.options(format!("{options} -c statement_timeout={}", TIMEOUT.as_millis()).trim_start());
         }
-        if config.get_keepalives_idle() > TIMEOUT {
-            config.keepalives_idle(TIMEOUT);
+        // A peer gone without a word (a network cut) is found within about a minute, unless the
+        // URL says otherwise: idle 30 s, then 3 probes 10 s apart; unsent data waits 30 s.
+        if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            config.keepalives_idle(Duration::from_secs(30));
         }
-        let lock_lost = Arc::new(AtomicBool::new(false));
-        let lock = take_database(&config, lock_lost.clone()).await?;
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(Duration::from_secs(10));
+        }
+        if config.get_keepalives_retries().is_none() {
+            config.keepalives_retries(3);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TIMEOUT);
+        }
+        let lock = take_database(&config).await?;
         let manager =
             Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let timeouts = Timeouts { wait: Some(TIMEOUT), create: Some(TIMEOUT), recycle: Some(TIMEOUT) };
@@ -227,7 +255,7 @@ impl Postgres {
             .timeouts(timeouts)
             .build()
             .map_err(|e| MetaError::Config(format!("the Postgres pool: {e}")))?;
-        let backend = Postgres { pool, _lock: lock, lock_lost };
+        let backend = Postgres { pool, lock };
         let mut client = backend.client().await?;
         if !client.query_one(SCHEMA_PRESENT, &[]).await?.get::<_, bool>(0) {
             let tx = client.transaction().await?;
@@ -239,8 +267,13 @@ impl Postgres {
         Ok((backend, known))
     }
 
+    /// Cancelled when this server lost its lock on the database.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lock.lost
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
-        if self.lock_lost.load(Ordering::Relaxed) {
+        if self.lock.lost.is_cancelled() {
             return Err(MetaError::Config(LOCK_LOST.into()));
         }
         self.pool.get().await.map_err(|e| match e {
@@ -408,45 +441,52 @@ impl Postgres {
     }
 
     pub async fn delete_bucket(&self, n: String, b: String) -> Result<usize, MetaError> {
-        let gone = self.delete_all(&["DELETE FROM refs WHERE ns = $1 AND bucket = $2"], &[&n, &b]).await?;
-        Ok(gone[0] as usize)
+        const DELETE: &[&str] = &["DELETE FROM refs WHERE ns = $1 AND bucket = $2"];
+        Ok(self.delete_all(DELETE, vec![n, b]).await?[0] as usize)
     }
 
     pub async fn delete_namespace(&self, n: String) -> Result<bool, MetaError> {
-        let statements = [
+        const DELETE: &[&str] = &[
             "DELETE FROM refs WHERE ns = $1",
             "DELETE FROM content WHERE ns = $1",
             "DELETE FROM namespaces WHERE ns = $1",
         ];
-        Ok(self.delete_all(&statements, &[&n]).await?[2] == 1)
+        Ok(self.delete_all(DELETE, vec![n]).await?[2] == 1)
     }
 
     /// Runs `statements`, each with `params`, in one transaction without the statement timeout
     /// (a bucket or a namespace has no bound on its rows), again after a deadlock (the failed
-    /// try was rolled back); how many rows each removed.
+    /// try was rolled back); how many rows each removed. On a task of its own: a request
+    /// dropped mid-way (its client gone) neither abandons a long delete half-way nor hands its
+    /// connection, still busy with it, back to the pool.
     async fn delete_all(
         &self,
-        statements: &[&str],
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        statements: &'static [&'static str],
+        params: Vec<String>,
     ) -> Result<Vec<u64>, MetaError> {
         let mut c = self.client().await?;
-        let mut tries = 0;
-        loop {
-            let attempt = async {
-                let tx = c.transaction().await?;
-                tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
-                let mut removed = Vec::with_capacity(statements.len());
-                for statement in statements {
-                    removed.push(tx.execute(*statement, params).await?);
+        let work = async move {
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+            let mut tries = 0;
+            loop {
+                let attempt = async {
+                    let tx = c.transaction().await?;
+                    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+                    let mut removed = Vec::with_capacity(statements.len());
+                    for statement in statements {
+                        removed.push(tx.execute(*statement, &params).await?);
+                    }
+                    tx.commit().await?;
+                    Ok(removed)
+                };
+                match attempt.await {
+                    Err(e) if again(&e, &mut tries) => {}
+                    done => return done,
                 }
-                tx.commit().await?;
-                Ok(removed)
-            };
-            match attempt.await {
-                Err(e) if again(&e, &mut tries) => {}
-                done => return done,
             }
-        }
+        };
+        tokio::spawn(work).await?
     }
 
     pub async fn content_blob(&self, n: String, raw: IoHash) -> Result<Option<IoHash>, MetaError> {
