@@ -536,7 +536,7 @@ mod tests {
         let ended = admin
             .query(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks
-                 WHERE locktype = 'advisory' AND objid = 2860117014 AND objsubid = 1
+                 WHERE locktype = 'advisory' AND classid = 1737828 AND objid = 2860117014 AND objsubid = 1
                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[],
             )
