@@ -339,6 +339,7 @@ mod tests {
         refs_survive_reopening_and_finalize_only_their_own_object,
         a_long_object_is_charged_at_its_length,
         racing_writers_one_wins,
+        every_noted_read_is_flushed,
     );
 
     fn names() -> (Name, Name, RefKey) {
@@ -449,6 +450,26 @@ mod tests {
         assert_eq!(budget.available(), (1 << 20) - object.len());
         let past = meta.get_ref(&ns, &bucket, &key, &budget, object.len() - 1).await;
         assert!(matches!(past, Err(MetaError::PastRoom { .. })), "{past:?}");
+    }
+
+    /// A flush writes every read noted since the last, however many (Postgres writes them in
+    /// chunks: three at a time in the tests), and never moves a time back.
+    async fn every_noted_read_is_flushed(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let meta = place.open().await;
+        let (ns, bucket, _) = names();
+        let keys: Vec<RefKey> = (0..7).map(|i| format!("{i:040x}").parse().unwrap()).collect();
+        for key in &keys {
+            assert!(
+                meta.put_ref(&ns, &bucket, key, row(key.as_str().as_bytes(), true), false).await.unwrap()
+            );
+        }
+        meta.age_all_refs(1).await.unwrap();
+        for key in &keys {
+            assert!(get(&meta, &ns, &bucket, key).await.is_some());
+        }
+        assert_eq!(meta.flush_access().await.unwrap(), keys.len());
+        assert_eq!(meta.expire_refs(2, 2, 100).await.unwrap(), 0, "every read time was written");
     }
 
     /// One server per Postgres database: a second is refused while the first holds it (after

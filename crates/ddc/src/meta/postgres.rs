@@ -49,6 +49,10 @@ pub const RETRIES: usize = 3;
 /// the memory budget taken before (`get_ref`).
 const INLINE_OBJECT: usize = 64 << 10;
 
+/// Read times one statement of a flush writes at most (a few in the tests, so that they cross
+/// chunks).
+const FLUSH_CHUNK: usize = if cfg!(test) { 3 } else { 10_000 };
+
 /// Connections the pool opens at most.
 const POOL_SIZE: usize = 16;
 
@@ -371,14 +375,22 @@ impl Postgres {
     }
 
     pub async fn flush_access(&self, touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
-        let [ns, buckets, keys] = columns(touched.iter().map(|(id, _)| id));
-        let at: Vec<i64> = touched.iter().map(|(_, at)| *at).collect();
         let c = self.client().await?;
         let statement = "UPDATE refs SET last_access = GREATEST(refs.last_access, t.at)
              FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[]) AS t(ns, bucket, key, at)
              WHERE refs.ns = t.ns AND refs.bucket = t.bucket AND refs.key = t.key";
-        let n = self.retrying(async || Ok(c.execute(statement, &[&ns, &buckets, &keys, &at]).await?)).await?;
-        Ok(n as usize)
+        let mut written = 0;
+        // In chunks, each well within the statement timeout however many reads were noted (a
+        // chunk written before a later one fails is written again by the next flush: times
+        // only move forward).
+        for chunk in touched.chunks(FLUSH_CHUNK) {
+            let [ns, buckets, keys] = columns(chunk.iter().map(|(id, _)| id));
+            let at: Vec<i64> = chunk.iter().map(|(_, at)| *at).collect();
+            written += self
+                .retrying(|| async { Ok(c.execute(statement, &[&ns, &buckets, &keys, &at]).await?) })
+                .await?;
+        }
+        Ok(written as usize)
     }
 
     // What garbage collection asks (`collect.rs` says what each does).
