@@ -494,19 +494,17 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     };
     let reload = tls.clone();
     let lost = ddc.content.meta.lost();
-    let lost_lock = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stopped_for = lost_lock.clone();
     tickwire_ddc::serve::serve(listener, http::router(ddc.clone()), limits, tls, async move {
         tokio::select! {
             _ = wait_for_signal() => {}
             () = reload_on_sighup(hangups, || reload.as_ref().map_or(Ok(()), |tls| tls.reload())) => {}
             // With Postgres: another server may hold the database now. Exit (non-zero), so a
             // supervisor starts this one again, taking the lock anew.
-            () = lost => stopped_for.store(true, std::sync::atomic::Ordering::Relaxed),
+            () = lost => {}
         }
     })
     .await?;
-    if lost_lock.load(std::sync::atomic::Ordering::Relaxed) {
+    if ddc.content.meta.is_lost() {
         anyhow::bail!("stopped: this server lost its lock on the Postgres database (its session ended)");
     }
     ddc.flush_access().await.context("writing last-access times at shutdown")?;

@@ -26,7 +26,6 @@ mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
 pub use collect::{EXPIRE_BATCH, RefCursor, RefPage};
-pub use postgres::RETRIES as POSTGRES_RETRIES;
 
 /// Where the embedded metadata lives under the store's root. Names cannot start with `.`, so
 /// no namespace directory can collide with it.
@@ -313,15 +312,16 @@ impl MetaStore {
         if touched.is_empty() {
             return Ok(0);
         }
-        let noted: Vec<(RefId, i64)> = touched.into_iter().collect();
+        // Shared with the backend, not copied: kept to be noted again if the write fails.
+        let noted: Arc<[(RefId, i64)]> = touched.into_iter().collect();
         let result = on_backend!(self, flush_access(noted.clone()));
         if result.is_err() {
             // Noted again for the next flush (keeping any later read's time), so that a failed
             // write does not let read refs expire.
             let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
-            for (id, at) in noted {
-                let kept = touched.entry(id).or_insert(at);
-                *kept = (*kept).max(at);
+            for (id, at) in noted.iter() {
+                let kept = touched.entry(id.clone()).or_insert(*at);
+                *kept = (*kept).max(*at);
             }
         }
         result

@@ -43,7 +43,7 @@ use crate::{IoHash, Name};
 
 /// How many times a write Postgres aborted for a deadlock or a serialization failure is run
 /// again before its error is returned.
-pub const RETRIES: usize = 3;
+const RETRIES: usize = 3;
 
 /// A ref's object at most this long is read with the query that finds it, into a share of
 /// the memory budget taken before (`get_ref`).
@@ -63,7 +63,7 @@ const PAGE_ROWS: i64 = super::collect::PAGE_REFS as i64;
 #[derive(Clone)]
 pub(super) struct Postgres {
     pool: Pool,
-    /// The session holding [`SERVER_LOCK`], open as long as a clone of the backend is.
+    /// The session holding [`session::SERVER_LOCK`], open as long as a clone of the backend is.
     lock: Arc<LockSession>,
 }
 
@@ -100,7 +100,7 @@ async fn snapshot(
 
 impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), takes the database for this
-    /// server ([`SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
+    /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
     pub async fn open(url: &str) -> Result<(Postgres, Vec<Name>), MetaError> {
         let mut config = tokio_postgres::Config::from_str(url)?;
         session::configure(&mut config);
@@ -374,7 +374,7 @@ impl Postgres {
         Ok(gone == 1)
     }
 
-    pub async fn flush_access(&self, touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
+    pub async fn flush_access(&self, touched: Arc<[(RefId, i64)]>) -> Result<usize, MetaError> {
         let c = self.client().await?;
         let statement = "UPDATE refs SET last_access = GREATEST(refs.last_access, t.at)
              FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[]) AS t(ns, bucket, key, at)
@@ -414,7 +414,7 @@ impl Postgres {
              ) AS expired LIMIT $3)
              AND CASE WHEN finalized THEN last_access < $1 ELSE last_access < $2 END";
         let n = self
-            .retrying(async || Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?))
+            .retrying(|| async { Ok(c.execute(statement, &[&cut_ms, &unfinalized_cut_ms, &limit]).await?) })
             .await?;
         Ok(n as usize)
     }
@@ -432,10 +432,10 @@ impl Postgres {
                 &[&n, &bucket, &key, &PAGE_ROWS],
             )
             .await?;
-        let mut sizes = heads.iter().map(|r| usize::try_from(r.get::<_, i64>(2)).unwrap_or(usize::MAX));
         let mut bytes = 0usize;
-        let taken = sizes
-            .by_ref()
+        let taken = heads
+            .iter()
+            .map(|r| usize::try_from(r.get::<_, i64>(2)).unwrap_or(usize::MAX))
             .take_while(|len| {
                 let fits = bytes < super::collect::PAGE_BYTES;
                 bytes = bytes.saturating_add(*len);
@@ -515,7 +515,7 @@ impl Postgres {
             let locked = tx
                 .query("SELECT raw_hash FROM content WHERE ns = $1 AND blob_id = $2 FOR UPDATE", &[&n, &blob])
                 .await?;
-            if !locked.is_empty() && !path.try_exists().unwrap_or(true) {
+            if !locked.is_empty() && !tokio::fs::try_exists(&path).await.unwrap_or(true) {
                 let gone =
                     tx.execute("DELETE FROM content WHERE ns = $1 AND blob_id = $2", &[&n, &blob]).await?;
                 forgotten += gone as usize;

@@ -254,7 +254,7 @@ impl Sqlite {
         .await
     }
 
-    pub async fn flush_access(&self, touched: Vec<(RefId, i64)>) -> Result<usize, MetaError> {
+    pub async fn flush_access(&self, touched: Arc<[(RefId, i64)]>) -> Result<usize, MetaError> {
         self.write(move |c| {
             let tx = c.transaction()?;
             let mut n = 0;
@@ -262,7 +262,7 @@ impl Sqlite {
                 let mut stmt = tx.prepare(
                     "UPDATE refs SET last_access = MAX(last_access, ?4) WHERE ns = ?1 AND bucket = ?2 AND key = ?3",
                 )?;
-                for ((ns, bucket, key), at) in touched {
+                for ((ns, bucket, key), at) in touched.iter() {
                     n += stmt.execute(params![ns, bucket, key, at])?;
                 }
             }

@@ -71,6 +71,15 @@ pub(super) struct LockSession {
 pub const LOCK_LOST: &str =
     "this server lost its lock on the Postgres database (its session ended): restart the server";
 
+/// TCP keepalives, on both ends of every connection unless the URL sets its own: a peer gone
+/// without a word (a network cut) is found after the idle time and the probes, about a minute.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// tokio-postgres's own `keepalives_idle` when the URL sets none.
+const LIBRARY_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
 /// How often the lock's session is checked, so that a connection that died without closing is
 /// noticed.
 const LOCK_CHECK: Duration = Duration::from_secs(10);
@@ -85,16 +94,15 @@ pub(super) fn configure(config: &mut tokio_postgres::Config) {
     if !options.to_ascii_lowercase().replace('-', "_").contains("statement_timeout") {
         config.options(format!("{options} -c statement_timeout={}", TIMEOUT.as_millis()).trim_start());
     }
-    // A peer gone without a word (a network cut) is found within about a minute, unless the
-    // URL says otherwise: idle 30 s, then 3 probes 10 s apart; unsent data waits 30 s.
-    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
-        config.keepalives_idle(Duration::from_secs(30));
+    // Unsent data waits at most `TIMEOUT`.
+    if config.get_keepalives_idle() == LIBRARY_KEEPALIVE_IDLE {
+        config.keepalives_idle(KEEPALIVE_IDLE);
     }
     if config.get_keepalives_interval().is_none() {
-        config.keepalives_interval(Duration::from_secs(10));
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
     }
     if config.get_keepalives_retries().is_none() {
-        config.keepalives_retries(3);
+        config.keepalives_retries(KEEPALIVE_PROBES);
     }
     if config.get_tcp_user_timeout().is_none() {
         config.tcp_user_timeout(TIMEOUT);
@@ -133,8 +141,11 @@ pub(super) async fn take_database(config: &tokio_postgres::Config) -> Result<Arc
     let _ = client.batch_execute("SET idle_session_timeout = 0").await; // Postgres 14 and later.
     client
         .batch_execute(&format!(
-            "SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3;
-             SET lock_timeout = '{SERVER_LOCK_WAIT}'; SET statement_timeout = 0"
+            "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = {};
+             SET lock_timeout = '{SERVER_LOCK_WAIT}'; SET statement_timeout = 0",
+            KEEPALIVE_IDLE.as_secs(),
+            KEEPALIVE_INTERVAL.as_secs(),
+            KEEPALIVE_PROBES
         ))
         .await?;
     match client.execute("SELECT pg_advisory_lock($1)", &[&SERVER_LOCK]).await {
