@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command from README.md: every crate's unit, property and integration tests (the DDC's
 # metadata tests against both SQLite and a real PostgreSQL server the tests start, installed with
-# apt-get when missing), the DDC's HTTP integration tests a second time with the metadata in
-# PostgreSQL, then the TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
+# apt-get when missing), the DDC's HTTP integration tests again with the metadata in PostgreSQL
+# and the blobs in S3, then the TypeScript SDK's tests (sdk/ts, Node ≥ 20; npm installs its pinned packages) against the
 # gateway binary the cargo tests built, and the live web view in headless Chromium (installed
 # with apt-get when missing). Ends with one summary line, "N passed, N failed", over
 # all of them.
@@ -23,17 +23,25 @@ if [ -z "${TICKWIRE_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/
 fi
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-# The DDC's HTTP suites again (those that start servers), each server's metadata in a Postgres
-# database of its own.
-echo
-echo "== DDC HTTP tests with the metadata in PostgreSQL"
-pg_status=0
+# The DDC's HTTP suites again (those that start servers): each server's metadata in a Postgres
+# database of its own; then its blobs in a bucket of its own on an S3 server the tests start
+# (s3s-fs, in process), with the metadata in SQLite and in Postgres.
+ddc_suites=(--test blobs --test http2 --test limits --test refs --test tls)
+extra_status=0
+ddc_again() { # $1: what the run is; then the environment for it
+  local what=$1; shift
+  echo
+  echo "== DDC HTTP tests with $what"
+  env "$@" cargo test -p tickwire-ddc --locked --no-fail-fast "${ddc_suites[@]}" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || extra_status=1
+}
 if [ "${TICKWIRE_SKIP_POSTGRES:-}" = 1 ]; then
-  echo "skipped: TICKWIRE_SKIP_POSTGRES=1"
+  echo "DDC HTTP tests with the metadata in PostgreSQL: skipped (TICKWIRE_SKIP_POSTGRES=1)"
+  ddc_again "the blobs in S3" TICKWIRE_DDC_TEST_BLOBS=s3
 else
-  TICKWIRE_DDC_TEST_META=postgres cargo test -p tickwire-ddc --locked --no-fail-fast \
-    --test blobs --test http2 --test limits --test refs --test tls 2>&1 | tee -a "$log"
-  pg_status=${PIPESTATUS[0]}
+  ddc_again "the metadata in PostgreSQL" TICKWIRE_DDC_TEST_META=postgres
+  ddc_again "the blobs in S3" TICKWIRE_DDC_TEST_BLOBS=s3
+  ddc_again "the metadata in PostgreSQL and the blobs in S3" TICKWIRE_DDC_TEST_META=postgres TICKWIRE_DDC_TEST_BLOBS=s3
 fi
 passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
@@ -69,7 +77,7 @@ else
   fi
 fi
 
-[ "$pg_status" -ne 0 ] && [ "$status" -eq 0 ] && status=$pg_status
+[ "$extra_status" -ne 0 ] && [ "$status" -eq 0 ] && status=$extra_status
 echo
 echo "tests: ${passed} passed, ${failed} failed"
 exit "$status"

@@ -60,7 +60,8 @@ impl ChildServer {
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             // A bench's own DDC is on a temp directory: never on a database the caller's
             // environment names (which may be production's).
-            .env_remove("TICKWIRE_DDC_REFS");
+            .env_remove("TICKWIRE_DDC_REFS")
+            .env_remove("TICKWIRE_DDC_BLOBS");
         let mut child = cmd.spawn().with_context(|| format!("cannot start `tickwire {}`", args[0]))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let mut lines = BufReader::new(stdout).lines();

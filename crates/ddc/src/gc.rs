@@ -8,7 +8,7 @@
 //! Every decision takes `now` as an argument, so the tests run it days ahead instead of
 //! waiting. Racing a run: a ref written while its blobs are being marked is marked again
 //! before the sweep; from the first run on, a blob a presence check relies on is marked as
-//! written now if it is old ([`crate::BlobStore::keep_fresh`]), and the sweep takes each blob
+//! written now if it is old ([`crate::LocalBlobs::keep_fresh`]), and the sweep takes each blob
 //! out of place and checks its time again before removing it (docs/ddc.md, "Garbage
 //! collection").
 
@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use crate::cb::CbType;
 use crate::meta::{RefCursor, RefPage, epoch_ms, now_ms};
 use crate::storage::{Content, ContentError, MAX_ATTACHED_OBJECT, attachment_hashes};
-use crate::{IoHash, Name};
+use crate::{IoHash, LocalBlobs, Name};
 
 /// When refs and blobs expire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,20 +80,31 @@ impl Content {
             }
             tokio::task::yield_now().await;
         }
+        let Some(local) = self.blobs.local() else {
+            // Blobs in S3 are not collected (not built): a sweep there would need a way to
+            // remove a blob only if no upload has written it since it was found old.
+            return Ok(report);
+        };
         // From now on, a blob a presence check relies on is never old enough to be swept.
-        self.blobs.keep_fresh(policy.blob_grace / 2);
-        if !self.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
+        local.keep_fresh(policy.blob_grace / 2);
+        if !local.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(report);
         }
         let young = now.checked_sub(policy.blob_grace).unwrap_or(SystemTime::UNIX_EPOCH);
-        for ns in self.meta.namespaces() {
-            self.sweep(&ns, young, &mut report).await?;
+        for ns in self.meta.namespaces().await? {
+            self.sweep(local, &ns, young, &mut report).await?;
         }
         Ok(report)
     }
 
     /// Removes `ns`'s blobs that no ref names and that were last written before `young`.
-    async fn sweep(&self, ns: &Name, young: SystemTime, report: &mut GcReport) -> Result<(), ContentError> {
+    async fn sweep(
+        &self,
+        local: &LocalBlobs,
+        ns: &Name,
+        young: SystemTime,
+        report: &mut GcReport,
+    ) -> Result<(), ContentError> {
         // A write is stamped just before it commits: a margin for one that waited long on the
         // disk after its stamp, and for a clock set back a little.
         let started = now_ms() - REMARK_MARGIN_MS;
@@ -118,12 +129,12 @@ impl Content {
         }
         for shard in 0..=u8::MAX {
             let mut gone = Vec::new();
-            for (id, modified) in self.blobs.list_shard(ns, shard).await? {
+            for (id, modified) in local.list_shard(ns, shard).await? {
                 if live.blobs.contains(&id) || modified >= young {
                     report.blobs_kept += 1;
                     continue;
                 }
-                match self.blobs.delete_older(ns, &id, young).await? {
+                match local.delete_older(ns, &id, young).await? {
                     Some(bytes) => {
                         report.blobs_removed += 1;
                         report.bytes_freed += bytes;
@@ -134,7 +145,7 @@ impl Content {
             }
             // A content id goes with its blob, unless the same buffer was uploaded again since
             // (its blob is back, with the same id).
-            let gone = gone.into_iter().map(|id| (id, self.blobs.blob_path(ns, &id))).collect();
+            let gone = gone.into_iter().map(|id| (id, local.blob_path(ns, &id))).collect();
             self.meta.forget_content_of(ns, gone).await?;
         }
         Ok(())
@@ -385,7 +396,7 @@ mod tests {
         content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
         let id = blob(&content, b"uploaded twice").await;
         content.meta.add_namespace(&ns()).await.unwrap();
-        let path = content.blobs.blob_path(&ns(), &id);
+        let path = content.blobs.local().unwrap().blob_path(&ns(), &id);
         let age = || set_written(&path, SystemTime::now() - 2 * HOUR);
         age();
         // What an upload of it does before it answers.
@@ -427,7 +438,7 @@ mod tests {
         let Some(place) = TestPlace::new(backend) else { return };
         let content = store(&place).await;
         let id = blob(&content, b"relied on").await;
-        let path = content.blobs.blob_path(&ns(), &id);
+        let path = content.blobs.local().unwrap().blob_path(&ns(), &id);
         let two_hours_ago = SystemTime::now() - 2 * HOUR;
         let set = |t: SystemTime| set_written(&path, t);
         let modified = || std::fs::metadata(&path).unwrap().modified().unwrap();
@@ -450,7 +461,7 @@ mod tests {
         let dir = TestPlace::new(TestBackend::Sqlite).unwrap();
         let content = store(&dir).await;
         let id = blob(&content, b"taken out").await;
-        let place = content.blobs.blob_path(&ns(), &id);
+        let place = content.blobs.local().unwrap().blob_path(&ns(), &id);
         let taken = dir.dir().join(".tmp").join(format!("1-1.gc.ue.ddc.{}", id.to_hex()));
         std::fs::rename(&place, &taken).unwrap();
         std::fs::write(dir.dir().join(".tmp").join("1-2"), b"an upload cut short").unwrap();
@@ -473,7 +484,7 @@ mod tests {
             true,
         )
         .await;
-        let path = content.blobs.blob_path(&ns(), &object);
+        let path = content.blobs.local().unwrap().blob_path(&ns(), &object);
         let two_hours_ago = SystemTime::now() - 2 * HOUR;
         set_written(&path, two_hours_ago);
         for _ in 0..2 {

@@ -7,7 +7,7 @@
 //! auth; and the HTTP API ([`http`]) served with connection limits ([`serve`]).
 
 pub mod auth;
-mod blob_store;
+pub mod blob_store;
 pub mod budget;
 pub mod cb;
 pub mod compressed;
@@ -21,6 +21,6 @@ pub mod serve;
 pub mod storage;
 
 pub use auth::{Action, Auth, AuthError};
-pub use blob_store::{BlobStore, StoreError};
+pub use blob_store::{BlobStore, LocalBlobs, OpenBlob, S3Config, StoreError};
 pub use hash::{HashError, IoHash};
 pub use names::{Name, NameError, RefKey};

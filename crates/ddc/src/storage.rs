@@ -16,7 +16,7 @@ use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::cb::{self, CbType};
 use crate::compressed::{self, CompressedError};
 use crate::meta::{MetaError, MetaStore};
-use crate::{BlobStore, IoHash, Name, StoreError};
+use crate::{BlobStore, IoHash, Name, OpenBlob, StoreError};
 
 /// How deep object attachments may reference further objects before the resolver gives up
 /// (and calls the attachment missing).
@@ -203,11 +203,11 @@ impl Content {
         limit: u64,
         mark: bool,
     ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
-        let Some((file, size)) = self.blobs.open_marking(ns, id, mark).await? else { return Ok(None) };
-        if size > limit {
+        let Some(blob) = self.blobs.open_marking(ns, id, mark).await? else { return Ok(None) };
+        if blob.size() > limit {
             return Ok(None);
         }
-        self.read_charged(file, size).await.map(Some)
+        self.read_charged(blob).await.map(Some)
     }
 
     /// An object attachment's bytes, charged ([`Content::read_blob`]): `None` if missing or
@@ -220,23 +220,25 @@ impl Content {
         id: &IoHash,
         room: u64,
     ) -> Result<Option<(Vec<u8>, Held)>, ContentError> {
-        let Some((file, len)) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
+        let Some(blob) = self.blobs.open_blob(ns, id).await? else { return Ok(None) };
+        let len = blob.size();
         if len > MAX_ATTACHED_OBJECT {
             return Ok(None);
         }
         if len > room {
             return Err(ContentError::PastRoom { len, room });
         }
-        self.read_charged(file, len).await.map(Some)
+        self.read_charged(blob).await.map(Some)
     }
 
-    /// The whole of an open blob of `size` bytes, charged to the memory budget before it is read.
-    async fn read_charged(&self, file: tokio::fs::File, size: u64) -> Result<(Vec<u8>, Held), ContentError> {
+    /// The whole of an open blob, charged to the memory budget before it is read.
+    async fn read_charged(&self, blob: OpenBlob) -> Result<(Vec<u8>, Held), ContentError> {
+        let size = blob.size();
         let len = usize::try_from(size).map_err(|_| NoRoom { bytes: usize::MAX })?;
         let held = Held::take(&self.budget, len)?;
         let mut out = Vec::with_capacity(len);
         // Never more than was charged (blobs are content-addressed: it is the whole blob).
-        file.take(size).read_to_end(&mut out).await?;
+        blob.read_all().await?.read_to_end(&mut out).await?;
         Ok((out, held))
     }
 
@@ -671,7 +673,7 @@ mod tests {
     /// hold it.
     fn self_naming_object(content: &Content, ns: &Name) -> [u8; 20] {
         let o = *IoHash::of(b"a hash the object names").as_bytes();
-        let path = content.blobs.blob_path(ns, &IoHash::from_bytes(o));
+        let path = content.blobs.local().unwrap().blob_path(ns, &IoHash::from_bytes(o));
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, naming(CbType::ObjectAttachment, &[o])).unwrap();
         o

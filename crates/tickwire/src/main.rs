@@ -116,12 +116,21 @@ struct DemoArgs {
 
 #[derive(clap::Args)]
 struct DdcArgs {
-    /// Where blobs (files) and metadata (`.meta/ddc.sqlite`) are stored.
+    /// Where blobs (files) and metadata (`.meta/ddc.sqlite`) are stored; with --blobs, where
+    /// uploads are staged.
     #[arg(long, default_value = "tickwire-ddc-data")]
     root: PathBuf,
+    /// Keep blobs in S3 (or an S3-compatible store) instead of under --root:
+    /// `s3://BUCKET[/PREFIX]`. The endpoint, region and credentials come from the usual
+    /// `AWS_*` variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, ...). With --refs too, several servers can serve one cache.
+    /// Blobs in S3 are not garbage collected (refs still expire).
+    #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_BLOBS")]
+    blobs: Option<String>,
     /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
-    /// created if absent; one server per database. Blobs stay under --root. No TLS to
+    /// created if absent; one server per database, unless every server on it keeps its blobs
+    /// in S3 (--blobs). No TLS to
     /// Postgres. A URL with a password belongs in the environment variable, not on the
     /// command line, where every local user can read it.
     #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_REFS", hide_env_values = true)]
@@ -436,8 +445,22 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .context("--memory-budget-mib must be below 4096")?,
         body_timeout: args.body_timeout,
     };
+    let blobs = match &args.blobs {
+        Some(url) => {
+            let config = tickwire_ddc::S3Config { url: url.clone(), ..Default::default() };
+            tickwire_ddc::BlobStore::open_s3(&args.root, &config)
+                .await
+                .context("opening the S3 blob store (--blobs)")?
+        }
+        None => tickwire_ddc::BlobStore::open(&args.root)
+            .await
+            .with_context(|| format!("opening the blob store in {}", args.root.display()))?,
+    };
     let meta = match &args.refs {
         // The URL is not repeated: it may hold a password.
+        Some(url) if blobs.is_shared() => tickwire_ddc::meta::MetaStore::open_postgres_shared(url)
+            .await
+            .context("opening the Postgres metadata store (--refs)")?,
         Some(url) => tickwire_ddc::meta::MetaStore::open_postgres(url)
             .await
             .context("opening the Postgres metadata store (--refs)")?,
@@ -445,9 +468,11 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("opening the metadata in {}", args.root.display()))?,
     };
-    let mut ddc = http::Ddc::open_with_meta(&args.root, meta, auth, limits)
-        .await
-        .with_context(|| format!("opening the store in {}", args.root.display()))?;
+    tracing::info!(blobs = %blobs.describe(), "blob store");
+    if blobs.is_shared() && !args.no_gc {
+        tracing::info!("blobs in S3 are not garbage collected (not built); refs still expire");
+    }
+    let mut ddc = http::Ddc::open_with_stores(blobs, meta, auth, limits);
     ddc.allow_overwrite = !args.deny_overwrite;
     let ddc = std::sync::Arc::new(ddc);
     // Last-access times of reads are written in batches.

@@ -25,6 +25,7 @@ fn start(root: &std::path::Path, refs: Option<&str>) -> (Child, String) {
         .arg(root)
         .args(refs.map(|url| ["--refs", url]).into_iter().flatten())
         .env_remove("TICKWIRE_DDC_REFS")
+        .env_remove("TICKWIRE_DDC_BLOBS")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -111,6 +112,7 @@ fn an_unreachable_postgres_is_a_clear_error() {
         .args(["ddc", "--dev-auth", "--listen", "127.0.0.1:0", "--refs", &url, "--root"])
         .arg(dir.path())
         .env_remove("TICKWIRE_DDC_REFS")
+        .env_remove("TICKWIRE_DDC_BLOBS")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

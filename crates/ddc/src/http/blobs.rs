@@ -3,7 +3,6 @@
 //! downloads under a ref (`/api/v1/refs/{ns}/{bucket}/{key}/blobs/{id}`). Raw bodies stream to
 //! disk; compressed buffers are checked whole first (spec sections 5.1, 5.2 and 5.3.5).
 
-use std::io::SeekFrom;
 use std::sync::Arc;
 
 use axum::Router;
@@ -13,7 +12,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use super::body::{body_reader, read_body};
@@ -141,8 +139,8 @@ pub(super) async fn serve_blob(
     media_type: &'static str,
     range: Option<&HeaderValue>,
 ) -> Result<Response, ApiError> {
-    let (mut file, size) =
-        ddc.content.blobs.open_blob(ns, &id).await?.ok_or(ApiError::NotFound("blob not found"))?;
+    let blob = ddc.content.blobs.open_blob(ns, &id).await?.ok_or(ApiError::NotFound("blob not found"))?;
+    let size = blob.size();
     let range = match range.and_then(|r| r.to_str().ok()) {
         None => None,
         Some(r) => match http_range_header::parse_range_header(r).and_then(|p| p.validate(size)) {
@@ -162,10 +160,7 @@ pub(super) async fn serve_blob(
         Some(r) => (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1),
         None => (StatusCode::OK, 0, size),
     };
-    if start > 0 {
-        file.seek(SeekFrom::Start(start)).await?;
-    }
-    let stream = ReaderStream::with_capacity(file.take(len), READ_CHUNK);
+    let stream = ReaderStream::with_capacity(blob.read_range(start, len).await?, READ_CHUNK);
     let mut response = (status, Body::from_stream(stream)).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(media_type));

@@ -93,7 +93,13 @@ impl Ddc {
         limits: Limits,
     ) -> Result<Ddc, ContentError> {
         let blobs = BlobStore::open(root).await?;
-        Ok(Ddc {
+        Ok(Ddc::open_with_stores(blobs, meta, auth, limits))
+    }
+
+    /// Serves the blobs in `blobs` (for example [`BlobStore::open_s3`]) with the metadata in
+    /// `meta`.
+    pub fn open_with_stores(blobs: BlobStore, meta: MetaStore, auth: Auth, limits: Limits) -> Ddc {
+        Ddc {
             content: Content {
                 blobs,
                 meta,
@@ -104,7 +110,7 @@ impl Ddc {
             limits,
             allow_overwrite: true,
             metrics: metrics::Metrics::new(),
-        })
+        }
     }
 
     /// One garbage collection as of `now` ([`Content::collect`]), counted in `/metrics`.

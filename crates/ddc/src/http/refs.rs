@@ -12,7 +12,6 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use serde_json::json;
-use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
 
 use super::body::{Held, read_body};
@@ -393,7 +392,14 @@ fn blob_stream(
 ) -> BoxStream<'static, std::io::Result<Bytes>> {
     futures_util::stream::once(async move {
         match ddc.content.blobs.open_blob(&ns, &blob).await {
-            Ok(Some((file, _))) => ReaderStream::with_capacity(file.take(size), 256 * 1024).boxed(),
+            Ok(Some(blob)) if blob.size() == size => match blob.read_all().await {
+                Ok(reader) => ReaderStream::with_capacity(reader, 256 * 1024).boxed(),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+            },
+            Ok(Some(_)) => {
+                let changed = std::io::Error::other("the blob's size changed while being sent");
+                futures_util::stream::once(async move { Err(changed) }).boxed()
+            }
             Ok(None) => {
                 let gone = std::io::Error::new(
                     std::io::ErrorKind::NotFound,
@@ -589,6 +595,7 @@ pub async fn namespaces(
         .content
         .meta
         .namespaces()
+        .await?
         .into_iter()
         .filter(|ns| ddc.check(&headers, ns, Action::ReadObject).is_ok())
         .map(|ns| ns.as_str().to_owned())

@@ -101,8 +101,11 @@ pub struct MetaStore {
     backend: Backend,
     /// Reads not yet written: ref → last access.
     touched: Arc<Mutex<HashMap<RefId, i64>>>,
-    /// Namespaces known to exist, so a write to a known one adds no row.
+    /// Namespaces known to exist, so a write to a known one adds no row. Not trusted when the
+    /// database is shared: another server may have deleted one since.
     namespaces: Arc<Mutex<HashSet<Name>>>,
+    /// Other servers use the same database ([`MetaStore::open_postgres_shared`]).
+    shared: bool,
     /// Held by a flush of read times: one at a time, so that a flush that fails puts its times
     /// back before the next (the collector's, say) takes the notes.
     flushing: Arc<tokio::sync::Mutex<()>>,
@@ -144,15 +147,27 @@ impl MetaStore {
     }
 
     /// Connects to the Postgres database at `url` (`postgres://user@host:port/db`, or libpq's
-    /// `key=value` form), takes it for this server (a second server on one database is
-    /// refused: blobs are not shared) and creates its tables if absent.
+    /// `key=value` form), takes it for this server alone (a second server on one database is
+    /// refused: its blobs are local files, which others cannot see) and creates its tables if
+    /// absent.
     pub async fn open_postgres(url: &str) -> Result<MetaStore, MetaError> {
-        let (backend, known) = postgres::Postgres::open(url).await?;
+        let (backend, known) = postgres::Postgres::open(url, false).await?;
         Ok(MetaStore::with(Backend::Postgres(backend), known))
+    }
+
+    /// [`MetaStore::open_postgres`] for a server whose blobs are in S3: the database is shared
+    /// with the other servers on that bucket (and refused while a server with local blobs
+    /// holds it, and the other way round).
+    pub async fn open_postgres_shared(url: &str) -> Result<MetaStore, MetaError> {
+        let (backend, known) = postgres::Postgres::open(url, true).await?;
+        let mut meta = MetaStore::with(Backend::Postgres(backend), known);
+        meta.shared = true;
+        Ok(meta)
     }
 
     fn with(backend: Backend, known: Vec<Name>) -> MetaStore {
         MetaStore {
+            shared: false,
             backend,
             touched: Arc::default(),
             namespaces: Arc::new(Mutex::new(known.into_iter().collect())),
@@ -191,7 +206,7 @@ impl MetaStore {
 
     /// Records that `ns` exists (first write to it creates it).
     pub async fn add_namespace(&self, ns: &Name) -> Result<(), MetaError> {
-        if self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns) {
+        if !self.shared && self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).contains(ns) {
             return Ok(());
         }
         on_backend!(self, add_namespace(ns.as_str().to_owned()))?;
@@ -199,13 +214,15 @@ impl MetaStore {
         Ok(())
     }
 
-    /// Every namespace, sorted. This server is the only one on its metadata (SQLite's file is
-    /// its own; a Postgres database is locked to it), so what it remembers is all there is.
-    pub fn namespaces(&self) -> Vec<Name> {
-        let mut all: Vec<Name> =
-            self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+    /// Every namespace, sorted. A server alone on its metadata (SQLite's file is its own; a
+    /// Postgres database is locked to it) remembers all there is; a shared database is asked.
+    pub async fn namespaces(&self) -> Result<Vec<Name>, MetaError> {
+        let mut all: Vec<Name> = match &self.backend {
+            Backend::Postgres(pg) if self.shared => pg.namespaces().await?,
+            _ => self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect(),
+        };
         all.sort();
-        all
+        Ok(all)
     }
 
     /// Reads a ref, its object charged to `budget` before it is read: its length comes first,
@@ -421,7 +438,7 @@ mod tests {
         let got = get(&meta, &ns, &bucket, &key).await.unwrap();
         assert_eq!((got.object.as_slice(), got.finalized), (&b"first"[..], true));
         assert!(got.last_access_ms > 1, "the flushed read time was kept");
-        assert_eq!(meta.namespaces(), vec![ns.clone()]);
+        assert_eq!(meta.namespaces().await.unwrap(), vec![ns.clone()]);
         assert_eq!(
             meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(),
             Some(IoHash::of(b"compressed"))
@@ -430,12 +447,9 @@ mod tests {
         assert_eq!(meta.delete_ref(&ns, &bucket, &key).await.unwrap(), 0);
         assert!(meta.delete_namespace(&ns).await.unwrap());
         assert_eq!(meta.content_blob(&ns, IoHash::of(b"raw")).await.unwrap(), None);
-        assert!(meta.namespaces().is_empty());
+        assert!(meta.namespaces().await.unwrap().is_empty());
     }
 
-    /// Two servers on one Postgres database: each sees the other's refs and namespaces, and
-    /// of writers racing to put different finalized objects under one new key, from both
-    /// servers at once, exactly one wins (the rule is checked in the write itself).
     /// An object longer than what a read charges up front (Postgres reads short ones with the
     /// query that finds them) is charged at its length, and read whole.
     async fn a_long_object_is_charged_at_its_length(backend: TestBackend) {
@@ -483,6 +497,39 @@ mod tests {
         drop(first);
         let again = MetaStore::open_postgres(place.url().unwrap()).await;
         assert!(again.is_ok(), "{:?}", again.err());
+    }
+
+    /// Servers whose blobs are in S3 share a database: each sees what the others write, and
+    /// the namespaces that the others add and delete. A server with local blobs is refused
+    /// while they hold it, and they are refused while it does.
+    #[tokio::test]
+    async fn servers_with_shared_blobs_share_a_database() {
+        let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };
+        let url = place.url().unwrap();
+        let alone = MetaStore::open_postgres(url).await.unwrap();
+        let refused = MetaStore::open_postgres_shared(url).await;
+        assert!(
+            matches!(&refused, Err(MetaError::Config(e)) if e.contains("on local files")),
+            "{:?}",
+            refused.err()
+        );
+        drop(alone);
+        let a = MetaStore::open_postgres_shared(url).await.unwrap();
+        let b = MetaStore::open_postgres_shared(url).await.unwrap();
+        let (ns, bucket, key) = names();
+        assert!(a.put_ref(&ns, &bucket, &key, row(b"from a", true), false).await.unwrap());
+        a.add_namespace(&ns).await.unwrap();
+        assert_eq!(get(&b, &ns, &bucket, &key).await.unwrap().object, b"from a");
+        assert_eq!(b.namespaces().await.unwrap(), vec![ns.clone()], "b lists what a added");
+        // b knows the namespace (it wrote to it); a deletes it; b writes to it again: it is
+        // listed again.
+        b.add_namespace(&ns).await.unwrap();
+        assert!(a.delete_namespace(&ns).await.unwrap());
+        assert!(b.namespaces().await.unwrap().is_empty());
+        b.add_namespace(&ns).await.unwrap();
+        assert_eq!(a.namespaces().await.unwrap(), vec![ns.clone()]);
+        let refused = MetaStore::open_postgres(url).await;
+        assert!(matches!(&refused, Err(MetaError::Config(e)) if e.contains("another tickwire ddc server")));
     }
 
     /// Writers racing to put different finalized objects under one new key, each on a

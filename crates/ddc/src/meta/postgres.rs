@@ -101,10 +101,10 @@ async fn snapshot(
 impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), takes the database for this
     /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
-    pub async fn open(url: &str) -> Result<(Postgres, Vec<Name>), MetaError> {
+    pub async fn open(url: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
         let mut config = tokio_postgres::Config::from_str(url)?;
         session::configure(&mut config);
-        let lock = take_database(&config).await?;
+        let lock = take_database(&config, shared).await?;
         let manager =
             Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let timeouts = Timeouts { wait: Some(TIMEOUT), create: Some(TIMEOUT), recycle: Some(TIMEOUT) };
@@ -117,9 +117,14 @@ impl Postgres {
         let backend = Postgres { pool, lock };
         let mut client = backend.client().await?;
         session::create_schema(&mut client).await?;
-        let rows = client.query("SELECT ns FROM namespaces", &[]).await?;
-        let known = rows.iter().filter_map(|r| r.get::<_, &str>(0).parse::<Name>().ok()).collect();
+        let known = backend.namespaces().await?;
         Ok((backend, known))
+    }
+
+    /// The namespaces stored.
+    pub async fn namespaces(&self) -> Result<Vec<Name>, MetaError> {
+        let rows = self.client().await?.query("SELECT ns FROM namespaces", &[]).await?;
+        Ok(rows.iter().filter_map(|r| r.get::<_, &str>(0).parse::<Name>().ok()).collect())
     }
 
     /// Cancelled when this server lost its lock on the database.

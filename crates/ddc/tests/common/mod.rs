@@ -2,15 +2,16 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod s3;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tickwire_ddc::Auth;
 use tickwire_ddc::http::{Ddc, Limits, router};
 use tickwire_ddc::meta::MetaStore;
 use tickwire_ddc::serve::{ServeLimits, serve};
+use tickwire_ddc::{Auth, BlobStore};
 
 pub const TOKENS: &str = r#"
 [[tokens]]
@@ -28,6 +29,10 @@ actions = ["ReadObject"]
 /// test Postgres server (`postgres.rs`) instead of SQLite: `scripts/test.sh` runs the refs
 /// suite so a second time.
 pub const META_ENV: &str = "TICKWIRE_DDC_TEST_META";
+
+/// With `s3` in it, every server keeps its blobs in a bucket of its own on the test S3 server
+/// (`s3.rs`) instead of files: `scripts/test.sh` runs the suites so once more.
+pub const BLOBS_ENV: &str = "TICKWIRE_DDC_TEST_BLOBS";
 
 pub struct Server {
     pub addr: SocketAddr,
@@ -69,8 +74,6 @@ pub fn start_configured(
     tls: Option<Arc<tickwire_transport::TlsServer>>,
     configure: fn(&mut Ddc),
 ) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_owned();
     let meta_url = if std::env::var_os(META_ENV).is_some_and(|v| v == "postgres") {
         assert!(
             !postgres::skipped(),
@@ -80,16 +83,45 @@ pub fn start_configured(
     } else {
         None
     };
+    let s3 = std::env::var_os(BLOBS_ENV).is_some_and(|v| v == "s3").then(s3::bucket);
+    start_on(Stores { meta_url, s3 }, limits, api_limits, tls, configure)
+}
+
+/// Where a test server keeps its metadata and blobs; by default, under its temporary root.
+#[derive(Clone, Default)]
+pub struct Stores {
+    /// A Postgres database (shared with other servers when the blobs are in S3).
+    pub meta_url: Option<String>,
+    /// An S3 bucket.
+    pub s3: Option<tickwire_ddc::S3Config>,
+}
+
+/// A server with its data in `stores`.
+pub fn start_on(
+    stores: Stores,
+    limits: ServeLimits,
+    api_limits: Limits,
+    tls: Option<Arc<tickwire_transport::TlsServer>>,
+    configure: fn(&mut Ddc),
+) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let meta = match meta_url {
+            let shared = stores.s3.is_some();
+            let meta = match stores.meta_url {
+                Some(url) if shared => MetaStore::open_postgres_shared(&url).await.unwrap(),
                 Some(url) => MetaStore::open_postgres(&url).await.unwrap(),
                 None => MetaStore::open(&root).await.unwrap(),
             };
+            let blobs = match stores.s3 {
+                Some(config) => BlobStore::open_s3(&root, &config).await.unwrap(),
+                None => BlobStore::open(&root).await.unwrap(),
+            };
             let auth = Auth::from_toml(TOKENS).unwrap();
-            let mut ddc = Ddc::open_with_meta(&root, meta, auth, api_limits).await.unwrap();
+            let mut ddc = Ddc::open_with_stores(blobs, meta, auth, api_limits);
             configure(&mut ddc);
             let ddc = Arc::new(ddc);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -120,11 +120,15 @@ pub(super) async fn create_schema(client: &mut deadpool_postgres::Object) -> Res
 }
 
 /// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
-/// previous server's session to close); refused while another server holds it. Its `lost`
+/// previous server's session to close): alone, or with `shared`, shared with other servers
+/// that share their blobs (in S3); refused while a server holds it in the other way. Its `lost`
 /// is cancelled when the session ends while the store holds it. A session that stops answering
 /// is ended by the keepalives (about a minute); a check every [`LOCK_CHECK`] keeps traffic on
 /// it and logs a check that does not answer.
-pub(super) async fn take_database(config: &tokio_postgres::Config) -> Result<Arc<LockSession>, MetaError> {
+pub(super) async fn take_database(
+    config: &tokio_postgres::Config,
+    shared: bool,
+) -> Result<Arc<LockSession>, MetaError> {
     let (client, connection) = config.connect(NoTls).await?;
     let (tx, held) = tokio::sync::oneshot::channel::<std::sync::Weak<LockSession>>();
     tokio::spawn(async move {
@@ -148,13 +152,19 @@ pub(super) async fn take_database(config: &tokio_postgres::Config) -> Result<Arc
             KEEPALIVE_PROBES
         ))
         .await?;
-    match client.execute("SELECT pg_advisory_lock($1)", &[&SERVER_LOCK]).await {
+    let take = if shared { "SELECT pg_advisory_lock_shared($1)" } else { "SELECT pg_advisory_lock($1)" };
+    match client.execute(take, &[&SERVER_LOCK]).await {
         Ok(_) => {}
         Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-            return Err(MetaError::Config(
-                "another tickwire ddc server is using this database: one server per database (blobs are not shared)"
-                    .into(),
-            ));
+            return Err(MetaError::Config(if shared {
+                "a tickwire ddc server with its blobs on local files is using this database: servers share a \
+                 database only when they all keep their blobs in S3"
+                    .into()
+            } else {
+                "another tickwire ddc server is using this database: one server per database unless every \
+                 server keeps its blobs in S3"
+                    .into()
+            }));
         }
         Err(e) => return Err(e.into()),
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::fs;
 
-use super::{BlobStore, Settling, TMP, place, sync_dir};
+use super::{LocalBlobs, Settling, TMP, place, sync_dir};
 use crate::{IoHash, Name};
 
 /// Marks the file at `path` as written now: one `utimensat` on the path itself, not through
@@ -45,7 +45,7 @@ async fn mark_written(path: PathBuf) -> io::Result<bool> {
 /// A mark that failed (a read-only store, no write access) has been logged.
 static MARK_FAILED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Where a blob taken out of place by [`BlobStore::delete_older`] belongs, from its name in the
+/// Where a blob taken out of place by [`LocalBlobs::delete_older`] belongs, from its name in the
 /// temp directory (`<n>.gc.<namespace>.<id>`); `None` for any other temp file.
 pub(super) fn taken_place(root: &Path, name: &OsStr) -> Option<PathBuf> {
     let (_, rest) = name.to_str()?.split_once(".gc.")?;
@@ -54,9 +54,9 @@ pub(super) fn taken_place(root: &Path, name: &OsStr) -> Option<PathBuf> {
     Some(place(root, &ns, &id))
 }
 
-impl BlobStore {
-    /// From now on, a blob a presence check or a read finds (through [`BlobStore::exists`] or
-    /// [`BlobStore::open_blob`]) that was last written more than `age` ago is marked as
+impl LocalBlobs {
+    /// From now on, a blob a presence check or a read finds (through [`LocalBlobs::exists`] or
+    /// [`LocalBlobs::open_blob`]) that was last written more than `age` ago is marked as
     /// written now. Garbage collection sets it to half its grace at its first run, so that a
     /// blob a new ref relies on is never old enough to be swept.
     pub fn keep_fresh(&self, age: Duration) {
@@ -64,7 +64,7 @@ impl BlobStore {
         self.fresh_for_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Marks the blob at `path` as written now if [`BlobStore::keep_fresh`] asks for it and it
+    /// Marks the blob at `path` as written now if [`LocalBlobs::keep_fresh`] asks for it and it
     /// is older; false if it is gone. Failing to mark it (a read-only store, no write access)
     /// is not an error, since the blob is there, but it is logged once: a sweep may then
     /// remove a blob a new ref relies on.
@@ -159,7 +159,7 @@ impl BlobStore {
             return Ok(None);
         }
         fs::remove_file(&taken).await?;
-        self.usage.forget(meta.len());
+        self.usage.forget(1, meta.len());
         Ok(Some(meta.len()))
     }
 }

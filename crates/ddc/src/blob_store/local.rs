@@ -1,4 +1,4 @@
-//! The embedded blob store: one file per blob in a content-addressed tree,
+//! Blobs on the local filesystem (the default): one file per blob in a content-addressed tree,
 //! `<root>/<namespace>/<aa>/<bb>/<hash>`.
 //!
 //! A write streams into a temp file under `<root>/.tmp`, hashing as it goes; the file is
@@ -11,59 +11,23 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::fs;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
+#[cfg(test)]
+use super::CHUNK;
+use super::{StoreError, TMP, TmpFile, Usage, copy_hashing, relative_place};
 use crate::{IoHash, Name};
 
 mod collect;
 
-const TMP: &str = ".tmp";
-/// Read size while streaming a body to disk.
-const CHUNK: usize = 256 * 1024;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("the body hashes to {actual}, not {expected}")]
-    HashMismatch { expected: IoHash, actual: IoHash },
-    #[error("the body is larger than the limit of {limit} bytes")]
-    TooLarge { limit: u64 },
-    #[error("storage I/O: {0}")]
-    Io(#[from] io::Error),
-}
-
 /// Blobs on the local filesystem.
 #[derive(Debug)]
-/// A temporary file being written, removed when dropped: on every error, and when the upload's
-/// task is dropped mid-way (a client that resets its HTTP/2 stream). Forgotten once renamed
-/// into place.
-struct TmpFile(Option<PathBuf>);
-
-impl TmpFile {
-    fn path(&self) -> &Path {
-        self.0.as_deref().expect("kept only after the last use")
-    }
-
-    /// It was renamed into place: nothing to remove.
-    fn keep(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            // One unlink, in place: nothing to wait for.
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-pub struct BlobStore {
+pub struct LocalBlobs {
     root: PathBuf,
     next_tmp: AtomicU64,
     usage: std::sync::Arc<Usage>,
     /// Blobs renamed into place whose directory is not yet fsynced, with how many writers
-    /// are settling each: [`BlobStore::exists`] calls them absent, so nothing is acknowledged
+    /// are settling each: [`LocalBlobs::exists`] calls them absent, so nothing is acknowledged
     /// on the strength of a name a power loss could still undo.
     settling: std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>,
     /// Blob directories this process has seen made durable (their names and their parents'
@@ -72,34 +36,13 @@ pub struct BlobStore {
     durable_dirs: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
     /// While garbage collection runs (milliseconds; 0: it does not), a blob a presence check
     /// finds that was last written longer ago than this is marked as written now, so that a
-    /// sweep under way keeps it ([`BlobStore::keep_fresh`]).
+    /// sweep under way keeps it ([`LocalBlobs::keep_fresh`]).
     fresh_for_ms: AtomicU64,
 }
 
-/// How many blobs and bytes the store holds: counted by a walk of the tree when the store
-/// opens (in the background) and kept up to date by writes and deletes. Two identical
-/// uploads racing may count one blob twice until the next start.
-#[derive(Debug, Default)]
-pub struct Usage {
-    pub blobs: AtomicU64,
-    pub bytes: AtomicU64,
-    /// The walk at open has finished.
-    pub counted: std::sync::atomic::AtomicBool,
-}
-
-impl Usage {
-    /// One blob of `bytes` is gone. Never below zero: a count that raced an upload's may
-    /// have missed it.
-    fn forget(&self, bytes: u64) {
-        let less = |by: u64| move |n: u64| Some(n.saturating_sub(by));
-        let _ = self.blobs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(1));
-        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(bytes));
-    }
-}
-
-impl BlobStore {
+impl LocalBlobs {
     /// Opens (creating if needed) a store under `root`, and removes temp files a crash left.
-    pub async fn open(root: impl Into<PathBuf>) -> io::Result<BlobStore> {
+    pub async fn open(root: impl Into<PathBuf>) -> io::Result<LocalBlobs> {
         let root = root.into();
         let tmp = root.join(TMP);
         fs::create_dir_all(&tmp).await?;
@@ -119,11 +62,10 @@ impl BlobStore {
         let (walk_root, walk_usage) = (root.clone(), usage.clone());
         tokio::task::spawn_blocking(move || {
             let (blobs, bytes) = walk(&walk_root);
-            walk_usage.blobs.fetch_add(blobs, Ordering::Relaxed);
-            walk_usage.bytes.fetch_add(bytes, Ordering::Relaxed);
+            walk_usage.add(blobs, bytes);
             walk_usage.counted.store(true, Ordering::Relaxed);
         });
-        Ok(BlobStore {
+        Ok(LocalBlobs {
             root,
             next_tmp: AtomicU64::new(0),
             usage,
@@ -131,6 +73,11 @@ impl BlobStore {
             durable_dirs: Default::default(),
             fresh_for_ms: AtomicU64::new(0),
         })
+    }
+
+    /// The directory the blobs are under.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Blobs and bytes stored.
@@ -152,8 +99,7 @@ impl BlobStore {
         mut body: impl AsyncRead + Unpin,
         limit: u64,
     ) -> Result<(IoHash, u64), StoreError> {
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = TmpFile(Some(self.root.join(TMP).join(format!("{}-{n}", std::process::id()))));
+        let tmp = TmpFile::new(&self.root, &self.next_tmp);
         let (actual, size) = self.write_tmp(tmp.path(), &mut body, limit).await?;
         if let Some(expected) = expected
             && expected != actual
@@ -180,8 +126,7 @@ impl BlobStore {
         };
         settled?;
         if new {
-            self.usage.blobs.fetch_add(1, Ordering::Relaxed);
-            self.usage.bytes.fetch_add(size, Ordering::Relaxed);
+            self.usage.add(1, size);
         }
         Ok((actual, size))
     }
@@ -204,8 +149,8 @@ impl BlobStore {
         self.open_marking(ns, id, true).await
     }
 
-    /// [`BlobStore::open_blob`]; with `mark`, an old blob is marked as written now while
-    /// garbage collection runs ([`BlobStore::keep_fresh`]). The collector's own reads do not.
+    /// [`LocalBlobs::open_blob`]; with `mark`, an old blob is marked as written now while
+    /// garbage collection runs ([`LocalBlobs::keep_fresh`]). The collector's own reads do not.
     pub(crate) async fn open_marking(
         &self,
         ns: &Name,
@@ -255,7 +200,7 @@ impl BlobStore {
         let size = fs::metadata(&path).await.map(|m| m.len()).unwrap_or(0);
         match fs::remove_file(path).await {
             Ok(()) => {
-                self.usage.forget(size);
+                self.usage.forget(1, size);
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -264,14 +209,13 @@ impl BlobStore {
     }
 }
 
-impl BlobStore {
+impl LocalBlobs {
     /// Removes every blob of a namespace.
     pub async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
         let dir = self.root.join(ns.as_str());
         let walked = dir.clone();
         let (blobs, bytes) = tokio::task::spawn_blocking(move || walk(&walked)).await.unwrap_or((0, 0));
-        self.usage.blobs.fetch_sub(blobs.min(self.usage.blobs.load(Ordering::Relaxed)), Ordering::Relaxed);
-        self.usage.bytes.fetch_sub(bytes.min(self.usage.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        self.usage.forget(blobs, bytes);
         self.forget_durable(&dir);
         match fs::remove_dir_all(dir).await {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -282,8 +226,9 @@ impl BlobStore {
 
 /// The store's layout: `<root>/<namespace>/<aa>/<bb>/<hash>`.
 fn place(root: &Path, ns: &Name, id: &IoHash) -> PathBuf {
-    let hex = id.to_hex();
-    root.join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(hex)
+    let mut path = root.to_owned();
+    path.extend(relative_place(ns, id));
+    path
 }
 
 /// Files and bytes under `dir`, skipping the store's own `.tmp` and `.meta`.
@@ -307,35 +252,6 @@ fn walk(dir: &Path) -> (u64, u64) {
         }
     }
     (files, bytes)
-}
-
-/// The hash and size of what `body` yields (at most `limit` bytes), stored nowhere.
-pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result<(IoHash, u64), StoreError> {
-    copy_hashing(&mut body, &mut tokio::io::sink(), limit).await
-}
-
-/// Copies what `body` yields (at most `limit` bytes) into `out`, hashing it on the way; the
-/// hash and size.
-async fn copy_hashing(
-    body: &mut (impl AsyncRead + Unpin),
-    out: &mut (impl tokio::io::AsyncWrite + Unpin),
-    limit: u64,
-) -> Result<(IoHash, u64), StoreError> {
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; CHUNK];
-    let mut size = 0u64;
-    loop {
-        let n = body.read(&mut buf).await?;
-        if n == 0 {
-            return Ok((IoHash::from_hasher(&hasher), size));
-        }
-        size += n as u64;
-        if size > limit {
-            return Err(StoreError::TooLarge { limit });
-        }
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).await?;
-    }
 }
 
 /// Marks a blob as settling for as long as it lives.
@@ -366,7 +282,7 @@ impl Drop for Settling<'_> {
     }
 }
 
-impl BlobStore {
+impl LocalBlobs {
     /// Creates blob directory `dir` (under the root) and any missing parents, and makes each
     /// one's name durable (its parent fsynced), so it is as durable as the blob put in it;
     /// whoever created them, once per directory per process.
@@ -424,10 +340,11 @@ async fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
-    async fn store() -> (tempfile::TempDir, BlobStore) {
+    async fn store() -> (tempfile::TempDir, LocalBlobs) {
         let dir = tempfile::tempdir().unwrap();
-        let store = BlobStore::open(dir.path()).await.unwrap();
+        let store = LocalBlobs::open(dir.path()).await.unwrap();
         (dir, store)
     }
 
@@ -435,7 +352,7 @@ mod tests {
         "ue.ddc".parse().unwrap()
     }
 
-    async fn read_all(store: &BlobStore, id: &IoHash) -> Option<Vec<u8>> {
+    async fn read_all(store: &LocalBlobs, id: &IoHash) -> Option<Vec<u8>> {
         let (mut file, size) = store.open_blob(&ns(), id).await.unwrap()?;
         let mut out = Vec::new();
         file.read_to_end(&mut out).await.unwrap();
@@ -545,7 +462,7 @@ mod tests {
         // A crash mid-write leaves a temp file, never a file under a blob's name.
         std::fs::write(dir.path().join(TMP).join("999-0"), b"half a blo").unwrap();
         drop(store);
-        let store = BlobStore::open(dir.path()).await.unwrap();
+        let store = LocalBlobs::open(dir.path()).await.unwrap();
         assert!(tmp_is_empty(dir.path()));
         assert_eq!(read_all(&store, &id).await.unwrap(), b"kept");
     }

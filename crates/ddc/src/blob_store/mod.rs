@@ -1,0 +1,311 @@
+//! Where blobs live: the one interface the API and garbage collection use, over two backends.
+//!
+//! - [`LocalBlobs`] (the default): files under the server's root, for one machine;
+//! - [`S3Blobs`]: an S3 bucket (or any S3-compatible store), so that several servers, with their
+//!   metadata in one PostgreSQL database, serve one cache.
+//!
+//! Both store a blob under its content hash, check an upload's hash before it is stored under
+//! that name, and acknowledge nothing that a crash could still lose. Bodies are never held whole
+//! in memory by the local store, and at most one part (8 MiB) per upload by the S3 store.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::{IoHash, Name};
+
+mod local;
+mod s3;
+
+pub use local::LocalBlobs;
+pub use s3::{PART, S3Blobs, S3Config, UPLOADS};
+
+/// Where uploads are staged while they are hashed, under the server's root.
+const TMP: &str = ".tmp";
+/// Read size while streaming a body to disk.
+const CHUNK: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the body hashes to {actual}, not {expected}")]
+    HashMismatch { expected: IoHash, actual: IoHash },
+    #[error("the body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("storage I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("blob storage configuration: {0}")]
+    Config(String),
+}
+
+/// The store's blobs, in one of its backends.
+#[derive(Debug)]
+pub struct BlobStore {
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Local(LocalBlobs),
+    S3(S3Blobs),
+}
+
+/// A stored blob, opened: its size, and its bytes from any offset.
+pub struct OpenBlob {
+    size: u64,
+    source: Source,
+}
+
+enum Source {
+    File(tokio::fs::File),
+    S3(s3::Object),
+}
+
+/// Bytes of a blob being read.
+pub type BlobReader = Pin<Box<dyn AsyncRead + Send>>;
+
+impl OpenBlob {
+    /// The blob's length in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// `len` bytes from offset `start` (within the blob), and never more.
+    pub async fn read_range(self, start: u64, len: u64) -> io::Result<BlobReader> {
+        debug_assert!(start.saturating_add(len) <= self.size);
+        match self.source {
+            Source::File(mut file) => {
+                if start > 0 {
+                    file.seek(io::SeekFrom::Start(start)).await?;
+                }
+                Ok(Box::pin(file.take(len)))
+            }
+            Source::S3(object) => object.read_range(start, len).await,
+        }
+    }
+
+    /// The whole blob.
+    pub async fn read_all(self) -> io::Result<BlobReader> {
+        let size = self.size;
+        self.read_range(0, size).await
+    }
+}
+
+impl BlobStore {
+    /// Blobs as files under `root` ([`LocalBlobs`]).
+    pub async fn open(root: impl Into<PathBuf>) -> io::Result<BlobStore> {
+        Ok(BlobStore { backend: Backend::Local(LocalBlobs::open(root).await?) })
+    }
+
+    /// Blobs in the bucket `config` names ([`S3Blobs`]); uploads are staged under `root`. Fails
+    /// if the bucket cannot be listed with the credentials given.
+    pub async fn open_s3(root: impl Into<PathBuf>, config: &S3Config) -> Result<BlobStore, StoreError> {
+        Ok(BlobStore { backend: Backend::S3(S3Blobs::open(root, config).await?) })
+    }
+
+    /// The local store, if that is where blobs are: garbage collection sweeps only it.
+    pub fn local(&self) -> Option<&LocalBlobs> {
+        match &self.backend {
+            Backend::Local(local) => Some(local),
+            Backend::S3(_) => None,
+        }
+    }
+
+    /// Whether blobs are in a store several servers can share.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::S3(_))
+    }
+
+    /// Where the blobs are, for logs (no credentials).
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Local(local) => format!("files under {}", local.root().display()),
+            Backend::S3(s3) => s3.describe(),
+        }
+    }
+
+    /// Blobs and bytes stored.
+    pub fn usage(&self) -> &Usage {
+        match &self.backend {
+            Backend::Local(local) => local.usage(),
+            Backend::S3(s3) => s3.usage(),
+        }
+    }
+
+    /// Stores what `body` yields, at most `limit` bytes. With `expected`, the body must hash to
+    /// it. Returns the blob's id and size once the blob is durable.
+    pub async fn put(
+        &self,
+        ns: &Name,
+        expected: Option<IoHash>,
+        body: impl AsyncRead + Unpin,
+        limit: u64,
+    ) -> Result<(IoHash, u64), StoreError> {
+        match &self.backend {
+            Backend::Local(local) => local.put(ns, expected, body, limit).await,
+            Backend::S3(s3) => s3.put(ns, expected, body, limit).await,
+        }
+    }
+
+    /// The blob, opened, if it is stored.
+    pub async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<OpenBlob>> {
+        self.open_marking(ns, id, true).await
+    }
+
+    /// [`BlobStore::open_blob`]; with `mark`, a local blob that is old is marked as written
+    /// now while garbage collection runs ([`LocalBlobs::keep_fresh`]). The collector's own
+    /// reads do not.
+    pub(crate) async fn open_marking(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        mark: bool,
+    ) -> io::Result<Option<OpenBlob>> {
+        match &self.backend {
+            Backend::Local(local) => Ok(local
+                .open_marking(ns, id, mark)
+                .await?
+                .map(|(file, size)| OpenBlob { size, source: Source::File(file) })),
+            Backend::S3(s3) => Ok(s3
+                .open_object(ns, id)
+                .await?
+                .map(|object| OpenBlob { size: object.size(), source: Source::S3(object) })),
+        }
+    }
+
+    /// A stored blob's size, if it is stored.
+    pub async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
+        match &self.backend {
+            Backend::Local(local) => local.size(ns, id).await,
+            Backend::S3(s3) => s3.size(ns, id).await,
+        }
+    }
+
+    /// Whether a blob is stored durably.
+    pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        match &self.backend {
+            Backend::Local(local) => local.exists(ns, id).await,
+            Backend::S3(s3) => Ok(s3.size(ns, id).await?.is_some()),
+        }
+    }
+
+    /// Removes a blob; false if it was not there.
+    pub async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        match &self.backend {
+            Backend::Local(local) => local.delete(ns, id).await,
+            Backend::S3(s3) => s3.delete(ns, id).await,
+        }
+    }
+
+    /// Removes every blob of a namespace.
+    pub async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
+        match &self.backend {
+            Backend::Local(local) => local.delete_namespace(ns).await,
+            Backend::S3(s3) => s3.delete_namespace(ns).await,
+        }
+    }
+
+    /// [`LocalBlobs::keep_fresh`]; nothing for blobs in S3, which are not collected.
+    pub fn keep_fresh(&self, age: Duration) {
+        if let Backend::Local(local) = &self.backend {
+            local.keep_fresh(age);
+        }
+    }
+}
+
+/// How many blobs and bytes the store holds: counted when the store opens (in the background)
+/// and kept up to date by this server's writes and deletes. Two identical uploads racing may
+/// count one blob twice until the next start; with a store shared by several servers, the
+/// others' writes are counted only at the next start.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pub blobs: AtomicU64,
+    pub bytes: AtomicU64,
+    /// The count at open has finished.
+    pub counted: std::sync::atomic::AtomicBool,
+}
+
+impl Usage {
+    /// `blobs` more blobs of `bytes` in all.
+    fn add(&self, blobs: u64, bytes: u64) {
+        self.blobs.fetch_add(blobs, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `blobs` blobs of `bytes` in all are gone. Never below zero: a count that raced an
+    /// upload's may have missed it.
+    fn forget(&self, blobs: u64, bytes: u64) {
+        let less = |by: u64| move |n: u64| Some(n.saturating_sub(by));
+        let _ = self.blobs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(blobs));
+        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, less(bytes));
+    }
+}
+
+/// A temporary file being written, removed when dropped: on every error, and when the upload's
+/// task is dropped mid-way (a client that resets its HTTP/2 stream). Forgotten once renamed
+/// into place.
+struct TmpFile(Option<PathBuf>);
+
+impl TmpFile {
+    /// A new name in `root`'s staging directory, unique within this process.
+    fn new(root: &Path, counter: &AtomicU64) -> TmpFile {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        TmpFile(Some(root.join(TMP).join(format!("{}-{n}", std::process::id()))))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_deref().expect("kept only after the last use")
+    }
+
+    /// It was renamed into place: nothing to remove.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            // One unlink, in place: nothing to wait for.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The key of blob `id` of `ns` under a store's root: `<namespace>/<aa>/<bb>/<hash>`.
+fn relative_place(ns: &Name, id: &IoHash) -> [String; 4] {
+    let hex = id.to_hex();
+    [ns.as_str().to_owned(), hex[..2].to_owned(), hex[2..4].to_owned(), hex]
+}
+
+/// The hash and size of what `body` yields (at most `limit` bytes), stored nowhere.
+pub async fn hash_stream(mut body: impl AsyncRead + Unpin, limit: u64) -> Result<(IoHash, u64), StoreError> {
+    copy_hashing(&mut body, &mut tokio::io::sink(), limit).await
+}
+
+/// Copies what `body` yields (at most `limit` bytes) into `out`, hashing it on the way; the
+/// hash and size.
+async fn copy_hashing(
+    body: &mut (impl AsyncRead + Unpin),
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    limit: u64,
+) -> Result<(IoHash, u64), StoreError> {
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = body.read(&mut buf).await?;
+        if n == 0 {
+            return Ok((IoHash::from_hasher(&hasher), size));
+        }
+        size += n as u64;
+        if size > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).await?;
+    }
+}

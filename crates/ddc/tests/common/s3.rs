@@ -1,0 +1,86 @@
+//! An S3-compatible server for the tests of the S3 blob backend: `s3s-fs` (the S3 protocol,
+//! with its signatures checked, over files) in the test process itself, on a loopback port,
+//! on a thread and runtime of its own, started on first use. Each caller gets a bucket of its
+//! own. Its files are removed when the test process exits.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tickwire_ddc::S3Config;
+
+/// The server's one set of credentials.
+pub const ACCESS_KEY: &str = "tickwire-test";
+pub const SECRET_KEY: &str = "tickwire-test-secret";
+
+struct Server {
+    addr: SocketAddr,
+    /// One directory per bucket.
+    root: PathBuf,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+static ROOT: OnceLock<PathBuf> = OnceLock::new();
+static NEXT_BUCKET: AtomicUsize = AtomicUsize::new(0);
+
+/// A new, empty bucket on the test server, with blobs under the prefix `cache`.
+pub fn bucket() -> S3Config {
+    let server = SERVER.get_or_init(start);
+    let name = format!("bucket{}", NEXT_BUCKET.fetch_add(1, Ordering::Relaxed));
+    std::fs::create_dir(server.root.join(&name)).expect("a bucket's directory");
+    S3Config {
+        url: format!("s3://{name}/cache"),
+        endpoint: Some(format!("http://{}", server.addr)),
+        region: Some("us-east-1".into()),
+        access_key_id: Some(ACCESS_KEY.into()),
+        secret_access_key: Some(SECRET_KEY.into()),
+    }
+}
+
+/// The files the server keeps for `config`'s bucket, under its prefix.
+pub fn files_of(config: &S3Config) -> PathBuf {
+    let rest = config.url.strip_prefix("s3://").expect("an s3:// URL");
+    SERVER.get().expect("started").root.join(rest)
+}
+
+fn start() -> Server {
+    let root = tempfile::Builder::new().prefix("tickwire-s3-").tempdir().expect("a temp dir").keep();
+    remove_at_exit(&root);
+    let fs = s3s_fs::FileSystem::new(&root).expect("s3s-fs over the temp dir");
+    let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+    builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+    let service = builder.build();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    listener.set_nonblocking(true).expect("non-blocking");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            loop {
+                let Ok((socket, _)) = listener.accept().await else { continue };
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let http =
+                        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(socket), service).await;
+                });
+            }
+        });
+    });
+    Server { addr, root }
+}
+
+fn remove_at_exit(root: &std::path::Path) {
+    extern "C" fn remove() {
+        if let Some(root) = ROOT.get() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+    if ROOT.set(root.to_owned()).is_ok() {
+        // SAFETY: `remove` is a plain function that stays valid for the life of the process.
+        unsafe { libc::atexit(remove) };
+    }
+}

@@ -1,0 +1,199 @@
+//! The S3 blob backend ([`BlobStore::open_s3`]) against a real S3 protocol server (`s3s-fs`,
+//! `common/s3.rs`): what the local store's unit tests check, plus what only S3 has (multipart
+//! uploads, refused credentials). The HTTP suites run over it too (`TICKWIRE_DDC_TEST_BLOBS=s3`
+//! in `scripts/test.sh`).
+
+mod common;
+
+use common::s3;
+use tickwire_ddc::{BlobStore, IoHash, Name, S3Config, StoreError};
+use tokio::io::AsyncReadExt;
+
+fn ns() -> Name {
+    "ue.ddc".parse().unwrap()
+}
+
+async fn open(config: &S3Config) -> (tempfile::TempDir, BlobStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open_s3(dir.path(), config).await.unwrap();
+    (dir, store)
+}
+
+async fn read(store: &BlobStore, id: &IoHash, start: u64, len: u64) -> Option<Vec<u8>> {
+    let blob = store.open_blob(&ns(), id).await.unwrap()?;
+    let mut out = Vec::new();
+    blob.read_range(start, len).await.unwrap().read_to_end(&mut out).await.unwrap();
+    Some(out)
+}
+
+async fn read_all(store: &BlobStore, id: &IoHash) -> Option<Vec<u8>> {
+    let size = store.size(&ns(), id).await.unwrap()?;
+    read(store, id, 0, size).await
+}
+
+fn staging_is_empty(dir: &tempfile::TempDir) -> bool {
+    std::fs::read_dir(dir.path().join(".tmp")).unwrap().next().is_none()
+}
+
+/// A body of `len` bytes that differ from part to part.
+fn body(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 ^ (i >> 20) as u8).collect()
+}
+
+#[tokio::test]
+async fn stores_reads_ranges_and_deletes() {
+    let config = s3::bucket();
+    let (dir, store) = open(&config).await;
+    assert!(store.is_shared());
+    let bytes = body(100_000);
+    let (id, size) = store.put(&ns(), Some(IoHash::of(&bytes)), &bytes[..], u64::MAX).await.unwrap();
+    assert_eq!((id, size), (IoHash::of(&bytes), bytes.len() as u64));
+    assert_eq!(read_all(&store, &id).await.unwrap(), bytes);
+    assert_eq!(read(&store, &id, 1_000, 5).await.unwrap(), &bytes[1_000..1_005]);
+    assert_eq!(read(&store, &id, 99_999, 1).await.unwrap(), &bytes[99_999..]);
+    assert_eq!(read(&store, &id, 7, 0).await.unwrap(), b"");
+    assert!(store.exists(&ns(), &id).await.unwrap());
+    assert_eq!(store.size(&ns(), &id).await.unwrap(), Some(100_000));
+    // In the bucket, under the prefix, in the local store's layout.
+    let hex = id.to_hex();
+    let file = s3::files_of(&config).join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+    // Without an expected hash the store computes it; a second upload changes nothing.
+    let (again, _) = store.put(&ns(), None, &bytes[..], u64::MAX).await.unwrap();
+    assert_eq!(again, id);
+    assert_eq!(store.usage().bytes.load(std::sync::atomic::Ordering::Relaxed), 100_000);
+    assert!(store.delete(&ns(), &id).await.unwrap());
+    assert!(!store.delete(&ns(), &id).await.unwrap());
+    assert!(!store.exists(&ns(), &id).await.unwrap());
+    assert!(store.open_blob(&ns(), &id).await.unwrap().is_none());
+    assert!(!file.exists());
+    assert!(staging_is_empty(&dir), "the staged upload is gone");
+}
+
+/// A blob larger than one part goes as a multipart upload and reads back whole and in ranges
+/// that cross parts.
+#[tokio::test]
+async fn a_large_blob_goes_in_parts() {
+    let (dir, store) = open(&s3::bucket()).await;
+    let len = 2 * tickwire_ddc::blob_store::PART + 12_345;
+    let bytes = body(len);
+    let (id, size) = store.put(&ns(), None, &bytes[..], u64::MAX).await.unwrap();
+    assert_eq!((id, size), (IoHash::of(&bytes), len as u64));
+    assert!(read_all(&store, &id).await.unwrap() == bytes, "the whole blob");
+    let cross = tickwire_ddc::blob_store::PART as u64 - 10;
+    assert_eq!(read(&store, &id, cross, 20).await.unwrap(), &bytes[cross as usize..cross as usize + 20]);
+    assert!(staging_is_empty(&dir));
+}
+
+#[tokio::test]
+async fn a_mismatched_or_oversized_body_is_stored_nowhere() {
+    let config = s3::bucket();
+    let (dir, store) = open(&config).await;
+    let wrong = IoHash::of(b"something else");
+    let err = store.put(&ns(), Some(wrong), &b"the body"[..], u64::MAX).await.unwrap_err();
+    assert!(matches!(err, StoreError::HashMismatch { .. }), "{err}");
+    let err = store.put(&ns(), None, &[0u8; 100][..], 99).await.unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { limit: 99 }), "{err}");
+    assert!(!store.exists(&ns(), &wrong).await.unwrap());
+    assert!(!store.exists(&ns(), &IoHash::of(b"the body")).await.unwrap());
+    assert!(!store.exists(&ns(), &IoHash::of(&[0u8; 100])).await.unwrap());
+    assert!(!s3::files_of(&config).exists(), "nothing reached the bucket");
+    assert!(staging_is_empty(&dir));
+}
+
+#[tokio::test]
+async fn a_namespace_goes_whole_and_usage_is_counted_at_open() {
+    let config = s3::bucket();
+    let (_dir, store) = open(&config).await;
+    let other: Name = "other.ns".parse().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..5u8 {
+        ids.push(store.put(&ns(), None, &[i; 10][..], u64::MAX).await.unwrap().0);
+    }
+    let kept = store.put(&other, None, &b"kept"[..], u64::MAX).await.unwrap().0;
+    // A second server on the same bucket counts what is there.
+    let (_dir2, second) = open(&config).await;
+    let usage = second.usage();
+    for _ in 0..200 {
+        if usage.counted.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(usage.blobs.load(std::sync::atomic::Ordering::Relaxed), 6);
+    assert_eq!(usage.bytes.load(std::sync::atomic::Ordering::Relaxed), 54);
+    // And sees what the first stored.
+    assert_eq!(read_all(&second, &ids[0]).await.unwrap(), [0u8; 10]);
+    store.delete_namespace(&ns()).await.unwrap();
+    for id in &ids {
+        assert!(!second.exists(&ns(), id).await.unwrap());
+    }
+    assert!(second.exists(&other, &kept).await.unwrap(), "another namespace stays");
+    assert_eq!(store.usage().blobs.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// A bucket that cannot be reached or listed is refused when the store opens, with an error
+/// that names the bucket and not the secret.
+#[tokio::test]
+async fn bad_settings_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = s3::bucket();
+    config.secret_access_key = Some("not-the-secret".into());
+    let err = BlobStore::open_s3(dir.path(), &config).await.unwrap_err().to_string();
+    assert!(err.contains("cannot list s3://"), "{err}");
+    assert!(!err.contains("not-the-secret"), "{err}");
+    let mut missing = s3::bucket();
+    missing.url = "s3://no-such-bucket".into();
+    let err = BlobStore::open_s3(dir.path(), &missing).await.unwrap_err().to_string();
+    assert!(err.contains("s3://no-such-bucket"), "{err}");
+    for url in ["http://bucket/x", "s3://", "s3:///prefix"] {
+        let bad = S3Config { url: url.into(), ..s3::bucket() };
+        let err = BlobStore::open_s3(dir.path(), &bad).await.unwrap_err();
+        assert!(matches!(err, StoreError::Config(_)), "{url}: {err}");
+    }
+}
+
+/// Two servers with one Postgres database and one bucket serve one cache: what is written
+/// through one is read through the other, a ref whose attachment one server stored is
+/// finalized on the other, and a blob deleted through one is gone from both.
+#[test]
+fn two_servers_share_one_cache() {
+    use common::{Stores, start_on, status, url};
+    use tickwire_ddc::cb::Value;
+    let Some(meta_url) = common::postgres::database() else { return };
+    let stores = Stores { meta_url: Some(meta_url), s3: Some(s3::bucket()) };
+    let start = || {
+        let api = tickwire_ddc::http::Limits { max_blob_bytes: 1 << 20, ..Default::default() };
+        start_on(stores.clone(), Default::default(), api, None, |_| {})
+    };
+    let (a, b) = (start(), start());
+    let call = |s: &common::Server, method: &str, path: &str, token: &str| {
+        ureq::request(method, &url(s, path)).set("Authorization", &format!("Bearer {token}"))
+    };
+    let blob = b"an attachment stored through server a".to_vec();
+    let id = IoHash::of(&blob);
+    let blob_path = format!("/api/v1/blobs/ue.ddc/{id}");
+    assert_eq!(status(call(&a, "PUT", &blob_path, "writer").send_bytes(&blob)), 200);
+    let mut got = Vec::new();
+    let read = call(&b, "GET", &blob_path, "reader").call().unwrap();
+    std::io::Read::read_to_end(&mut read.into_reader(), &mut got).unwrap();
+    assert_eq!(got, blob, "b reads what a stored");
+
+    let object = Value::Object(vec![("data".into(), Value::BinaryAttachment(*id.as_bytes()))]).to_bytes();
+    let ref_path = "/api/v1/refs/ue.ddc/bucket/0123456789abcdef0123456789abcdef01234567";
+    let put = call(&b, "PUT", ref_path, "writer")
+        .set("Content-Type", "application/x-ue-cb")
+        .set("Accept", "application/json")
+        .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex())
+        .send_bytes(&object)
+        .unwrap();
+    let needs: serde_json::Value = put.into_json().unwrap();
+    assert_eq!(needs["needs"], serde_json::json!([]), "b finds the attachment a stored: {needs}");
+    let read = call(&a, "GET", ref_path, "reader").set("Accept", "application/x-ue-cb").call().unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut read.into_reader(), &mut got).unwrap();
+    assert_eq!(got, object, "a reads the ref b wrote");
+
+    assert_eq!(status(call(&a, "DELETE", &blob_path, "writer").call()), 200);
+    assert_eq!(status(call(&b, "GET", &blob_path, "reader").call()), 404, "gone from b too");
+}
