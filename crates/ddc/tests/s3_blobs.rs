@@ -197,3 +197,22 @@ fn two_servers_share_one_cache() {
     assert_eq!(status(call(&a, "DELETE", &blob_path, "writer").call()), 200);
     assert_eq!(status(call(&b, "GET", &blob_path, "reader").call()), 404, "gone from b too");
 }
+
+/// An upload dropped mid-body (a client that went away) leaves nothing staged, and a store
+/// that opens clears what a crash left staged.
+#[tokio::test]
+async fn nothing_staged_is_left_behind() {
+    let config = s3::bucket();
+    let (dir, store) = open(&config).await;
+    let (mut tx, rx) = tokio::io::duplex(64);
+    tokio::io::AsyncWriteExt::write_all(&mut tx, &[1u8; 64]).await.unwrap();
+    let ns = ns();
+    let put = store.put(&ns, None, rx, u64::MAX);
+    assert!(tokio::time::timeout(std::time::Duration::from_millis(200), put).await.is_err());
+    assert!(staging_is_empty(&dir), "the dropped upload's staged file is gone");
+    drop(tx);
+    std::fs::write(dir.path().join(".tmp").join("999-0"), b"half a blo").unwrap();
+    drop(store);
+    let _again = BlobStore::open_s3(dir.path(), &config).await.unwrap();
+    assert!(staging_is_empty(&dir), "cleared at open");
+}

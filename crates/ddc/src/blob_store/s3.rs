@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
 use object_store::{ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
 use tokio::fs;
@@ -78,7 +78,7 @@ pub struct S3Blobs {
     root: PathBuf,
     next_tmp: AtomicU64,
     usage: Arc<Usage>,
-    uploads: tokio::sync::Semaphore,
+    uploads: Arc<tokio::sync::Semaphore>,
 }
 
 /// A blob found in the bucket, to be read.
@@ -113,7 +113,13 @@ impl Object {
 impl S3Blobs {
     pub(super) async fn open(root: impl Into<PathBuf>, config: &S3Config) -> Result<S3Blobs, StoreError> {
         let root = root.into();
-        fs::create_dir_all(root.join(TMP)).await?;
+        let tmp = root.join(TMP);
+        fs::create_dir_all(&tmp).await?;
+        // Uploads a crash left half staged.
+        let mut stale = fs::read_dir(&tmp).await?;
+        while let Some(entry) = stale.next_entry().await? {
+            let _ = fs::remove_file(entry.path()).await;
+        }
         let (bucket, prefix) = config.bucket_and_prefix()?;
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
         let mut client = ClientOptions::new()
@@ -122,11 +128,11 @@ impl S3Blobs {
             // A large blob may take long to send to a slow client: each read is bounded instead.
             .with_timeout_disabled();
         if let Some(endpoint) = &config.endpoint {
-            client = client.with_allow_http(endpoint.starts_with("http://"));
             builder = builder.with_endpoint(endpoint);
-        } else if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-            client = client.with_allow_http(endpoint.starts_with("http://"));
         }
+        // Plain HTTP only to an endpoint named with `http://` (however it was given).
+        let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+        client = client.with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
         if let Some(region) = &config.region {
             builder = builder.with_region(region);
         }
@@ -150,7 +156,7 @@ impl S3Blobs {
             root,
             next_tmp: AtomicU64::new(0),
             usage: Arc::new(Usage::default()),
-            uploads: tokio::sync::Semaphore::new(UPLOADS),
+            uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS)),
         };
         // Reachable, and the credentials may list it: better refused at start than at the
         // first request.
@@ -232,21 +238,15 @@ impl S3Blobs {
         if self.head(&key).await?.is_some() {
             return Ok((actual, size)); // The same name holds the same bytes.
         }
-        let _turn = self.uploads.acquire().await.map_err(io::Error::other)?;
-        let mut file = fs::File::open(tmp.path()).await?;
-        if size <= PART as u64 {
-            let mut bytes = Vec::with_capacity(size as usize);
-            (&mut file).take(size).read_to_end(&mut bytes).await?;
-            self.store.put(&key, Bytes::from(bytes).into()).await.map_err(to_io)?;
-        } else {
-            let upload = self.store.put_multipart(&key).await.map_err(to_io)?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
-            if let Err(e) = send_parts(&mut file, &mut writer).await {
-                let _ = writer.abort().await;
-                return Err(e.into());
-            }
-            writer.finish().await.map_err(to_io)?;
-        }
+        // On a task of its own: a client that goes away mid-send (dropping this future) leaves
+        // neither a half-sent multipart upload in the bucket nor an upload slot taken.
+        let (store, uploads) = (self.store.clone(), self.uploads.clone());
+        tokio::spawn(async move {
+            let _turn = uploads.acquire().await.map_err(io::Error::other)?;
+            send(&store, &key, &tmp, size).await
+        })
+        .await
+        .map_err(io::Error::other)??;
         self.usage.add(1, size);
         Ok((actual, size))
     }
@@ -304,6 +304,25 @@ impl S3Blobs {
         self.usage.forget(found.blobs.load(Ordering::Relaxed), found.bytes.load(Ordering::Relaxed));
         failed.map_or(Ok(()), |e| Err(to_io(e)))
     }
+}
+
+/// Sends the staged blob `tmp` of `size` bytes to `key`: in one request, or in parts.
+async fn send(store: &AmazonS3, key: &Key, tmp: &TmpFile, size: u64) -> io::Result<()> {
+    let mut file = fs::File::open(tmp.path()).await?;
+    if size <= PART as u64 {
+        let mut bytes = Vec::with_capacity(size as usize);
+        (&mut file).take(size).read_to_end(&mut bytes).await?;
+        store.put(key, Bytes::from(bytes).into()).await.map_err(to_io)?;
+        return Ok(());
+    }
+    let upload = store.put_multipart(key).await.map_err(to_io)?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
+    if let Err(e) = send_parts(&mut file, &mut writer).await {
+        let _ = writer.abort().await;
+        return Err(e);
+    }
+    writer.finish().await.map_err(to_io)?;
+    Ok(())
 }
 
 /// Sends the rest of `file` as parts, one filling while the one before is sent.
