@@ -25,7 +25,7 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The DDC's HTTP suites again (those that start servers): each server's metadata in a Postgres
 # database of its own; then its blobs in a bucket of its own on an S3 server the tests start
-# (s3s-fs, in process), with the metadata in SQLite and in Postgres.
+# (s3s-fs, in process), with the metadata in SQLite, and in Postgres with a cache on disk.
 ddc_suites=(--test blobs --test http2 --test limits --test refs --test tls)
 extra_status=0
 ddc_again() { # $1: what the run is; then the environment for it
@@ -41,7 +41,8 @@ if [ "${TICKWIRE_SKIP_POSTGRES:-}" = 1 ]; then
 else
   ddc_again "the metadata in PostgreSQL" TICKWIRE_DDC_TEST_META=postgres
   ddc_again "the blobs in S3" TICKWIRE_DDC_TEST_BLOBS=s3
-  ddc_again "the metadata in PostgreSQL and the blobs in S3" TICKWIRE_DDC_TEST_META=postgres TICKWIRE_DDC_TEST_BLOBS=s3
+  ddc_again "the metadata in PostgreSQL and the blobs in S3, cached on disk" \
+    TICKWIRE_DDC_TEST_META=postgres TICKWIRE_DDC_TEST_BLOBS=s3-cached
 fi
 passed=$(grep -oE '^test result: .* ([0-9]+) passed' "$log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')

@@ -70,18 +70,33 @@ async fn stores_reads_ranges_and_deletes() {
     assert!(staging_is_empty(&dir), "the staged upload is gone");
 }
 
-/// A blob larger than one part goes as a multipart upload and reads back whole and in ranges
-/// that cross parts.
+/// Blobs at the edges of the part size read back whole; past one part, they went as a
+/// multipart upload (S3's entity tag says how many parts), and ranges across parts read right.
 #[tokio::test]
-async fn a_large_blob_goes_in_parts() {
-    let (dir, store) = open(&s3::bucket()).await;
-    let len = 2 * tickwire_ddc::blob_store::PART + 12_345;
-    let bytes = body(len);
-    let (id, size) = store.put(&ns(), None, &bytes[..], u64::MAX).await.unwrap();
-    assert_eq!((id, size), (IoHash::of(&bytes), len as u64));
-    assert!(read_all(&store, &id).await.unwrap() == bytes, "the whole blob");
-    let cross = tickwire_ddc::blob_store::PART as u64 - 10;
-    assert_eq!(read(&store, &id, cross, 20).await.unwrap(), &bytes[cross as usize..cross as usize + 20]);
+async fn blobs_of_every_size_round_trip() {
+    use object_store::ObjectStoreExt;
+    const PART: usize = tickwire_ddc::blob_store::PART;
+    let config = s3::bucket();
+    let (dir, store) = open(&config).await;
+    let bucket = s3::client(&config);
+    for (len, parts) in
+        [(0, None), (1, None), (PART, None), (PART + 1, Some(2)), (2 * PART + 12_345, Some(3))]
+    {
+        let bytes = body(len);
+        let (id, size) = store.put(&ns(), None, &bytes[..], u64::MAX).await.unwrap();
+        assert_eq!((id, size), (IoHash::of(&bytes), len as u64));
+        assert!(read_all(&store, &id).await.unwrap() == bytes, "{len} bytes whole");
+        let tag = bucket.head(&s3::key(&config, &ns(), &id)).await.unwrap().e_tag.unwrap();
+        let sent_in = tag.trim_matches('"').rsplit_once('-').map(|(_, n)| n.parse::<usize>().unwrap());
+        assert_eq!(sent_in, parts, "{len} bytes: entity tag {tag}");
+        if len > PART + 10 {
+            let cross = PART as u64 - 10;
+            assert_eq!(
+                read(&store, &id, cross, 20).await.unwrap(),
+                &bytes[cross as usize..cross as usize + 20]
+            );
+        }
+    }
     assert!(staging_is_empty(&dir));
 }
 
@@ -141,7 +156,8 @@ async fn bad_settings_are_refused_at_open() {
     config.secret_access_key = Some("not-the-secret".into());
     let err = BlobStore::open_s3(dir.path(), &config).await.unwrap_err().to_string();
     assert!(err.contains("cannot list s3://"), "{err}");
-    assert!(!err.contains("not-the-secret"), "{err}");
+    let printed = format!("{config:?}");
+    assert!(!printed.contains("not-the-secret") && printed.contains("(set)"), "{printed}");
     let mut missing = s3::bucket();
     missing.url = "s3://no-such-bucket".into();
     let err = BlobStore::open_s3(dir.path(), &missing).await.unwrap_err().to_string();
@@ -215,4 +231,57 @@ async fn nothing_staged_is_left_behind() {
     drop(store);
     let _again = BlobStore::open_s3(dir.path(), &config).await.unwrap();
     assert!(staging_is_empty(&dir), "cleared at open");
+}
+
+/// With a cache on disk: an upload through the store, and a read that missed, leave a copy
+/// there that reads serve without the bucket (shown by removing the bucket's copy behind the
+/// store's back); a delete through the store removes both.
+#[tokio::test]
+async fn a_cache_serves_what_it_has_seen() {
+    let config = S3Config { cache_bytes: 1 << 20, ..s3::bucket() };
+    let (_dir, store) = open(&config).await;
+    let uploaded = store.put(&ns(), None, &body(1_000)[..], u64::MAX).await.unwrap().0;
+    let bucket = s3::client(&config);
+    // Read through a second store, whose cache is empty: it downloads the blob into it.
+    let (_dir2, second) = open(&config).await;
+    assert_eq!(read_all(&second, &uploaded).await.unwrap(), body(1_000));
+    use object_store::ObjectStoreExt;
+    bucket.delete(&s3::key(&config, &ns(), &uploaded)).await.unwrap();
+    for (which, store) in [("the uploader", &store), ("the reader", &second)] {
+        assert_eq!(read_all(store, &uploaded).await.unwrap(), body(1_000), "{which} reads its copy");
+        assert_eq!(read(store, &uploaded, 10, 5).await.unwrap(), &body(1_000)[10..15]);
+        assert!(store.exists(&ns(), &uploaded).await.unwrap());
+    }
+    // A delete through a store removes its copy too.
+    store.delete(&ns(), &uploaded).await.unwrap();
+    assert!(!store.exists(&ns(), &uploaded).await.unwrap());
+    assert!(store.open_blob(&ns(), &uploaded).await.unwrap().is_none());
+}
+
+/// A copy in the bucket that does not hash to its name is not served: the read that would
+/// download it into the cache fails.
+#[tokio::test]
+async fn a_damaged_copy_in_the_bucket_is_not_served() {
+    let config = S3Config { cache_bytes: 1 << 20, ..s3::bucket() };
+    let (_dir, store) = open(&S3Config { cache_bytes: 0, ..config.clone() }).await;
+    let id = store.put(&ns(), None, &body(1_000)[..], u64::MAX).await.unwrap().0;
+    use object_store::ObjectStoreExt;
+    let damaged = bytes::Bytes::from(body(999));
+    s3::client(&config).put(&s3::key(&config, &ns(), &id), damaged.into()).await.unwrap();
+    let (_dir2, cached) = open(&config).await;
+    let err = cached.open_blob(&ns(), &id).await.err().expect("refused");
+    assert!(err.to_string().contains("hashing to"), "{err}");
+}
+
+/// One server per root: a second store on the same root is refused while the first is open.
+#[tokio::test]
+async fn a_root_takes_one_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = BlobStore::open_s3(dir.path(), &s3::bucket()).await.unwrap();
+    for second in [BlobStore::open_s3(dir.path(), &s3::bucket()).await, BlobStore::open(dir.path()).await] {
+        let err = second.unwrap_err().to_string();
+        assert!(err.contains("one server per root"), "{err}");
+    }
+    drop(first);
+    BlobStore::open(dir.path()).await.unwrap();
 }

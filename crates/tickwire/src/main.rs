@@ -127,6 +127,10 @@ struct DdcArgs {
     /// Blobs in S3 are not garbage collected (refs still expire).
     #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_BLOBS")]
     blobs: Option<String>,
+    /// With --blobs: the most MiB of blobs kept under --root/.cache to read without asking the
+    /// bucket (least recently used go first); 0 for none.
+    #[arg(long, default_value_t = 10240)]
+    blob_cache_mib: u64,
     /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
     /// created if absent; one server per database, unless every server on it keeps its blobs
@@ -445,28 +449,43 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .context("--memory-budget-mib must be below 4096")?,
         body_timeout: args.body_timeout,
     };
-    let blobs = match &args.blobs {
-        Some(url) => {
-            let config = tickwire_ddc::S3Config { url: url.clone(), ..Default::default() };
-            tickwire_ddc::BlobStore::open_s3(&args.root, &config)
+    // The metadata first: a server refused the database (another holds it) must not touch
+    // the root or the bucket (a restart overlapping the old process's last seconds).
+    let s3 = args.blobs.as_ref().map(|url| tickwire_ddc::S3Config {
+        url: url.clone(),
+        cache_bytes: args.blob_cache_mib << 20,
+        ..Default::default()
+    });
+    let meta = match (&args.refs, &s3) {
+        // The URL is not repeated: it may hold a password.
+        (Some(url), Some(s3)) => {
+            let location = s3.location().context("--blobs")?;
+            tickwire_ddc::meta::MetaStore::open_postgres_shared(url, &location)
+                .await
+                .context("opening the Postgres metadata store (--refs)")?
+        }
+        (Some(url), None) => tickwire_ddc::meta::MetaStore::open_postgres(url)
+            .await
+            .context("opening the Postgres metadata store (--refs)")?,
+        (None, _) => tickwire_ddc::meta::MetaStore::open(&args.root)
+            .await
+            .with_context(|| format!("opening the metadata in {}", args.root.display()))?,
+    };
+    let blobs = match &s3 {
+        Some(config) => {
+            anyhow::ensure!(
+                limits.max_blob_bytes <= tickwire_ddc::blob_store::MAX_S3_BLOB,
+                "--max-blob-mib {} is past what S3 takes in one multipart upload ({} MiB)",
+                args.max_blob_mib,
+                tickwire_ddc::blob_store::MAX_S3_BLOB >> 20
+            );
+            tickwire_ddc::BlobStore::open_s3(&args.root, config)
                 .await
                 .context("opening the S3 blob store (--blobs)")?
         }
         None => tickwire_ddc::BlobStore::open(&args.root)
             .await
             .with_context(|| format!("opening the blob store in {}", args.root.display()))?,
-    };
-    let meta = match &args.refs {
-        // The URL is not repeated: it may hold a password.
-        Some(url) if blobs.is_shared() => tickwire_ddc::meta::MetaStore::open_postgres_shared(url)
-            .await
-            .context("opening the Postgres metadata store (--refs)")?,
-        Some(url) => tickwire_ddc::meta::MetaStore::open_postgres(url)
-            .await
-            .context("opening the Postgres metadata store (--refs)")?,
-        None => tickwire_ddc::meta::MetaStore::open(&args.root)
-            .await
-            .with_context(|| format!("opening the metadata in {}", args.root.display()))?,
     };
     tracing::info!(blobs = %blobs.describe(), "blob store");
     if blobs.is_shared() && !args.no_gc {
@@ -508,9 +527,9 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     announce(&format!(
-        "{LISTENING_PREFIX}{scheme}://{}/ (store in {}, metadata in {})",
+        "{LISTENING_PREFIX}{scheme}://{}/ (blobs: {}; metadata in {})",
         listener.local_addr()?,
-        args.root.display(),
+        ddc.content.blobs.describe(),
         ddc.content.meta.backend_name()
     ));
     let limits = tickwire_ddc::serve::ServeLimits {
@@ -533,6 +552,9 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         anyhow::bail!("stopped: this server lost its lock on the Postgres database (its session ended)");
     }
     ddc.flush_access().await.context("writing last-access times at shutdown")?;
+    if !ddc.content.blobs.finish(std::time::Duration::from_secs(30)).await {
+        tracing::warn!("stopped with sends to S3 still running after 30 s: they are abandoned");
+    }
     Ok(())
 }
 

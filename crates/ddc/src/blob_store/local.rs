@@ -99,8 +99,8 @@ impl LocalBlobs {
         mut body: impl AsyncRead + Unpin,
         limit: u64,
     ) -> Result<(IoHash, u64), StoreError> {
-        let tmp = TmpFile::new(&self.root, &self.next_tmp);
-        let (actual, size) = self.write_tmp(tmp.path(), &mut body, limit).await?;
+        let (tmp, file) = TmpFile::create(&self.root, &self.next_tmp).await?;
+        let (actual, size) = write_tmp(file, &mut body, limit).await?;
         if let Some(expected) = expected
             && expected != actual
         {
@@ -129,19 +129,6 @@ impl LocalBlobs {
             self.usage.add(1, size);
         }
         Ok((actual, size))
-    }
-
-    async fn write_tmp(
-        &self,
-        tmp: &Path,
-        body: &mut (impl AsyncRead + Unpin),
-        limit: u64,
-    ) -> Result<(IoHash, u64), StoreError> {
-        let mut file = fs::File::create(tmp).await?;
-        let hashed = copy_hashing(body, &mut file, limit).await?;
-        file.flush().await?;
-        file.sync_all().await?;
-        Ok(hashed)
     }
 
     /// The blob's file and size, if it is stored.
@@ -222,6 +209,19 @@ impl LocalBlobs {
             _ => Ok(()),
         }
     }
+}
+
+/// Writes what `body` yields (at most `limit` bytes) into the staged `file`, durably; its hash
+/// and size.
+async fn write_tmp(
+    mut file: fs::File,
+    body: &mut (impl AsyncRead + Unpin),
+    limit: u64,
+) -> Result<(IoHash, u64), StoreError> {
+    let hashed = copy_hashing(body, &mut file, limit).await?;
+    file.flush().await?;
+    file.sync_all().await?;
+    Ok(hashed)
 }
 
 /// The store's layout: `<root>/<namespace>/<aa>/<bb>/<hash>`.

@@ -18,11 +18,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::{IoHash, Name};
 
+mod cache;
 mod local;
 mod s3;
 
 pub use local::LocalBlobs;
-pub use s3::{PART, S3Blobs, S3Config, UPLOADS};
+pub use s3::{MAX_BLOB as MAX_S3_BLOB, PART, S3Blobs, S3Config, UPLOADS};
 
 /// Where uploads are staged while they are hashed, under the server's root.
 const TMP: &str = ".tmp";
@@ -45,6 +46,34 @@ pub enum StoreError {
 #[derive(Debug)]
 pub struct BlobStore {
     backend: Backend,
+    _root: RootLock,
+}
+
+/// The server's root is its own: two servers on one root would take each other's staged
+/// uploads (and, with local blobs, each other's garbage collection). An exclusive `flock` on
+/// `<root>/.lock`, held while the store is open; the kernel drops it when the process ends.
+#[derive(Debug)]
+struct RootLock(#[allow(dead_code)] std::fs::File);
+
+impl RootLock {
+    async fn take(root: &Path) -> Result<RootLock, StoreError> {
+        tokio::fs::create_dir_all(root).await?;
+        let file =
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(root.join(".lock"))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: `file` is open for the call; flock takes a descriptor and keeps nothing else.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Err(StoreError::Config(format!(
+                    "another tickwire ddc server is using {}: one server per root",
+                    root.display()
+                )));
+            }
+            return Err(e.into());
+        }
+        Ok(RootLock(file))
+    }
 }
 
 #[derive(Debug)]
@@ -96,14 +125,27 @@ impl OpenBlob {
 
 impl BlobStore {
     /// Blobs as files under `root` ([`LocalBlobs`]).
-    pub async fn open(root: impl Into<PathBuf>) -> io::Result<BlobStore> {
-        Ok(BlobStore { backend: Backend::Local(LocalBlobs::open(root).await?) })
+    pub async fn open(root: impl Into<PathBuf>) -> Result<BlobStore, StoreError> {
+        let root = root.into();
+        let lock = RootLock::take(&root).await?;
+        Ok(BlobStore { backend: Backend::Local(LocalBlobs::open(root).await?), _root: lock })
     }
 
     /// Blobs in the bucket `config` names ([`S3Blobs`]); uploads are staged under `root`. Fails
     /// if the bucket cannot be listed with the credentials given.
     pub async fn open_s3(root: impl Into<PathBuf>, config: &S3Config) -> Result<BlobStore, StoreError> {
-        Ok(BlobStore { backend: Backend::S3(S3Blobs::open(root, config).await?) })
+        let root = root.into();
+        let lock = RootLock::take(&root).await?;
+        Ok(BlobStore { backend: Backend::S3(S3Blobs::open(root, config).await?), _root: lock })
+    }
+
+    /// At shutdown: waits up to `bound` for the work that runs to its end even when its client
+    /// goes (sends to S3, namespace deletes there); false if some was still running.
+    pub async fn finish(&self, bound: Duration) -> bool {
+        match &self.backend {
+            Backend::Local(_) => true,
+            Backend::S3(s3) => s3.finish(bound).await,
+        }
     }
 
     /// The local store, if that is where blobs are: garbage collection sweeps only it.
@@ -169,10 +211,7 @@ impl BlobStore {
                 .open_marking(ns, id, mark)
                 .await?
                 .map(|(file, size)| OpenBlob { size, source: Source::File(file) })),
-            Backend::S3(s3) => Ok(s3
-                .open_object(ns, id)
-                .await?
-                .map(|object| OpenBlob { size: object.size(), source: Source::S3(object) })),
+            Backend::S3(s3) => s3.open_blob(ns, id).await,
         }
     }
 
@@ -250,10 +289,17 @@ impl Usage {
 struct TmpFile(Option<PathBuf>);
 
 impl TmpFile {
-    /// A new name in `root`'s staging directory, unique within this process.
-    fn new(root: &Path, counter: &AtomicU64) -> TmpFile {
-        let n = counter.fetch_add(1, Ordering::Relaxed);
-        TmpFile(Some(root.join(TMP).join(format!("{}-{n}", std::process::id()))))
+    /// A new file in `root`'s staging directory, under a name no other file has.
+    async fn create(root: &Path, counter: &AtomicU64) -> io::Result<(TmpFile, tokio::fs::File)> {
+        loop {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            let path = root.join(TMP).join(format!("{}-{n}", std::process::id()));
+            match tokio::fs::OpenOptions::new().write(true).create_new(true).open(&path).await {
+                Ok(file) => return Ok((TmpFile(Some(path)), file)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn path(&self) -> &Path {

@@ -4,11 +4,12 @@
 //! A blob is the object `<prefix>/<namespace>/<aa>/<bb>/<hash>`, the local store's layout.
 //! An upload is first staged in a file under the server's root while it is hashed (S3 cannot
 //! take an object back once written, and a body's hash is known only at its end); it goes to
-//! the bucket only if it hashes right, and is acknowledged once S3 has acknowledged it, which
-//! makes it durable. A blob already in the bucket is not sent again (the same name holds the
-//! same bytes). Up to [`PART`] bytes are sent in one request; larger blobs go as a multipart
-//! upload of such parts, one part filling while one is sent. At most [`UPLOADS`] uploads send
-//! at once, so uploads hold at most `UPLOADS × 2 × PART` bytes in memory.
+//! the bucket only if it hashes right, is hashed again as it is sent, and is acknowledged once
+//! S3 has acknowledged it, which makes it durable. A blob already in the bucket is not sent
+//! again. Up to [`PART`] bytes go in one request; larger blobs as a multipart upload of such
+//! parts, two in flight while the next is read from disk. At most [`UPLOADS`] uploads send at
+//! once, so sends hold at most `UPLOADS × 3 × PART` bytes in memory (outside the API's memory
+//! budget). Reads go through a bounded cache on local disk ([`DiskCache`]) when there is one.
 //!
 //! Not built: garbage collection of blobs in S3 (refs still expire; their blobs stay).
 
@@ -20,91 +21,69 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::AmazonS3;
 use object_store::path::Path as Key;
-use object_store::{ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, RetryConfig, WriteMultipart};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt, WriteMultipart};
 use tokio::fs;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::task::TaskTracker;
 
-use super::{BlobReader, StoreError, TMP, TmpFile, Usage, copy_hashing, relative_place};
+use super::cache::DiskCache;
+use super::{BlobReader, OpenBlob, Source, StoreError, TMP, TmpFile, Usage, copy_hashing, relative_place};
 use crate::{IoHash, Name};
+
+mod connect;
+
+pub use connect::S3Config;
 
 /// The most bytes sent in one request: a blob up to this size is one PUT, a larger one a
 /// multipart upload of parts this size (S3 asks at least 5 MiB of every part but the last).
 pub const PART: usize = 8 << 20;
+/// S3's most parts in one multipart upload.
+const MAX_PARTS: u64 = 10_000;
+/// The largest blob this store can take: [`MAX_PARTS`] parts of [`PART`] bytes.
+pub const MAX_BLOB: u64 = MAX_PARTS * PART as u64;
 /// The most uploads sending to the bucket at once; others wait their turn.
 pub const UPLOADS: usize = 8;
-/// A request that has sent or received nothing for this long fails (and is retried).
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Which bucket, and how to reach it. What is left `None` comes from the standard `AWS_*`
-/// environment variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
-/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...), as the AWS tools read them.
-#[derive(Debug, Clone, Default)]
-pub struct S3Config {
-    /// `s3://<bucket>` or `s3://<bucket>/<prefix>`.
-    pub url: String,
-    /// An S3-compatible server's address, e.g. `http://127.0.0.1:9000` (plain HTTP is allowed
-    /// only when asked for so).
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-}
-
-impl S3Config {
-    /// The bucket and prefix of `s3://<bucket>[/<prefix>]`.
-    fn bucket_and_prefix(&self) -> Result<(&str, Key), StoreError> {
-        let bad = || StoreError::Config(format!("expected s3://<bucket>[/<prefix>], not {:?}", self.url));
-        let rest = self.url.strip_prefix("s3://").ok_or_else(bad)?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(bad());
-        }
-        let prefix = Key::parse(prefix.trim_matches('/'))
-            .map_err(|e| StoreError::Config(format!("the prefix of {:?}: {e}", self.url)))?;
-        Ok((bucket, prefix))
-    }
-}
 
 /// Blobs in an S3 bucket.
 #[derive(Debug)]
 pub struct S3Blobs {
-    store: Arc<AmazonS3>,
-    bucket: String,
+    /// For HEAD, GET, LIST and DELETE requests.
+    reads: Arc<AmazonS3>,
+    /// For PUTs and multipart uploads (a longer bound per request).
+    sends: Arc<AmazonS3>,
+    /// `s3://bucket/prefix`.
+    location: String,
     prefix: Key,
     /// The server's root: uploads are staged in its `.tmp`.
     root: PathBuf,
     next_tmp: AtomicU64,
     usage: Arc<Usage>,
     uploads: Arc<tokio::sync::Semaphore>,
+    /// Sends and deletes that run on tasks of their own, so that a client going away does not
+    /// stop them half done; [`S3Blobs::finish`] waits for them at shutdown.
+    detached: TaskTracker,
+    cache: Option<Arc<DiskCache>>,
 }
 
 /// A blob found in the bucket, to be read.
+#[derive(Clone)]
 pub(super) struct Object {
-    store: Arc<AmazonS3>,
+    reads: Arc<AmazonS3>,
     key: Key,
     size: u64,
-    /// Its entity tag when found: a read fails rather than mix two objects' bytes.
-    e_tag: Option<String>,
 }
 
 impl Object {
-    pub(super) fn size(&self) -> u64 {
-        self.size
-    }
-
+    /// `len` bytes from `start`. No `If-Match` on the entity tag: the name holds the same bytes
+    /// whoever wrote them, and two writers' tags may differ (SSE-KMS).
     pub(super) async fn read_range(self, start: u64, len: u64) -> io::Result<BlobReader> {
         if len == 0 {
             return Ok(Box::pin(tokio::io::empty()));
         }
-        let options = GetOptions {
-            range: Some((start..start + len).into()),
-            if_match: self.e_tag,
-            ..Default::default()
-        };
-        let got = self.store.get_opts(&self.key, options).await.map_err(to_io)?;
+        let options = GetOptions { range: Some((start..start + len).into()), ..Default::default() };
+        let got = self.reads.get_opts(&self.key, options).await.map_err(to_io)?;
         let stream = got.into_stream().map_err(to_io);
         Ok(Box::pin(tokio_util::io::StreamReader::new(stream).take(len)))
     }
@@ -115,53 +94,32 @@ impl S3Blobs {
         let root = root.into();
         let tmp = root.join(TMP);
         fs::create_dir_all(&tmp).await?;
-        // Uploads a crash left half staged.
+        // Uploads a crash left half staged (the root is this server's alone: see `RootLock`).
         let mut stale = fs::read_dir(&tmp).await?;
         while let Some(entry) = stale.next_entry().await? {
             let _ = fs::remove_file(entry.path()).await;
         }
         let (bucket, prefix) = config.bucket_and_prefix()?;
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        let mut client = ClientOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_read_timeout(READ_TIMEOUT)
-            // A large blob may take long to send to a slow client: each read is bounded instead.
-            .with_timeout_disabled();
-        if let Some(endpoint) = &config.endpoint {
-            builder = builder.with_endpoint(endpoint);
-        }
-        // Plain HTTP only to an endpoint named with `http://` (however it was given).
-        let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
-        client = client.with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
-        if let Some(region) = &config.region {
-            builder = builder.with_region(region);
-        }
-        if let Some(key) = &config.access_key_id {
-            builder = builder.with_access_key_id(key);
-        }
-        if let Some(secret) = &config.secret_access_key {
-            builder = builder.with_secret_access_key(secret);
-        }
-        let retry =
-            RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(60), ..Default::default() };
-        let store = builder
-            .with_client_options(client)
-            .with_retry(retry)
-            .build()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
+        let (reads, sends) = config.clients(bucket)?;
         let blobs = S3Blobs {
-            store: Arc::new(store),
-            bucket: bucket.to_owned(),
+            reads: Arc::new(reads),
+            sends: Arc::new(sends),
+            location: config.location()?,
             prefix,
-            root,
+            root: root.clone(),
             next_tmp: AtomicU64::new(0),
             usage: Arc::new(Usage::default()),
             uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS)),
+            detached: TaskTracker::new(),
+            cache: match config.cache_bytes {
+                0 => None,
+                limit => Some(Arc::new(DiskCache::open(&root, limit).await?)),
+            },
         };
         // Reachable, and the credentials may list it: better refused at start than at the
         // first request.
         blobs
-            .store
+            .reads
             .list_with_delimiter(Some(&blobs.prefix))
             .await
             .map_err(|e| StoreError::Config(format!("cannot list {}: {e}", blobs.describe())))?;
@@ -170,21 +128,24 @@ impl S3Blobs {
     }
 
     pub(super) fn describe(&self) -> String {
-        match self.prefix.as_ref() {
-            "" => format!("s3://{}", self.bucket),
-            prefix => format!("s3://{}/{prefix}", self.bucket),
-        }
+        self.location.clone()
     }
 
     pub(super) fn usage(&self) -> &Usage {
         &self.usage
     }
 
+    /// Waits up to `bound` for the sends and deletes still running on their own tasks.
+    pub(super) async fn finish(&self, bound: Duration) -> bool {
+        self.detached.close();
+        tokio::time::timeout(bound, self.detached.wait()).await.is_ok()
+    }
+
     /// Counts what is under the prefix, as the local store walks its tree.
     fn count_in_background(&self) {
-        let (store, prefix, usage) = (self.store.clone(), self.prefix.clone(), self.usage.clone());
+        let (reads, prefix, usage) = (self.reads.clone(), self.prefix.clone(), self.usage.clone());
         tokio::spawn(async move {
-            let mut listing = store.list(Some(&prefix));
+            let mut listing = reads.list(Some(&prefix));
             let (mut blobs, mut bytes) = (0, 0);
             while let Some(item) = listing.next().await {
                 match item {
@@ -211,10 +172,6 @@ impl S3Blobs {
         key
     }
 
-    fn namespace_key(&self, ns: &Name) -> Key {
-        self.prefix.clone().join(ns.as_str())
-    }
-
     pub(super) async fn put(
         &self,
         ns: &Name,
@@ -222,58 +179,125 @@ impl S3Blobs {
         mut body: impl AsyncRead + Unpin,
         limit: u64,
     ) -> Result<(IoHash, u64), StoreError> {
-        let tmp = TmpFile::new(&self.root, &self.next_tmp);
-        let (actual, size) = {
-            let mut file = fs::File::create(tmp.path()).await?;
-            let hashed = copy_hashing(&mut body, &mut file, limit).await?;
-            tokio::io::AsyncWriteExt::flush(&mut file).await?;
-            hashed
-        };
+        let (tmp, mut file) = TmpFile::create(&self.root, &self.next_tmp).await?;
+        let (actual, size) = copy_hashing(&mut body, &mut file, limit.min(MAX_BLOB)).await?;
+        tokio::io::AsyncWriteExt::flush(&mut file).await?;
+        drop(file);
         if let Some(expected) = expected
             && expected != actual
         {
             return Err(StoreError::HashMismatch { expected, actual });
         }
-        let key = self.key(ns, &actual);
-        if self.head(&key).await?.is_some() {
-            return Ok((actual, size)); // The same name holds the same bytes.
+        // The same name holds the same bytes: one already there (at its size) is not sent again.
+        if self.cache.as_ref().is_some_and(|c| c.size(ns, &actual) == Some(size)) {
+            return Ok((actual, size));
         }
-        // On a task of its own: a client that goes away mid-send (dropping this future) leaves
-        // neither a half-sent multipart upload in the bucket nor an upload slot taken.
-        let (store, uploads) = (self.store.clone(), self.uploads.clone());
-        tokio::spawn(async move {
-            let _turn = uploads.acquire().await.map_err(io::Error::other)?;
-            send(&store, &key, &tmp, size).await
-        })
-        .await
-        .map_err(io::Error::other)??;
+        let key = self.key(ns, &actual);
+        if self.head(&key).await? == Some(size) {
+            self.keep_staged(tmp, ns, &actual, size).await;
+            return Ok((actual, size));
+        }
+        // The turn is taken here, so that uploads waiting for one stay with their clients (and
+        // go when they do); the send then runs on a task of its own, so that a client going
+        // away mid-send leaves no half-sent multipart upload in the bucket.
+        let turn = self.uploads.clone().acquire_owned().await.map_err(io::Error::other)?;
+        let sends = self.sends.clone();
+        let tmp = self
+            .detached
+            .spawn(async move {
+                let _turn = turn;
+                send(&sends, &key, &tmp, actual, size).await.map(|()| tmp)
+            })
+            .await
+            .map_err(io::Error::other)??;
         self.usage.add(1, size);
+        self.keep_staged(tmp, ns, &actual, size).await;
         Ok((actual, size))
     }
 
-    /// The object's size and entity tag, if it is there.
-    async fn head(&self, key: &Key) -> io::Result<Option<(u64, Option<String>)>> {
-        match self.store.head(key).await {
-            Ok(meta) => Ok(Some((meta.size, meta.e_tag))),
+    /// Moves a staged blob the bucket has into the cache (if there is one and it takes it).
+    async fn keep_staged(&self, tmp: TmpFile, ns: &Name, id: &IoHash, size: u64) {
+        if let Some(cache) = &self.cache
+            && cache.take(ns, id, tmp.path(), size).await
+        {
+            tmp.keep();
+        }
+    }
+
+    /// The object's size, if it is there.
+    async fn head(&self, key: &Key) -> io::Result<Option<u64>> {
+        match self.reads.head(key).await {
+            Ok(meta) => Ok(Some(meta.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(to_io(e)),
         }
     }
 
-    pub(super) async fn open_object(&self, ns: &Name, id: &IoHash) -> io::Result<Option<Object>> {
+    /// The blob from the cache, else from the bucket: downloaded into the cache first when it
+    /// is small enough ([`DiskCache::fills`]) and no other read is downloading it, else read
+    /// from the bucket as it is sent.
+    pub(super) async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<OpenBlob>> {
+        let cached = |(file, size)| OpenBlob { size, source: Source::File(file) };
+        if let Some(cache) = &self.cache
+            && let Some(found) = cache.open_blob(ns, id).await?
+        {
+            return Ok(Some(cached(found)));
+        }
         let key = self.key(ns, id);
-        Ok(self.head(&key).await?.map(|(size, e_tag)| Object { store: self.store.clone(), key, size, e_tag }))
+        let Some(size) = self.head(&key).await? else { return Ok(None) };
+        let object = Object { reads: self.reads.clone(), key, size };
+        if let Some(cache) = &self.cache
+            && cache.fills(size)
+            && let Some(_filling) = cache.start_fill(ns, id)
+            && self.fill(cache, &object, ns, id).await?
+            && let Some(found) = cache.open_blob(ns, id).await?
+        {
+            return Ok(Some(cached(found)));
+        }
+        Ok(Some(OpenBlob { size, source: Source::S3(object) }))
+    }
+
+    /// Downloads `object` (blob `id` of `ns`) into the cache, checking its hash; false if the
+    /// cache did not take it. A copy in the bucket that does not hash to its name is an error
+    /// (its bytes are not served).
+    async fn fill(&self, cache: &DiskCache, object: &Object, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        let (tmp, mut file) = TmpFile::create(&self.root, &self.next_tmp).await?;
+        let mut reader = object.clone().read_range(0, object.size).await?;
+        let (hash, size) = match copy_hashing(&mut reader, &mut file, object.size).await {
+            Ok(hashed) => hashed,
+            Err(StoreError::Io(e)) => return Err(e),
+            Err(e) => return Err(io::Error::other(e)),
+        };
+        tokio::io::AsyncWriteExt::flush(&mut file).await?;
+        drop(file);
+        if hash != *id || size != object.size {
+            return Err(io::Error::other(format!(
+                "the bucket's copy of blob {id} ({} bytes listed) is {size} bytes hashing to {hash}",
+                object.size
+            )));
+        }
+        let taken = cache.take(ns, id, tmp.path(), size).await;
+        if taken {
+            tmp.keep();
+        }
+        Ok(taken)
     }
 
     pub(super) async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
-        Ok(self.head(&self.key(ns, id)).await?.map(|(size, _)| size))
+        if let Some(size) = self.cache.as_ref().and_then(|c| c.size(ns, id)) {
+            return Ok(Some(size));
+        }
+        self.head(&self.key(ns, id)).await
     }
 
     pub(super) async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        if let Some(cache) = &self.cache {
+            cache.remove(ns, id).await;
+        }
         let key = self.key(ns, id);
         // S3 answers a delete of a missing object as a success: look first.
-        let Some((size, _)) = self.head(&key).await? else { return Ok(false) };
-        match self.store.delete(&key).await {
+        let Some(size) = self.head(&key).await? else { return Ok(false) };
+        match self.reads.delete(&key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                 self.usage.forget(1, size);
                 Ok(true)
@@ -282,42 +306,65 @@ impl S3Blobs {
         }
     }
 
+    /// Removes every object under the namespace's prefix, on a task of its own (it runs to
+    /// its end even if the client goes).
     pub(super) async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
-        let listing = self.store.list(Some(&self.namespace_key(ns)));
-        let found = Arc::new(Usage::default());
-        let counted = found.clone();
-        let keys = listing
-            .map_ok(move |meta| {
-                counted.add(1, meta.size);
-                meta.location
-            })
-            .boxed();
-        let mut deleted = self.store.delete_stream(keys);
-        let mut failed = None;
-        while let Some(result) = deleted.next().await {
-            match result {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => failed = failed.or(Some(e)),
-            }
+        if let Some(cache) = &self.cache {
+            cache.remove_namespace(ns).await?;
         }
-        drop(deleted);
-        self.usage.forget(found.blobs.load(Ordering::Relaxed), found.bytes.load(Ordering::Relaxed));
-        failed.map_or(Ok(()), |e| Err(to_io(e)))
+        let (reads, usage) = (self.reads.clone(), self.usage.clone());
+        let prefix = self.prefix.clone().join(ns.as_str());
+        self.detached
+            .spawn(async move {
+                let found = Arc::new(Usage::default());
+                let counted = found.clone();
+                let keys = reads
+                    .list(Some(&prefix))
+                    .map_ok(move |meta| {
+                        counted.add(1, meta.size);
+                        meta.location
+                    })
+                    .boxed();
+                let mut deleted = reads.delete_stream(keys);
+                let mut failed = None;
+                while let Some(result) = deleted.next().await {
+                    match result {
+                        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => failed = failed.or(Some(e)),
+                    }
+                }
+                drop(deleted);
+                usage.forget(found.blobs.load(Ordering::Relaxed), found.bytes.load(Ordering::Relaxed));
+                failed.map_or(Ok(()), |e| Err(to_io(e)))
+            })
+            .await
+            .map_err(io::Error::other)?
     }
 }
 
-/// Sends the staged blob `tmp` of `size` bytes to `key`: in one request, or in parts.
-async fn send(store: &AmazonS3, key: &Key, tmp: &TmpFile, size: u64) -> io::Result<()> {
+/// Sends the staged blob `tmp` (`size` bytes hashing to `id`) to `key`: in one request, or in
+/// parts. The bytes are hashed again as they are read back: a staged file changed since it was
+/// hashed is not stored under `id`.
+async fn send(store: &AmazonS3, key: &Key, tmp: &TmpFile, id: IoHash, size: u64) -> io::Result<()> {
     let mut file = fs::File::open(tmp.path()).await?;
+    let changed = || io::Error::other(format!("the staged copy of blob {id} changed before it was sent"));
     if size <= PART as u64 {
         let mut bytes = Vec::with_capacity(size as usize);
         (&mut file).take(size).read_to_end(&mut bytes).await?;
+        if IoHash::of(&bytes) != id {
+            return Err(changed());
+        }
         store.put(key, Bytes::from(bytes).into()).await.map_err(to_io)?;
         return Ok(());
     }
     let upload = store.put_multipart(key).await.map_err(to_io)?;
     let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
-    if let Err(e) = send_parts(&mut file, &mut writer).await {
+    let sent = match send_parts(&mut file, &mut writer).await {
+        Ok((hash, len)) if hash == id && len == size => Ok(()),
+        Ok(_) => Err(changed()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = sent {
         let _ = writer.abort().await;
         return Err(e);
     }
@@ -325,15 +372,20 @@ async fn send(store: &AmazonS3, key: &Key, tmp: &TmpFile, size: u64) -> io::Resu
     Ok(())
 }
 
-/// Sends the rest of `file` as parts, one filling while the one before is sent.
-async fn send_parts(file: &mut fs::File, writer: &mut WriteMultipart) -> io::Result<()> {
+/// Sends the rest of `file` as parts, two in flight while the next is read; the hash and length
+/// of what was sent.
+async fn send_parts(file: &mut fs::File, writer: &mut WriteMultipart) -> io::Result<(IoHash, u64)> {
+    let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; super::CHUNK];
+    let mut len = 0u64;
     loop {
         let n = file.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Ok((IoHash::from_hasher(&hasher), len));
         }
-        writer.wait_for_capacity(1).await.map_err(to_io)?;
+        hasher.update(&buf[..n]);
+        len += n as u64;
+        writer.wait_for_capacity(2).await.map_err(to_io)?;
         writer.write(&buf[..n]);
     }
 }

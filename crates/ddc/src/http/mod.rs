@@ -252,6 +252,8 @@ impl ApiError {
                 }
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
+            // A blob gone between finding it and reading it (deleted meanwhile).
+            ApiError::Io(e) if e.kind() == ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ApiError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -269,7 +271,14 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
-        let body = json!({ "title": self.to_string(), "status": status.as_u16() });
+        // A server error's detail (paths, the bucket's URLs, S3's own messages) is for the
+        // log above, not for the client.
+        let title = if status.is_server_error() {
+            "the server failed to answer; its log says why".to_owned()
+        } else {
+            self.to_string()
+        };
+        let body = json!({ "title": title, "status": status.as_u16() });
         let mut response = (status, body.to_string()).into_response();
         response
             .headers_mut()

@@ -95,6 +95,9 @@ macro_rules! on_backend {
 }
 use on_backend;
 
+/// What a Postgres database records as its blob store when the blobs are files.
+const LOCAL_BLOBS: &str = "files";
+
 /// Refs, content ids and namespaces; cheap to clone.
 #[derive(Clone)]
 pub struct MetaStore {
@@ -151,15 +154,17 @@ impl MetaStore {
     /// refused: its blobs are local files, which others cannot see) and creates its tables if
     /// absent.
     pub async fn open_postgres(url: &str) -> Result<MetaStore, MetaError> {
-        let (backend, known) = postgres::Postgres::open(url, false).await?;
+        let (backend, known) = postgres::Postgres::open(url, LOCAL_BLOBS, false).await?;
         Ok(MetaStore::with(Backend::Postgres(backend), known))
     }
 
-    /// [`MetaStore::open_postgres`] for a server whose blobs are in S3: the database is shared
-    /// with the other servers on that bucket (and refused while a server with local blobs
-    /// holds it, and the other way round).
-    pub async fn open_postgres_shared(url: &str) -> Result<MetaStore, MetaError> {
-        let (backend, known) = postgres::Postgres::open(url, true).await?;
+    /// [`MetaStore::open_postgres`] for a server whose blobs are in S3 at `blobs`
+    /// (`s3://bucket/prefix`, as [`crate::S3Config::location`] gives it): the database is
+    /// shared with the other servers on that bucket and prefix (and refused while a server
+    /// with local blobs holds it, and the other way round; a server whose blobs are
+    /// elsewhere is refused).
+    pub async fn open_postgres_shared(url: &str, blobs: &str) -> Result<MetaStore, MetaError> {
+        let (backend, known) = postgres::Postgres::open(url, blobs, true).await?;
         let mut meta = MetaStore::with(Backend::Postgres(backend), known);
         meta.shared = true;
         Ok(meta)
@@ -507,15 +512,28 @@ mod tests {
         let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };
         let url = place.url().unwrap();
         let alone = MetaStore::open_postgres(url).await.unwrap();
-        let refused = MetaStore::open_postgres_shared(url).await;
+        let refused = MetaStore::open_postgres_shared(url, "s3://bucket/ddc").await;
         assert!(
             matches!(&refused, Err(MetaError::Config(e)) if e.contains("on local files")),
             "{:?}",
             refused.err()
         );
         drop(alone);
-        let a = MetaStore::open_postgres_shared(url).await.unwrap();
-        let b = MetaStore::open_postgres_shared(url).await.unwrap();
+        let a = MetaStore::open_postgres_shared(url, "s3://bucket/ddc").await;
+        assert!(
+            matches!(&a, Err(MetaError::Config(e)) if e.contains("refs name blobs in files")),
+            "the database was a server's with local blobs: {:?}",
+            a.err()
+        );
+        place.move_blob_store("s3://bucket/ddc").await;
+        let a = MetaStore::open_postgres_shared(url, "s3://bucket/ddc").await.unwrap();
+        let b = MetaStore::open_postgres_shared(url, "s3://bucket/ddc").await.unwrap();
+        let elsewhere = MetaStore::open_postgres_shared(url, "s3://bucket/other").await;
+        assert!(
+            matches!(&elsewhere, Err(MetaError::Config(e)) if e.contains("refs name blobs in s3://bucket/ddc")),
+            "{:?}",
+            elsewhere.err()
+        );
         let (ns, bucket, key) = names();
         assert!(a.put_ref(&ns, &bucket, &key, row(b"from a", true), false).await.unwrap());
         a.add_namespace(&ns).await.unwrap();

@@ -101,7 +101,7 @@ async fn snapshot(
 impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), takes the database for this
     /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
-    pub async fn open(url: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
+    pub async fn open(url: &str, blobs: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
         let mut config = tokio_postgres::Config::from_str(url)?;
         session::configure(&mut config);
         let lock = take_database(&config, shared).await?;
@@ -117,6 +117,7 @@ impl Postgres {
         let backend = Postgres { pool, lock };
         let mut client = backend.client().await?;
         session::create_schema(&mut client).await?;
+        session::check_blob_store(&client, blobs).await?;
         let known = backend.namespaces().await?;
         Ok((backend, known))
     }

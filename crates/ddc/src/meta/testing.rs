@@ -37,6 +37,15 @@ impl TestPlace {
         self.url.as_deref()
     }
 
+    /// Runs the docs' command for blobs moved to `location` (Postgres only).
+    pub(crate) async fn move_blob_store(&self, location: &str) {
+        let url = self.url.as_deref().expect("a Postgres place");
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let moved = format!("UPDATE blob_store SET location = '{location}'");
+        assert_eq!(client.execute(&moved, &[]).await.unwrap(), 1);
+    }
+
     pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }

@@ -31,7 +31,8 @@ actions = ["ReadObject"]
 pub const META_ENV: &str = "TICKWIRE_DDC_TEST_META";
 
 /// With `s3` in it, every server keeps its blobs in a bucket of its own on the test S3 server
-/// (`s3.rs`) instead of files: `scripts/test.sh` runs the suites so once more.
+/// (`s3.rs`) instead of files; with `s3-cached`, with a cache of 64 MiB on disk in front:
+/// `scripts/test.sh` runs the suites so once more.
 pub const BLOBS_ENV: &str = "TICKWIRE_DDC_TEST_BLOBS";
 
 pub struct Server {
@@ -83,7 +84,12 @@ pub fn start_configured(
     } else {
         None
     };
-    let s3 = std::env::var_os(BLOBS_ENV).is_some_and(|v| v == "s3").then(s3::bucket);
+    let s3 = match std::env::var(BLOBS_ENV).as_deref() {
+        Ok("s3") => Some(s3::bucket()),
+        Ok("s3-cached") => Some(tickwire_ddc::S3Config { cache_bytes: 64 << 20, ..s3::bucket() }),
+        Ok("") | Err(_) => None,
+        Ok(other) => panic!("{BLOBS_ENV}={other}: expected s3 or s3-cached"),
+    };
     start_on(Stores { meta_url, s3 }, limits, api_limits, tls, configure)
 }
 
@@ -110,11 +116,11 @@ pub fn start_on(
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let shared = stores.s3.is_some();
-            let meta = match stores.meta_url {
-                Some(url) if shared => MetaStore::open_postgres_shared(&url).await.unwrap(),
-                Some(url) => MetaStore::open_postgres(&url).await.unwrap(),
-                None => MetaStore::open(&root).await.unwrap(),
+            let location = stores.s3.as_ref().map(|s3| s3.location().unwrap());
+            let meta = match (stores.meta_url, location) {
+                (Some(url), Some(blobs)) => MetaStore::open_postgres_shared(&url, &blobs).await.unwrap(),
+                (Some(url), None) => MetaStore::open_postgres(&url).await.unwrap(),
+                (None, _) => MetaStore::open(&root).await.unwrap(),
             };
             let blobs = match stores.s3 {
                 Some(config) => BlobStore::open_s3(&root, &config).await.unwrap(),

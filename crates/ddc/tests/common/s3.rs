@@ -36,6 +36,7 @@ pub fn bucket() -> S3Config {
         region: Some("us-east-1".into()),
         access_key_id: Some(ACCESS_KEY.into()),
         secret_access_key: Some(SECRET_KEY.into()),
+        cache_bytes: 0,
     }
 }
 
@@ -43,6 +44,31 @@ pub fn bucket() -> S3Config {
 pub fn files_of(config: &S3Config) -> PathBuf {
     let rest = config.url.strip_prefix("s3://").expect("an s3:// URL");
     SERVER.get().expect("started").root.join(rest)
+}
+
+/// A client of the test server, on `config`'s bucket, to look at what the store wrote.
+pub fn client(config: &S3Config) -> object_store::aws::AmazonS3 {
+    let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
+    object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_endpoint(config.endpoint.clone().unwrap())
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS_KEY)
+        .with_secret_access_key(SECRET_KEY)
+        .with_allow_http(true)
+        .build()
+        .unwrap()
+}
+
+/// The object key of blob `id` of `ns` in `config`'s bucket.
+pub fn key(
+    config: &S3Config,
+    ns: &tickwire_ddc::Name,
+    id: &tickwire_ddc::IoHash,
+) -> object_store::path::Path {
+    let prefix = config.url.strip_prefix("s3://").unwrap().split_once('/').map_or("", |(_, p)| p);
+    let hex = id.to_hex();
+    object_store::path::Path::from(format!("{prefix}/{}/{}/{}/{hex}", ns.as_str(), &hex[..2], &hex[2..4]))
 }
 
 fn start() -> Server {

@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS content (
     PRIMARY KEY (ns, raw_hash)
 );
 CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
+CREATE TABLE IF NOT EXISTS blob_store (
+    one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    location TEXT NOT NULL
+);
 ";
 
 /// Tables and indexes whose presence means the schema is there: a role that may only read and
@@ -44,7 +48,7 @@ CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
 const SCHEMA_PRESENT: &str =
     "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
     AND to_regclass('content') IS NOT NULL AND to_regclass('refs_by_access') IS NOT NULL
-    AND to_regclass('content_by_blob') IS NOT NULL";
+    AND to_regclass('content_by_blob') IS NOT NULL AND to_regclass('blob_store') IS NOT NULL";
 
 /// The key of the advisory lock a server holds on its database (an arbitrary constant).
 pub const SERVER_LOCK: i64 = 7463917286190102;
@@ -117,6 +121,27 @@ pub(super) async fn create_schema(client: &mut deadpool_postgres::Object) -> Res
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// Records where the blobs the refs name are (`files`, or `s3://bucket/prefix`) if the database
+/// does not say yet, and refuses a server that keeps them elsewhere: its answers about them
+/// would be wrong.
+pub(super) async fn check_blob_store(
+    client: &deadpool_postgres::Object,
+    location: &str,
+) -> Result<(), MetaError> {
+    client
+        .execute("INSERT INTO blob_store (location) VALUES ($1) ON CONFLICT DO NOTHING", &[&location])
+        .await?;
+    let stored: String = client.query_one("SELECT location FROM blob_store", &[]).await?.get(0);
+    if stored == location {
+        return Ok(());
+    }
+    Err(MetaError::Config(format!(
+        "this database's refs name blobs in {stored}, and this server keeps its blobs in {location}: \
+         start it with the same blob store (or copy the blobs there, then run \
+         `UPDATE blob_store SET location = '{location}'` in the database)"
+    )))
 }
 
 /// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
