@@ -4,11 +4,13 @@
 //! outgrown one machine's SQLite file. The same tables and the same rules as the embedded
 //! backend (`sqlite.rs`), so the same tests run against both.
 //!
-//! **One server per database.** Blobs are still files under one server's root, so a second
-//! server on the same database would expire and collect against blobs it does not have. A
-//! server holds a session-level advisory lock on its database from start to stop
+//! **One server per database, unless the blobs are in S3.** A server whose blobs are files
+//! under its root holds a session-level advisory lock on its database from start to stop
 //! ([`session::SERVER_LOCK`], in `postgres/session.rs` with the connections' settings and the
-//! schema); a second one is refused at start.
+//! schema), so a second one (which would expire and collect against blobs it does not have)
+//! is refused at start. Servers whose blobs are in one bucket hold it shared, and serve one
+//! cache; the database records where its blobs are and refuses a server that keeps them
+//! elsewhere.
 //!
 //! Durability is Postgres's own: a write is acknowledged once its transaction has committed,
 //! so with the server's default `synchronous_commit` it survives a crash of either process.

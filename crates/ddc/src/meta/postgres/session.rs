@@ -1,6 +1,6 @@
 //! The Postgres backend's session with its database: the settings every connection gets
-//! (timeouts, keepalives), the lock that makes the database this server's alone, and the
-//! schema. Kept apart from the operations in `postgres.rs`.
+//! (timeouts, keepalives), the lock that makes the database this server's alone (or its blob
+//! store's servers', shared), the record of where its blobs are, and the schema. Kept apart from the operations in `postgres.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
