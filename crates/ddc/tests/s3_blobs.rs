@@ -140,10 +140,14 @@ async fn a_namespace_goes_whole_and_usage_is_counted_at_open() {
     // And sees what the first stored.
     assert_eq!(read_all(&second, &ids[0]).await.unwrap(), [0u8; 10]);
     store.delete_namespace(&ns()).await.unwrap();
+    // Gone for the store that deleted them and for one that never saw them (the second store
+    // remembers the one it read: see `a_blob_found_once_is_not_asked_for_again`).
+    let (_dir3, third) = open(&config).await;
     for id in &ids {
-        assert!(!second.exists(&ns(), id).await.unwrap());
+        assert!(!store.exists(&ns(), id).await.unwrap());
+        assert!(!third.exists(&ns(), id).await.unwrap());
     }
-    assert!(second.exists(&other, &kept).await.unwrap(), "another namespace stays");
+    assert!(third.exists(&other, &kept).await.unwrap(), "another namespace stays");
     assert_eq!(store.usage().blobs.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
@@ -284,4 +288,22 @@ async fn a_root_takes_one_server() {
     }
     drop(first);
     BlobStore::open(dir.path()).await.unwrap();
+}
+
+/// Without a cache, a blob found in the bucket once is known to be there: the next presence
+/// check does not ask again (shown by removing it behind the store's back), while a store that
+/// never saw it asks, and finds it gone. A read of it then finds it gone too (404 material).
+#[tokio::test]
+async fn a_blob_found_once_is_not_asked_for_again() {
+    use object_store::ObjectStoreExt;
+    let config = s3::bucket();
+    let (_dir, store) = open(&config).await;
+    let id = store.put(&ns(), None, &b"seen"[..], u64::MAX).await.unwrap().0;
+    s3::client(&config).delete(&s3::key(&config, &ns(), &id)).await.unwrap();
+    assert!(store.exists(&ns(), &id).await.unwrap(), "remembered");
+    let (_dir2, fresh) = open(&config).await;
+    assert!(!fresh.exists(&ns(), &id).await.unwrap(), "asked, and gone");
+    let blob = store.open_blob(&ns(), &id).await.unwrap().expect("remembered");
+    let err = blob.read_all().await.err().expect("gone from the bucket");
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
 }

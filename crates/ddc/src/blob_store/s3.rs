@@ -45,6 +45,9 @@ const MAX_PARTS: u64 = 10_000;
 pub const MAX_BLOB: u64 = MAX_PARTS * PART as u64;
 /// The most uploads sending to the bucket at once; others wait their turn.
 pub const UPLOADS: usize = 8;
+/// How many blobs found in the bucket (and their sizes) a server remembers, so that a presence
+/// check of a blob it has seen asks the bucket once, not every time (about 100 bytes each).
+const SEEN: usize = 1 << 16;
 
 /// Blobs in an S3 bucket.
 #[derive(Debug)]
@@ -65,6 +68,9 @@ pub struct S3Blobs {
     /// stop them half done; [`S3Blobs::finish`] waits for them at shutdown.
     detached: TaskTracker,
     cache: Option<Arc<DiskCache>>,
+    /// Blobs lately found in the bucket or sent to it, with their sizes, the least recently
+    /// used forgotten first. Like the cache, it does not see deletes through other servers.
+    seen: std::sync::Mutex<lru::LruCache<(Name, IoHash), u64>>,
 }
 
 /// A blob found in the bucket, to be read.
@@ -111,6 +117,9 @@ impl S3Blobs {
             usage: Arc::new(Usage::default()),
             uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS)),
             detached: TaskTracker::new(),
+            seen: std::sync::Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(SEEN).expect("not 0"),
+            )),
             cache: match config.cache_bytes {
                 0 => None,
                 limit => Some(Arc::new(DiskCache::open(&root, limit).await?)),
@@ -194,6 +203,7 @@ impl S3Blobs {
         }
         let key = self.key(ns, &actual);
         if self.head(&key).await? == Some(size) {
+            self.note_seen(ns, &actual, size);
             self.keep_staged(tmp, ns, &actual, size).await;
             return Ok((actual, size));
         }
@@ -211,6 +221,7 @@ impl S3Blobs {
             .await
             .map_err(io::Error::other)??;
         self.usage.add(1, size);
+        self.note_seen(ns, &actual, size);
         self.keep_staged(tmp, ns, &actual, size).await;
         Ok((actual, size))
     }
@@ -222,6 +233,14 @@ impl S3Blobs {
         {
             tmp.keep();
         }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, lru::LruCache<(Name, IoHash), u64>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note_seen(&self, ns: &Name, id: &IoHash, size: u64) {
+        self.seen().put((ns.clone(), *id), size);
     }
 
     /// The object's size, if it is there.
@@ -243,9 +262,8 @@ impl S3Blobs {
         {
             return Ok(Some(cached(found)));
         }
-        let key = self.key(ns, id);
-        let Some(size) = self.head(&key).await? else { return Ok(None) };
-        let object = Object { reads: self.reads.clone(), key, size };
+        let Some(size) = self.size(ns, id).await? else { return Ok(None) };
+        let object = Object { reads: self.reads.clone(), key: self.key(ns, id), size };
         if let Some(cache) = &self.cache
             && cache.fills(size)
             && let Some(_filling) = cache.start_fill(ns, id)
@@ -287,10 +305,18 @@ impl S3Blobs {
         if let Some(size) = self.cache.as_ref().and_then(|c| c.size(ns, id)) {
             return Ok(Some(size));
         }
-        self.head(&self.key(ns, id)).await
+        if let Some(&size) = self.seen().get(&(ns.clone(), *id)) {
+            return Ok(Some(size));
+        }
+        let size = self.head(&self.key(ns, id)).await?;
+        if let Some(size) = size {
+            self.note_seen(ns, id, size);
+        }
+        Ok(size)
     }
 
     pub(super) async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        self.seen().pop(&(ns.clone(), *id));
         if let Some(cache) = &self.cache {
             cache.remove(ns, id).await;
         }
@@ -309,6 +335,13 @@ impl S3Blobs {
     /// Removes every object under the namespace's prefix, on a task of its own (it runs to
     /// its end even if the client goes).
     pub(super) async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
+        {
+            let mut seen = self.seen();
+            let gone: Vec<_> = seen.iter().filter(|(k, _)| &k.0 == ns).map(|(k, _)| k.clone()).collect();
+            for key in gone {
+                seen.pop(&key);
+            }
+        }
         if let Some(cache) = &self.cache {
             cache.remove_namespace(ns).await?;
         }
