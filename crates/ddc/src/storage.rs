@@ -158,7 +158,7 @@ impl Content {
             Ok(_) | Err(CompressedError::Oodle) => {}
             Err(e) => return Err(e.into()),
         }
-        if let Some(Located::Compressed(_)) = self.locate(ns, raw).await? {
+        if let Some(Located::Compressed(_)) = self.locate_durably(ns, raw).await? {
             // Already stored: an idempotent re-upload. (Looking for it marked it as written now
             // if it was old and collections run, so a sweep under way keeps it.)
             return Ok(raw);
@@ -168,15 +168,29 @@ impl Content {
         Ok(raw)
     }
 
-    /// Where the content named `id` is: a compressed buffer with that raw hash first, else a
-    /// raw blob with that id.
+    /// Where the content named `id` is, for a read: a compressed buffer with that raw hash
+    /// first, else a raw blob with that id. With blobs in S3 the answer may come from what this
+    /// server remembers ([`BlobStore::known`]).
     pub async fn locate(&self, ns: &Name, id: IoHash) -> Result<Option<Located>, ContentError> {
+        self.locate_as(ns, id, false).await
+    }
+
+    /// [`Content::locate`] for a write that relies on the answer (a write skipped, a ref
+    /// finalized): asked of the blob store itself ([`BlobStore::exists`]).
+    pub async fn locate_durably(&self, ns: &Name, id: IoHash) -> Result<Option<Located>, ContentError> {
+        self.locate_as(ns, id, true).await
+    }
+
+    async fn locate_as(&self, ns: &Name, id: IoHash, durably: bool) -> Result<Option<Located>, ContentError> {
+        let stored = |blob: IoHash| async move {
+            if durably { self.blobs.exists(ns, &blob).await } else { self.blobs.known(ns, &blob).await }
+        };
         if let Some(blob) = self.meta.content_blob(ns, id).await?
-            && self.blobs.exists(ns, &blob).await?
+            && stored(blob).await?
         {
             return Ok(Some(Located::Compressed(blob)));
         }
-        if self.blobs.exists(ns, &id).await? {
+        if stored(id).await? {
             return Ok(Some(Located::Raw(id)));
         }
         Ok(None)
@@ -341,7 +355,7 @@ impl Content {
                 resolver.judged_left -= 1;
             }
             let present = if ty == CbType::BinaryAttachment {
-                let located = self.locate(ns, hash).await?.is_some();
+                let located = self.locate_as(ns, hash, !resolver.first_only).await?.is_some();
                 if !located {
                     resolver.absent.push(hash);
                 }
@@ -356,7 +370,11 @@ impl Content {
             } else {
                 resolver.objects_left -= 1;
                 resolver.judging.insert(hash);
-                let children = match self.read_attached(ns, &hash, resolver.room).await? {
+                // A write's check asks the store itself whether the object is there before
+                // reading it (a read may come from what this server remembers).
+                let stored = resolver.first_only || self.blobs.exists(ns, &hash).await?;
+                let read = if stored { self.read_attached(ns, &hash, resolver.room).await? } else { None };
+                let children = match read {
                     None => None,
                     Some((bytes, _held)) => {
                         cb::parse(&bytes).ok().and_then(|object| object.attachments_within(MAX_ATTACHMENTS))
@@ -438,7 +456,8 @@ struct Resolver {
     /// The object attachments being judged (one met again is a cycle).
     judging: HashSet<IoHash>,
     /// Stop at the first attachment that is not present (a read's yes or no), instead of
-    /// listing all that are absent.
+    /// listing all that are absent. A read's check may trust what this server remembers of
+    /// the blob store; a write's (all the others) asks it ([`Content::locate_durably`]).
     first_only: bool,
 }
 

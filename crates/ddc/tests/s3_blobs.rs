@@ -175,7 +175,9 @@ async fn bad_settings_are_refused_at_open() {
 
 /// Two servers with one Postgres database and one bucket serve one cache: what is written
 /// through one is read through the other, a ref whose attachment one server stored is
-/// finalized on the other, and a blob deleted through one is gone from both.
+/// finalized on the other, and a blob deleted through one is gone for the other's writes: a
+/// ref put through it needs the blob again, and an upload through it stores the blob again
+/// (it remembered the blob, but writes ask the bucket).
 #[test]
 fn two_servers_share_one_cache() {
     use common::{Stores, start_on, status, url};
@@ -216,6 +218,18 @@ fn two_servers_share_one_cache() {
 
     assert_eq!(status(call(&a, "DELETE", &blob_path, "writer").call()), 200);
     assert_eq!(status(call(&b, "GET", &blob_path, "reader").call()), 404, "gone from b too");
+    let again = Value::Object(vec![("again".into(), Value::BinaryAttachment(*id.as_bytes()))]).to_bytes();
+    let put =
+        call(&b, "PUT", "/api/v1/refs/ue.ddc/bucket/1123456789abcdef0123456789abcdef01234567", "writer")
+            .set("Content-Type", "application/x-ue-cb")
+            .set("Accept", "application/json")
+            .set("X-Jupiter-IoHash", &IoHash::of(&again).to_hex())
+            .send_bytes(&again)
+            .unwrap();
+    let needs: serde_json::Value = put.into_json().unwrap();
+    assert_eq!(needs["needs"], serde_json::json!([id.to_hex()]), "b asks the bucket: {needs}");
+    assert_eq!(status(call(&b, "PUT", &blob_path, "writer").send_bytes(&blob)), 200);
+    assert_eq!(status(call(&a, "GET", &blob_path, "reader").call()), 200, "b's upload reached the bucket");
 }
 
 /// An upload dropped mid-body (a client that went away) leaves nothing staged, and a store
@@ -254,7 +268,8 @@ async fn a_cache_serves_what_it_has_seen() {
     for (which, store) in [("the uploader", &store), ("the reader", &second)] {
         assert_eq!(read_all(store, &uploaded).await.unwrap(), body(1_000), "{which} reads its copy");
         assert_eq!(read(store, &uploaded, 10, 5).await.unwrap(), &body(1_000)[10..15]);
-        assert!(store.exists(&ns(), &uploaded).await.unwrap());
+        assert!(store.known(&ns(), &uploaded).await.unwrap(), "{which} knows it, for reads");
+        assert!(!store.exists(&ns(), &uploaded).await.unwrap(), "{which} asks the bucket, for writes");
     }
     // A delete through a store removes its copy too.
     store.delete(&ns(), &uploaded).await.unwrap();
@@ -290,9 +305,10 @@ async fn a_root_takes_one_server() {
     BlobStore::open(dir.path()).await.unwrap();
 }
 
-/// Without a cache, a blob found in the bucket once is known to be there: the next presence
-/// check does not ask again (shown by removing it behind the store's back), while a store that
-/// never saw it asks, and finds it gone. A read of it then finds it gone too (404 material).
+/// Without a cache, a blob found in the bucket once is known to be there for reads: the next
+/// read's presence check does not ask again (shown by removing it behind the store's back),
+/// while a write's asks, and so does a store that never saw it. A read of it then finds it
+/// gone (404 material).
 #[tokio::test]
 async fn a_blob_found_once_is_not_asked_for_again() {
     use object_store::ObjectStoreExt;
@@ -300,10 +316,12 @@ async fn a_blob_found_once_is_not_asked_for_again() {
     let (_dir, store) = open(&config).await;
     let id = store.put(&ns(), None, &b"seen"[..], u64::MAX).await.unwrap().0;
     s3::client(&config).delete(&s3::key(&config, &ns(), &id)).await.unwrap();
-    assert!(store.exists(&ns(), &id).await.unwrap(), "remembered");
+    assert!(store.known(&ns(), &id).await.unwrap(), "remembered, for reads");
     let (_dir2, fresh) = open(&config).await;
-    assert!(!fresh.exists(&ns(), &id).await.unwrap(), "asked, and gone");
+    assert!(!fresh.known(&ns(), &id).await.unwrap(), "asked, and gone");
     let blob = store.open_blob(&ns(), &id).await.unwrap().expect("remembered");
     let err = blob.read_all().await.err().expect("gone from the bucket");
     assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+    assert!(!store.exists(&ns(), &id).await.unwrap(), "a write's check asks the bucket");
+    assert!(!store.known(&ns(), &id).await.unwrap(), "and what it found is remembered");
 }

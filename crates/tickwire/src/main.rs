@@ -451,19 +451,20 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     };
     // The metadata first: a server refused the database (another holds it) must not touch
     // the root or the bucket (a restart overlapping the old process's last seconds).
+    let cache_bytes = args
+        .blob_cache_mib
+        .checked_mul(1 << 20)
+        .context("--blob-cache-mib is past what a 64-bit count of bytes holds")?;
     let s3 = args.blobs.as_ref().map(|url| tickwire_ddc::S3Config {
         url: url.clone(),
-        cache_bytes: args.blob_cache_mib << 20,
+        cache_bytes,
         ..Default::default()
     });
     let meta = match (&args.refs, &s3) {
         // The URL is not repeated: it may hold a password.
-        (Some(url), Some(s3)) => {
-            let location = s3.location().context("--blobs")?;
-            tickwire_ddc::meta::MetaStore::open_postgres_shared(url, &location)
-                .await
-                .context("opening the Postgres metadata store (--refs)")?
-        }
+        (Some(url), Some(_)) => tickwire_ddc::meta::MetaStore::open_postgres_shared(url)
+            .await
+            .context("opening the Postgres metadata store (--refs)")?,
         (Some(url), None) => tickwire_ddc::meta::MetaStore::open_postgres(url)
             .await
             .context("opening the Postgres metadata store (--refs)")?,
@@ -491,7 +492,8 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     if blobs.is_shared() && !args.no_gc {
         tracing::info!("blobs in S3 are not garbage collected (not built); refs still expire");
     }
-    let mut ddc = http::Ddc::open_with_stores(blobs, meta, auth, limits);
+    let mut ddc =
+        http::Ddc::open_with_stores(blobs, meta, auth, limits).await.context("checking the blob store")?;
     ddc.allow_overwrite = !args.deny_overwrite;
     let ddc = std::sync::Arc::new(ddc);
     // Last-access times of reads are written in batches.

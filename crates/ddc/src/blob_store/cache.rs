@@ -26,13 +26,24 @@ const DIR: &str = ".cache";
 /// The largest blob a read that misses downloads into the cache before answering; a larger
 /// one streams from the bucket (and is cached only by an upload through this server).
 pub const FILL_MAX: u64 = 64 << 20;
+/// What a cached blob is charged at the least: a file takes a block on disk however small.
+const BLOCK: u64 = 4096;
+/// The most blobs cached, whatever their size: each costs memory in the index (about 150
+/// bytes) and an inode.
+const MAX_ENTRIES: usize = 1 << 20;
 
 type Key = (Name, IoHash);
 
 /// The cache's index: each blob's size, least recently used first.
 struct Index {
     entries: lru::LruCache<Key, u64>,
+    /// What the entries are charged: each its size, at least a block.
     bytes: u64,
+}
+
+/// What a blob of `size` bytes is charged.
+fn charge(size: u64) -> u64 {
+    size.max(BLOCK)
 }
 
 pub(super) struct DiskCache {
@@ -72,6 +83,14 @@ impl DiskCache {
         Ok(cache)
     }
 
+    /// Removes the cache under `root`, if one was left there.
+    pub(super) async fn remove_all(root: &Path) -> io::Result<()> {
+        match fs::remove_dir_all(root.join(DIR)).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     fn path(&self, ns: &Name, id: &IoHash) -> PathBuf {
         let mut path = self.dir.clone();
         path.extend(relative_place(ns, id));
@@ -105,7 +124,7 @@ impl DiskCache {
     /// Moves the complete file `staged` (blob `id` of `ns`, `size` bytes) into the cache, or
     /// leaves it where it is if the cache could not hold it. True if it moved.
     pub(super) async fn take(&self, ns: &Name, id: &IoHash, staged: &Path, size: u64) -> bool {
-        if size > self.limit {
+        if charge(size) > self.limit {
             return false;
         }
         let path = self.path(ns, id);
@@ -122,13 +141,13 @@ impl DiskCache {
     fn note(&self, key: Key, size: u64) -> Vec<Key> {
         let mut index = self.lock();
         if let Some(old) = index.entries.put(key, size) {
-            index.bytes -= old;
+            index.bytes -= charge(old);
         }
-        index.bytes += size;
+        index.bytes += charge(size);
         let mut evicted = Vec::new();
-        while index.bytes > self.limit {
+        while index.bytes > self.limit || index.entries.len() > MAX_ENTRIES {
             let Some((key, size)) = index.entries.pop_lru() else { break };
-            index.bytes -= size;
+            index.bytes -= charge(size);
             evicted.push(key);
         }
         evicted
@@ -137,7 +156,7 @@ impl DiskCache {
     fn forget(&self, key: &Key) {
         let mut index = self.lock();
         if let Some(size) = index.entries.pop(key) {
-            index.bytes -= size;
+            index.bytes -= charge(size);
         }
     }
 
@@ -162,7 +181,7 @@ impl DiskCache {
                 index.entries.iter().filter(|(k, _)| &k.0 == ns).map(|(k, _)| k.clone()).collect();
             for key in gone {
                 if let Some(size) = index.entries.pop(&key) {
-                    index.bytes -= size;
+                    index.bytes -= charge(size);
                 }
             }
         }
@@ -249,22 +268,28 @@ mod tests {
     #[tokio::test]
     async fn the_least_recently_used_go_first() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path(), 250).await.unwrap();
-        let a = add(&cache, dir.path(), &[1; 100]).await;
-        let b = add(&cache, dir.path(), &[2; 100]).await;
+        let cache = DiskCache::open(dir.path(), 12_500).await.unwrap();
+        let a = add(&cache, dir.path(), &[1; 5000]).await;
+        let b = add(&cache, dir.path(), &[2; 5000]).await;
         assert!(cache.open_blob(&ns(), &a).await.unwrap().is_some(), "a is now the most recent");
-        let c = add(&cache, dir.path(), &[3; 100]).await;
-        assert_eq!(cache.held(), (200, 2));
+        let c = add(&cache, dir.path(), &[3; 5000]).await;
+        assert_eq!(cache.held(), (10_000, 2));
         assert_eq!(cache.size(&ns(), &b), None, "b was the least recently used");
         assert!(!cache.path(&ns(), &b).exists(), "and its file is gone");
-        assert_eq!((cache.size(&ns(), &a), cache.size(&ns(), &c)), (Some(100), Some(100)));
+        assert_eq!((cache.size(&ns(), &a), cache.size(&ns(), &c)), (Some(5000), Some(5000)));
         let big = dir.path().join("big");
-        std::fs::write(&big, [4; 251]).unwrap();
-        assert!(!cache.take(&ns(), &IoHash::of(&[4; 251]), &big, 251).await);
+        std::fs::write(&big, [4; 12_501]).unwrap();
+        assert!(!cache.take(&ns(), &IoHash::of(&[4; 12_501]), &big, 12_501).await);
         assert!(big.exists(), "left where it was");
         cache.remove(&ns(), &a).await;
-        assert_eq!(cache.held(), (100, 1));
+        assert_eq!(cache.held(), (5000, 1));
         assert!(!cache.path(&ns(), &a).exists());
+        // A small blob is charged a block: three of 10 bytes fit in 12,500, not a thousand.
+        cache.remove(&ns(), &c).await;
+        for i in 0..4u8 {
+            add(&cache, dir.path(), &[i; 10]).await;
+        }
+        assert_eq!(cache.held(), (3 * 4096, 3));
     }
 
     /// What is on disk is indexed again at open, oldest first, within the size given then;
@@ -272,8 +297,8 @@ mod tests {
     #[tokio::test]
     async fn a_reopened_cache_knows_its_files() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path(), 1000).await.unwrap();
-        let old = add(&cache, dir.path(), &[1; 100]).await;
+        let cache = DiskCache::open(dir.path(), 100_000).await.unwrap();
+        let old = add(&cache, dir.path(), &[1; 5000]).await;
         let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         std::fs::File::options()
             .write(true)
@@ -281,11 +306,11 @@ mod tests {
             .unwrap()
             .set_modified(past)
             .unwrap();
-        let new = add(&cache, dir.path(), &[2; 100]).await;
+        let new = add(&cache, dir.path(), &[2; 5000]).await;
         drop(cache);
-        let cache = DiskCache::open(dir.path(), 150).await.unwrap();
-        assert_eq!(cache.held(), (100, 1), "only one fits now");
-        assert_eq!((cache.size(&ns(), &old), cache.size(&ns(), &new)), (None, Some(100)), "the older went");
+        let cache = DiskCache::open(dir.path(), 7_500).await.unwrap();
+        assert_eq!(cache.held(), (5000, 1), "only one fits now");
+        assert_eq!((cache.size(&ns(), &old), cache.size(&ns(), &new)), (None, Some(5000)), "the older went");
         assert!(!cache.path(&ns(), &old).exists());
         cache.remove_namespace(&ns()).await.unwrap();
         assert_eq!(cache.held(), (0, 0));

@@ -6,7 +6,7 @@
 //!
 //! Both store a blob under its content hash, check an upload's hash before it is stored under
 //! that name, and acknowledge nothing that a crash could still lose. Bodies are never held whole
-//! in memory by the local store, and at most one part (8 MiB) per upload by the S3 store.
+//! in memory by the local store, and at most three parts (24 MiB) per upload by the S3 store.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -70,7 +70,10 @@ impl RootLock {
                     root.display()
                 )));
             }
-            return Err(e.into());
+            return Err(StoreError::Config(format!(
+                "cannot lock {} (one server per root; a filesystem without flock cannot hold a store): {e}",
+                root.join(".lock").display()
+            )));
         }
         Ok(RootLock(file))
     }
@@ -79,7 +82,7 @@ impl RootLock {
 #[derive(Debug)]
 enum Backend {
     Local(LocalBlobs),
-    S3(S3Blobs),
+    S3(std::sync::Arc<S3Blobs>),
 }
 
 /// A stored blob, opened: its size, and its bytes from any offset.
@@ -136,7 +139,8 @@ impl BlobStore {
     pub async fn open_s3(root: impl Into<PathBuf>, config: &S3Config) -> Result<BlobStore, StoreError> {
         let root = root.into();
         let lock = RootLock::take(&root).await?;
-        Ok(BlobStore { backend: Backend::S3(S3Blobs::open(root, config).await?), _root: lock })
+        let s3 = S3Blobs::open(root, config).await?;
+        Ok(BlobStore { backend: Backend::S3(std::sync::Arc::new(s3)), _root: lock })
     }
 
     /// At shutdown: waits up to `bound` for the work that runs to its end even when its client
@@ -159,6 +163,15 @@ impl BlobStore {
     /// Whether blobs are in a store several servers can share.
     pub fn is_shared(&self) -> bool {
         matches!(self.backend, Backend::S3(_))
+    }
+
+    /// Where the blobs are, as a Postgres database records it ([`crate::meta::MetaStore::bind_blob_store`]):
+    /// `files`, or `s3://bucket/prefix` (the endpoint is not part of it).
+    pub fn location(&self) -> String {
+        match &self.backend {
+            Backend::Local(_) => "files".to_owned(),
+            Backend::S3(s3) => s3.describe(),
+        }
     }
 
     /// Where the blobs are, for logs (no credentials).
@@ -215,7 +228,7 @@ impl BlobStore {
         }
     }
 
-    /// A stored blob's size, if it is stored.
+    /// A stored blob's size, if it is stored (for a read: see [`BlobStore::known`]).
     pub async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
         match &self.backend {
             Backend::Local(local) => local.size(ns, id).await,
@@ -223,8 +236,19 @@ impl BlobStore {
         }
     }
 
-    /// Whether a blob is stored durably.
+    /// Whether a blob is stored durably, asked of the store itself: what a write that relies
+    /// on the answer uses (an upload skipped, a ref finalized).
     pub async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        match &self.backend {
+            Backend::Local(local) => local.exists(ns, id).await,
+            Backend::S3(s3) => s3.exists(ns, id).await,
+        }
+    }
+
+    /// [`BlobStore::exists`] for a read: with blobs in S3, answered from this server's disk
+    /// cache and the blobs it found in the bucket lately when they know it, which misses a
+    /// delete made through another server.
+    pub async fn known(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
         match &self.backend {
             Backend::Local(local) => local.exists(ns, id).await,
             Backend::S3(s3) => Ok(s3.size(ns, id).await?.is_some()),

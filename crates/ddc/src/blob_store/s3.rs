@@ -121,7 +121,11 @@ impl S3Blobs {
                 std::num::NonZeroUsize::new(SEEN).expect("not 0"),
             )),
             cache: match config.cache_bytes {
-                0 => None,
+                0 => {
+                    // Copies left from a run with a cache would be stale when it comes back.
+                    DiskCache::remove_all(&root).await?;
+                    None
+                }
                 limit => Some(Arc::new(DiskCache::open(&root, limit).await?)),
             },
         };
@@ -197,10 +201,9 @@ impl S3Blobs {
         {
             return Err(StoreError::HashMismatch { expected, actual });
         }
-        // The same name holds the same bytes: one already there (at its size) is not sent again.
-        if self.cache.as_ref().is_some_and(|c| c.size(ns, &actual) == Some(size)) {
-            return Ok((actual, size));
-        }
+        // The same name holds the same bytes: one already there (at its size) is not sent
+        // again. Asked of the bucket, not of what this server remembers: another server may
+        // have deleted it.
         let key = self.key(ns, &actual);
         if self.head(&key).await? == Some(size) {
             self.note_seen(ns, &actual, size);
@@ -211,6 +214,10 @@ impl S3Blobs {
         // go when they do); the send then runs on a task of its own, so that a client going
         // away mid-send leaves no half-sent multipart upload in the bucket.
         let turn = self.uploads.clone().acquire_owned().await.map_err(io::Error::other)?;
+        if self.detached.is_closed() {
+            // Shutting down: a send spawned now might not be waited for.
+            return Err(io::Error::other("the server is stopping").into());
+        }
         let sends = self.sends.clone();
         let tmp = self
             .detached
@@ -226,13 +233,21 @@ impl S3Blobs {
         Ok((actual, size))
     }
 
-    /// Moves a staged blob the bucket has into the cache (if there is one and it takes it).
+    /// Moves a staged blob the bucket has into the cache (if there is one and it takes it),
+    /// made durable first: a cached file is served unchecked, so it must not be half there
+    /// after a power loss. On a task of its own, so that it is not cut short half done.
     async fn keep_staged(&self, tmp: TmpFile, ns: &Name, id: &IoHash, size: u64) {
-        if let Some(cache) = &self.cache
-            && cache.take(ns, id, tmp.path(), size).await
-        {
-            tmp.keep();
-        }
+        let Some(cache) = self.cache.clone() else { return };
+        let (ns, id) = (ns.clone(), *id);
+        let _ = self
+            .detached
+            .spawn(async move {
+                let synced = async { fs::File::open(tmp.path()).await?.sync_all().await };
+                if synced.await.is_ok() && cache.take(&ns, &id, tmp.path(), size).await {
+                    tmp.keep();
+                }
+            })
+            .await;
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, lru::LruCache<(Name, IoHash), u64>> {
@@ -241,6 +256,19 @@ impl S3Blobs {
 
     fn note_seen(&self, ns: &Name, id: &IoHash, size: u64) {
         self.seen().put((ns.clone(), *id), size);
+    }
+
+    fn forget_seen(&self, ns: &Name, id: &IoHash) {
+        self.seen().pop(&(ns.clone(), *id));
+    }
+
+    /// Forgets what this server remembers of a namespace's blobs.
+    fn forget_namespace(&self, ns: &Name) {
+        let mut seen = self.seen();
+        let gone: Vec<_> = seen.iter().filter(|(k, _)| &k.0 == ns).map(|(k, _)| k.clone()).collect();
+        for key in gone {
+            seen.pop(&key);
+        }
     }
 
     /// The object's size, if it is there.
@@ -267,10 +295,19 @@ impl S3Blobs {
         if let Some(cache) = &self.cache
             && cache.fills(size)
             && let Some(_filling) = cache.start_fill(ns, id)
-            && self.fill(cache, &object, ns, id).await?
-            && let Some(found) = cache.open_blob(ns, id).await?
         {
-            return Ok(Some(cached(found)));
+            match self.fill(cache, &object, ns, id).await {
+                Ok(true) => {
+                    if let Some(found) = cache.open_blob(ns, id).await? {
+                        return Ok(Some(cached(found)));
+                    }
+                }
+                Ok(false) => {}
+                // The bucket's copy is damaged: not served.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => return Err(e),
+                // A full disk, a failed download: served from the bucket instead.
+                Err(e) => tracing::warn!(error = %e, blob = %id, "filling the blob cache failed"),
+            }
         }
         Ok(Some(OpenBlob { size, source: Source::S3(object) }))
     }
@@ -287,13 +324,18 @@ impl S3Blobs {
             Err(e) => return Err(io::Error::other(e)),
         };
         tokio::io::AsyncWriteExt::flush(&mut file).await?;
-        drop(file);
         if hash != *id || size != object.size {
-            return Err(io::Error::other(format!(
-                "the bucket's copy of blob {id} ({} bytes listed) is {size} bytes hashing to {hash}",
-                object.size
-            )));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the bucket's copy of blob {id} ({} bytes listed) is {size} bytes hashing to {hash}",
+                    object.size
+                ),
+            ));
         }
+        // Durable before it is cached: a cached file is served unchecked.
+        file.sync_all().await?;
+        drop(file);
         let taken = cache.take(ns, id, tmp.path(), size).await;
         if taken {
             tmp.keep();
@@ -301,6 +343,18 @@ impl S3Blobs {
         Ok(taken)
     }
 
+    /// Whether the bucket has the blob, asked of it.
+    pub(super) async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        let size = self.head(&self.key(ns, id)).await?;
+        match size {
+            Some(size) => self.note_seen(ns, id, size),
+            None => self.forget_seen(ns, id),
+        }
+        Ok(size.is_some())
+    }
+
+    /// The blob's size: from the cache or what this server found in the bucket lately when
+    /// they know it, else asked of the bucket.
     pub(super) async fn size(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
         if let Some(size) = self.cache.as_ref().and_then(|c| c.size(ns, id)) {
             return Ok(Some(size));
@@ -315,50 +369,57 @@ impl S3Blobs {
         Ok(size)
     }
 
-    pub(super) async fn delete(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        self.seen().pop(&(ns.clone(), *id));
+    /// Removes the blob from the bucket and from what this server remembers: before the
+    /// bucket's delete and again after it (a read or a fill that ran meanwhile may have put it
+    /// back), on a task of its own so that a client going away does not stop it half done.
+    pub(super) async fn delete(self: &Arc<Self>, ns: &Name, id: &IoHash) -> io::Result<bool> {
+        let (this, ns, id) = (self.clone(), ns.clone(), *id);
+        self.detached
+            .spawn(async move {
+                this.forget_blob(&ns, &id).await;
+                let key = this.key(&ns, &id);
+                // S3 answers a delete of a missing object as a success: look first.
+                let found = this.head(&key).await?;
+                if let Some(size) = found {
+                    match this.reads.delete(&key).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => this.usage.forget(1, size),
+                        Err(e) => return Err(to_io(e)),
+                    }
+                }
+                this.forget_blob(&ns, &id).await;
+                Ok(found.is_some())
+            })
+            .await
+            .map_err(io::Error::other)?
+    }
+
+    async fn forget_blob(&self, ns: &Name, id: &IoHash) {
+        self.forget_seen(ns, id);
         if let Some(cache) = &self.cache {
             cache.remove(ns, id).await;
         }
-        let key = self.key(ns, id);
-        // S3 answers a delete of a missing object as a success: look first.
-        let Some(size) = self.head(&key).await? else { return Ok(false) };
-        match self.reads.delete(&key).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                self.usage.forget(1, size);
-                Ok(true)
-            }
-            Err(e) => Err(to_io(e)),
-        }
     }
 
-    /// Removes every object under the namespace's prefix, on a task of its own (it runs to
+    /// Removes every object under the namespace's prefix, and what this server remembers of
+    /// them (before and after, as [`S3Blobs::delete`] does), on a task of its own (it runs to
     /// its end even if the client goes).
-    pub(super) async fn delete_namespace(&self, ns: &Name) -> io::Result<()> {
-        {
-            let mut seen = self.seen();
-            let gone: Vec<_> = seen.iter().filter(|(k, _)| &k.0 == ns).map(|(k, _)| k.clone()).collect();
-            for key in gone {
-                seen.pop(&key);
-            }
-        }
-        if let Some(cache) = &self.cache {
-            cache.remove_namespace(ns).await?;
-        }
-        let (reads, usage) = (self.reads.clone(), self.usage.clone());
-        let prefix = self.prefix.clone().join(ns.as_str());
+    pub(super) async fn delete_namespace(self: &Arc<Self>, ns: &Name) -> io::Result<()> {
+        let (this, ns) = (self.clone(), ns.clone());
         self.detached
             .spawn(async move {
+                this.forget_namespace_blobs(&ns).await;
+                let prefix = this.prefix.clone().join(ns.as_str());
                 let found = Arc::new(Usage::default());
                 let counted = found.clone();
-                let keys = reads
+                let keys = this
+                    .reads
                     .list(Some(&prefix))
                     .map_ok(move |meta| {
                         counted.add(1, meta.size);
                         meta.location
                     })
                     .boxed();
-                let mut deleted = reads.delete_stream(keys);
+                let mut deleted = this.reads.delete_stream(keys);
                 let mut failed = None;
                 while let Some(result) = deleted.next().await {
                     match result {
@@ -367,11 +428,22 @@ impl S3Blobs {
                     }
                 }
                 drop(deleted);
-                usage.forget(found.blobs.load(Ordering::Relaxed), found.bytes.load(Ordering::Relaxed));
+                this.usage.forget(found.blobs.load(Ordering::Relaxed), found.bytes.load(Ordering::Relaxed));
+                this.forget_namespace_blobs(&ns).await;
                 failed.map_or(Ok(()), |e| Err(to_io(e)))
             })
             .await
             .map_err(io::Error::other)?
+    }
+
+    async fn forget_namespace_blobs(&self, ns: &Name) {
+        self.forget_namespace(ns);
+        if let Some(cache) = &self.cache
+            && let Err(e) = cache.remove_namespace(ns).await
+        {
+            // The bucket's delete goes on: a copy left in the cache is only read.
+            tracing::warn!(error = %e, namespace = %ns, "removing a namespace from the blob cache failed");
+        }
     }
 }
 

@@ -184,7 +184,7 @@ async fn head_raw(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let (ns, id) = blob_path(&ddc, &headers, path, Action::ReadObject)?;
-    if ddc.content.blobs.exists(&ns, &id).await? {
+    if ddc.content.blobs.known(&ns, &id).await? {
         Ok(StatusCode::OK)
     } else {
         Err(ApiError::NotFound("blob not found"))
@@ -226,7 +226,7 @@ async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool) -> Result<Json
     let mut needs = Vec::new();
     for id in ids {
         let present = if any {
-            ddc.content.locate(ns, id).await?.is_some()
+            ddc.content.locate_durably(ns, id).await?.is_some()
         } else {
             ddc.content.blobs.exists(ns, &id).await?
         };

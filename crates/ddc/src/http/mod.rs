@@ -93,13 +93,19 @@ impl Ddc {
         limits: Limits,
     ) -> Result<Ddc, ContentError> {
         let blobs = BlobStore::open(root).await?;
-        Ok(Ddc::open_with_stores(blobs, meta, auth, limits))
+        Ddc::open_with_stores(blobs, meta, auth, limits).await
     }
 
     /// Serves the blobs in `blobs` (for example [`BlobStore::open_s3`]) with the metadata in
-    /// `meta`.
-    pub fn open_with_stores(blobs: BlobStore, meta: MetaStore, auth: Auth, limits: Limits) -> Ddc {
-        Ddc {
+    /// `meta`, once the metadata has accepted that blob store ([`MetaStore::bind_blob_store`]).
+    pub async fn open_with_stores(
+        blobs: BlobStore,
+        meta: MetaStore,
+        auth: Auth,
+        limits: Limits,
+    ) -> Result<Ddc, ContentError> {
+        meta.bind_blob_store(&blobs.location()).await?;
+        Ok(Ddc {
             content: Content {
                 blobs,
                 meta,
@@ -110,7 +116,7 @@ impl Ddc {
             limits,
             allow_overwrite: true,
             metrics: metrics::Metrics::new(),
-        }
+        })
     }
 
     /// One garbage collection as of `now` ([`Content::collect`]), counted in `/metrics`.
@@ -273,10 +279,11 @@ impl IntoResponse for ApiError {
         }
         // A server error's detail (paths, the bucket's URLs, S3's own messages) is for the
         // log above, not for the client.
-        let title = if status.is_server_error() {
-            "the server failed to answer; its log says why".to_owned()
-        } else {
-            self.to_string()
+        let title = match &self {
+            _ if status.is_server_error() => "the server failed to answer; its log says why".to_owned(),
+            // Storage's own text names paths and the bucket's URLs.
+            ApiError::Io(_) if status == StatusCode::NOT_FOUND => "blob not found".to_owned(),
+            _ => self.to_string(),
         };
         let body = json!({ "title": title, "status": status.as_u16() });
         let mut response = (status, body.to_string()).into_response();

@@ -103,7 +103,7 @@ async fn snapshot(
 impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), takes the database for this
     /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
-    pub async fn open(url: &str, blobs: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
+    pub async fn open(url: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
         let mut config = tokio_postgres::Config::from_str(url)?;
         session::configure(&mut config);
         let lock = take_database(&config, shared).await?;
@@ -119,9 +119,13 @@ impl Postgres {
         let backend = Postgres { pool, lock };
         let mut client = backend.client().await?;
         session::create_schema(&mut client).await?;
-        session::check_blob_store(&client, blobs).await?;
         let known = backend.namespaces().await?;
         Ok((backend, known))
+    }
+
+    /// Records the blob store the refs name, or refuses another ([`session::check_blob_store`]).
+    pub async fn bind_blob_store(&self, location: &str) -> Result<(), MetaError> {
+        session::check_blob_store(&self.client().await?, location).await
     }
 
     /// The namespaces stored.

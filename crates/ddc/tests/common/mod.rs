@@ -116,9 +116,8 @@ pub fn start_on(
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let location = stores.s3.as_ref().map(|s3| s3.location().unwrap());
-            let meta = match (stores.meta_url, location) {
-                (Some(url), Some(blobs)) => MetaStore::open_postgres_shared(&url, &blobs).await.unwrap(),
+            let meta = match (stores.meta_url, &stores.s3) {
+                (Some(url), Some(_)) => MetaStore::open_postgres_shared(&url).await.unwrap(),
                 (Some(url), None) => MetaStore::open_postgres(&url).await.unwrap(),
                 (None, _) => MetaStore::open(&root).await.unwrap(),
             };
@@ -127,7 +126,7 @@ pub fn start_on(
                 None => BlobStore::open(&root).await.unwrap(),
             };
             let auth = Auth::from_toml(TOKENS).unwrap();
-            let mut ddc = Ddc::open_with_stores(blobs, meta, auth, api_limits);
+            let mut ddc = Ddc::open_with_stores(blobs, meta, auth, api_limits).await.unwrap();
             configure(&mut ddc);
             let ddc = Arc::new(ddc);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

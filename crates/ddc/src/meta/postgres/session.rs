@@ -125,15 +125,21 @@ pub(super) async fn create_schema(client: &mut deadpool_postgres::Object) -> Res
 
 /// Records where the blobs the refs name are (`files`, or `s3://bucket/prefix`) if the database
 /// does not say yet, and refuses a server that keeps them elsewhere: its answers about them
-/// would be wrong.
+/// would be wrong. A database with refs but no record (kept by a server from before the record
+/// existed, whose blobs were files) is taken as `files`.
 pub(super) async fn check_blob_store(
     client: &deadpool_postgres::Object,
     location: &str,
 ) -> Result<(), MetaError> {
-    client
-        .execute("INSERT INTO blob_store (location) VALUES ($1) ON CONFLICT DO NOTHING", &[&location])
-        .await?;
-    let stored: String = client.query_one("SELECT location FROM blob_store", &[]).await?.get(0);
+    const STORED: &str = "SELECT location FROM blob_store";
+    if client.query_opt(STORED, &[]).await?.is_none() {
+        let has_refs: bool = client.query_one("SELECT EXISTS (SELECT 1 FROM refs)", &[]).await?.get(0);
+        let first = if has_refs { LOCAL_BLOBS } else { location };
+        client
+            .execute("INSERT INTO blob_store (location) VALUES ($1) ON CONFLICT DO NOTHING", &[&first])
+            .await?;
+    }
+    let stored: String = client.query_one(STORED, &[]).await?.get(0);
     if stored == location {
         return Ok(());
     }
@@ -143,6 +149,9 @@ pub(super) async fn check_blob_store(
          `UPDATE blob_store SET location = '{location}'` in the database)"
     )))
 }
+
+/// What the database records when the blobs are files under the server's root.
+pub(super) const LOCAL_BLOBS: &str = "files";
 
 /// A session of its own that holds the database's [`SERVER_LOCK`] (waiting a little for a
 /// previous server's session to close): alone, or with `shared`, shared with other servers
