@@ -201,16 +201,20 @@ fn two_servers_share_one_cache() {
     std::io::Read::read_to_end(&mut read.into_reader(), &mut got).unwrap();
     assert_eq!(got, blob, "b reads what a stored");
 
-    let object = Value::Object(vec![("data".into(), Value::BinaryAttachment(*id.as_bytes()))]).to_bytes();
+    // A ref naming the blob, put through `s`: what it needs.
+    let put_ref = |s: &common::Server, path: &str, field: &str| {
+        let object = Value::Object(vec![(field.into(), Value::BinaryAttachment(*id.as_bytes()))]).to_bytes();
+        let put = call(s, "PUT", path, "writer")
+            .set("Content-Type", "application/x-ue-cb")
+            .set("Accept", "application/json")
+            .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex())
+            .send_bytes(&object)
+            .unwrap();
+        (object, put.into_json::<serde_json::Value>().unwrap()["needs"].clone())
+    };
     let ref_path = "/api/v1/refs/ue.ddc/bucket/0123456789abcdef0123456789abcdef01234567";
-    let put = call(&b, "PUT", ref_path, "writer")
-        .set("Content-Type", "application/x-ue-cb")
-        .set("Accept", "application/json")
-        .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex())
-        .send_bytes(&object)
-        .unwrap();
-    let needs: serde_json::Value = put.into_json().unwrap();
-    assert_eq!(needs["needs"], serde_json::json!([]), "b finds the attachment a stored: {needs}");
+    let (object, needs) = put_ref(&b, ref_path, "data");
+    assert_eq!(needs, serde_json::json!([]), "b finds the attachment a stored");
     let read = call(&a, "GET", ref_path, "reader").set("Accept", "application/x-ue-cb").call().unwrap();
     let mut got = Vec::new();
     std::io::Read::read_to_end(&mut read.into_reader(), &mut got).unwrap();
@@ -218,16 +222,9 @@ fn two_servers_share_one_cache() {
 
     assert_eq!(status(call(&a, "DELETE", &blob_path, "writer").call()), 200);
     assert_eq!(status(call(&b, "GET", &blob_path, "reader").call()), 404, "gone from b too");
-    let again = Value::Object(vec![("again".into(), Value::BinaryAttachment(*id.as_bytes()))]).to_bytes();
-    let put =
-        call(&b, "PUT", "/api/v1/refs/ue.ddc/bucket/1123456789abcdef0123456789abcdef01234567", "writer")
-            .set("Content-Type", "application/x-ue-cb")
-            .set("Accept", "application/json")
-            .set("X-Jupiter-IoHash", &IoHash::of(&again).to_hex())
-            .send_bytes(&again)
-            .unwrap();
-    let needs: serde_json::Value = put.into_json().unwrap();
-    assert_eq!(needs["needs"], serde_json::json!([id.to_hex()]), "b asks the bucket: {needs}");
+    let (_, needs) =
+        put_ref(&b, "/api/v1/refs/ue.ddc/bucket/1123456789abcdef0123456789abcdef01234567", "again");
+    assert_eq!(needs, serde_json::json!([id.to_hex()]), "b asks the bucket");
     assert_eq!(status(call(&b, "PUT", &blob_path, "writer").send_bytes(&blob)), 200);
     assert_eq!(status(call(&a, "GET", &blob_path, "reader").call()), 200, "b's upload reached the bucket");
 }

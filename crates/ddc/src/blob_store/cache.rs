@@ -317,6 +317,51 @@ mod tests {
         assert!(cache.open_blob(&ns(), &new).await.unwrap().is_none());
     }
 
+    /// Takes, removes, opens and evictions racing on a few blobs from several threads leave the
+    /// index's bytes equal to its entries' charges and within the limit, and every file on
+    /// disk known to the index (an unindexed file would outlive its delete and be taken back
+    /// at the next start; this check sees only what the last operations left).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_takes_and_removes_leave_no_unknown_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(DiskCache::open(dir.path(), 3 * 4096).await.unwrap());
+        let blobs: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 100]).collect();
+        let mut tasks = Vec::new();
+        for t in 0..8usize {
+            let (cache, root, blobs) = (cache.clone(), dir.path().to_owned(), blobs.clone());
+            tasks.push(tokio::spawn(async move {
+                for step in 0..200usize {
+                    let bytes = &blobs[(t * 7 + step * 3) % blobs.len()];
+                    let id = IoHash::of(bytes);
+                    match (t + step) % 3 {
+                        0 => {
+                            let staged = root.join(format!("staged-{t}-{step}"));
+                            std::fs::write(&staged, bytes).unwrap();
+                            if !cache.take(&ns(), &id, &staged, bytes.len() as u64).await {
+                                let _ = std::fs::remove_file(&staged);
+                            }
+                        }
+                        1 => cache.remove(&ns(), &id).await,
+                        _ => {
+                            let _ = cache.open_blob(&ns(), &id).await.unwrap();
+                        }
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let on_disk = list(&cache.dir);
+        let index = cache.lock();
+        for ((ns, id), _, _) in &on_disk {
+            assert!(index.entries.contains(&(ns.clone(), *id)), "a file the index does not know: {id}");
+        }
+        let charged: u64 = index.entries.iter().map(|(_, size)| charge(*size)).sum();
+        assert_eq!(index.bytes, charged);
+        assert!(index.bytes <= cache.limit);
+    }
+
     /// One download per blob at a time.
     #[test]
     fn a_blob_fills_once_at_a_time() {
