@@ -322,3 +322,38 @@ async fn a_blob_found_once_is_not_asked_for_again() {
     assert!(!store.exists(&ns(), &id).await.unwrap(), "a write's check asks the bucket");
     assert!(!store.known(&ns(), &id).await.unwrap(), "and what it found is remembered");
 }
+
+/// A send to the bucket goes on when its client goes away: an upload dropped once its
+/// multipart upload has started still lands in the bucket (and leaves nothing staged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_outlives_its_client() {
+    use object_store::ObjectStoreExt;
+    let config = s3::bucket();
+    let (dir, store) = open(&config).await;
+    let store = std::sync::Arc::new(store);
+    let bytes = body(2 * tickwire_ddc::blob_store::PART + 1);
+    let id = IoHash::of(&bytes);
+    let uploading = {
+        let (store, bytes) = (store.clone(), bytes.clone());
+        tokio::spawn(async move { store.put(&ns(), None, &bytes[..], u64::MAX).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s3::multipart_starts(&config) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the send never started");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    uploading.abort(); // The client goes away mid-send.
+    let bucket = s3::client(&config);
+    loop {
+        match bucket.head(&s3::key(&config, &ns(), &id)).await {
+            Ok(meta) => {
+                assert_eq!(meta.size, bytes.len() as u64);
+                break;
+            }
+            Err(_) => assert!(std::time::Instant::now() < deadline, "the send stopped with its client"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(store.finish(std::time::Duration::from_secs(20)).await, "nothing left running");
+    assert!(staging_is_empty(&dir));
+}

@@ -36,10 +36,21 @@ type Key = (Name, IoHash);
 
 /// The cache's index: each blob's size, least recently used first.
 struct Index {
-    entries: lru::LruCache<Key, u64>,
+    entries: lru::LruCache<Key, Entry>,
     /// What the entries are charged: each its size, at least a block.
     bytes: u64,
 }
+
+/// One cached blob: its size, and which taking of it this is (a read that finds the file gone
+/// forgets the entry only if no other taking replaced it meanwhile).
+#[derive(Clone, Copy)]
+struct Entry {
+    size: u64,
+    taking: u64,
+}
+
+/// Takings, counted, for [`Entry::taking`].
+static TAKINGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// What a blob of `size` bytes is charged.
 fn charge(size: u64) -> u64 {
@@ -104,12 +115,16 @@ impl DiskCache {
     /// The cached blob, opened, and its size (and it is now the most recently used).
     pub(super) async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<(fs::File, u64)>> {
         let key = (ns.clone(), *id);
-        let Some(size) = self.lock().entries.get(&key).copied() else { return Ok(None) };
+        let Some(entry) = self.lock().entries.get(&key).copied() else { return Ok(None) };
         match fs::File::open(self.path(ns, id)).await {
-            Ok(file) => Ok(Some((file, size))),
-            // Evicted meanwhile, or removed by hand.
+            Ok(file) => Ok(Some((file, entry.size))),
+            // Evicted meanwhile, or removed by hand: forgotten, unless taken again since.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.forget(&key);
+                let mut index = self.lock();
+                if index.entries.peek(&key).is_some_and(|now| now.taking == entry.taking) {
+                    index.entries.pop(&key);
+                    index.bytes -= charge(entry.size);
+                }
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -118,7 +133,7 @@ impl DiskCache {
 
     /// The cached blob's size, if it is cached.
     pub(super) fn size(&self, ns: &Name, id: &IoHash) -> Option<u64> {
-        self.lock().entries.get(&(ns.clone(), *id)).copied()
+        self.lock().entries.get(&(ns.clone(), *id)).map(|e| e.size)
     }
 
     /// Moves the complete file `staged` (blob `id` of `ns`, `size` bytes) into the cache, or
@@ -140,14 +155,15 @@ impl DiskCache {
     /// Indexes a blob now on disk; the blobs evicted to make room.
     fn note(&self, key: Key, size: u64) -> Vec<Key> {
         let mut index = self.lock();
-        if let Some(old) = index.entries.put(key, size) {
-            index.bytes -= charge(old);
+        let taking = TAKINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(old) = index.entries.put(key, Entry { size, taking }) {
+            index.bytes -= charge(old.size);
         }
         index.bytes += charge(size);
         let mut evicted = Vec::new();
         while index.bytes > self.limit || index.entries.len() > MAX_ENTRIES {
-            let Some((key, size)) = index.entries.pop_lru() else { break };
-            index.bytes -= charge(size);
+            let Some((key, old)) = index.entries.pop_lru() else { break };
+            index.bytes -= charge(old.size);
             evicted.push(key);
         }
         evicted
@@ -155,8 +171,8 @@ impl DiskCache {
 
     fn forget(&self, key: &Key) {
         let mut index = self.lock();
-        if let Some(size) = index.entries.pop(key) {
-            index.bytes -= charge(size);
+        if let Some(old) = index.entries.pop(key) {
+            index.bytes -= charge(old.size);
         }
     }
 
@@ -180,8 +196,8 @@ impl DiskCache {
             let gone: Vec<Key> =
                 index.entries.iter().filter(|(k, _)| &k.0 == ns).map(|(k, _)| k.clone()).collect();
             for key in gone {
-                if let Some(size) = index.entries.pop(&key) {
-                    index.bytes -= charge(size);
+                if let Some(old) = index.entries.pop(&key) {
+                    index.bytes -= charge(old.size);
                 }
             }
         }
@@ -330,7 +346,7 @@ mod tests {
         for t in 0..8usize {
             let (cache, root, blobs) = (cache.clone(), dir.path().to_owned(), blobs.clone());
             tasks.push(tokio::spawn(async move {
-                for step in 0..200usize {
+                for step in 0..500usize {
                     let bytes = &blobs[(t * 7 + step * 3) % blobs.len()];
                     let id = IoHash::of(bytes);
                     match (t + step) % 3 {
@@ -357,7 +373,7 @@ mod tests {
         for ((ns, id), _, _) in &on_disk {
             assert!(index.entries.contains(&(ns.clone(), *id)), "a file the index does not know: {id}");
         }
-        let charged: u64 = index.entries.iter().map(|(_, size)| charge(*size)).sum();
+        let charged: u64 = index.entries.iter().map(|(_, e)| charge(e.size)).sum();
         assert_eq!(index.bytes, charged);
         assert!(index.bytes <= cache.limit);
     }

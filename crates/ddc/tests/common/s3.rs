@@ -22,6 +22,14 @@ struct Server {
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
+/// Multipart uploads started, by bucket: what a test watches to act while a send is under way.
+static MULTIPART_STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// How many multipart uploads were started in `config`'s bucket.
+pub fn multipart_starts(config: &S3Config) -> usize {
+    let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
+    MULTIPART_STARTS.lock().unwrap().iter().filter(|b| *b == bucket).count()
+}
 static ROOT: OnceLock<PathBuf> = OnceLock::new();
 static NEXT_BUCKET: AtomicUsize = AtomicUsize::new(0);
 
@@ -88,10 +96,25 @@ fn start() -> Server {
             loop {
                 let Ok((socket, _)) = listener.accept().await else { continue };
                 let service = service.clone();
+                // Notes each CreateMultipartUpload (`POST /bucket/key?uploads`) as it arrives.
+                let watched =
+                    hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        if req.method() == hyper::Method::POST
+                            && req
+                                .uri()
+                                .query()
+                                .is_some_and(|q| q.split('&').any(|p| p == "uploads" || p == "uploads="))
+                        {
+                            let bucket =
+                                req.uri().path().trim_start_matches('/').split('/').next().unwrap_or("");
+                            MULTIPART_STARTS.lock().unwrap().push(bucket.to_owned());
+                        }
+                        hyper::service::Service::call(&service, req)
+                    });
                 tokio::spawn(async move {
                     let http =
                         hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(socket), service).await;
+                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(socket), watched).await;
                 });
             }
         });
