@@ -134,9 +134,8 @@ struct DdcArgs {
     /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
     /// created if absent; one server per database, unless every server on it keeps its blobs
-    /// in S3 (--blobs). No TLS to
-    /// Postgres. A URL with a password belongs in the environment variable, not on the
-    /// command line, where every local user can read it.
+    /// in S3 (--blobs). No TLS to Postgres. A URL with a password belongs in the environment
+    /// variable, not on the command line, where every local user can read it.
     #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_REFS", hide_env_values = true)]
     refs: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -488,7 +487,6 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("opening the blob store in {}", args.root.display()))?,
     };
-    tracing::info!(blobs = %blobs.describe(), "blob store");
     if blobs.is_shared() && !args.no_gc {
         tracing::info!("blobs in S3 are not garbage collected (not built); refs still expire");
     }

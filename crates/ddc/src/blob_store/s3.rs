@@ -178,11 +178,7 @@ impl S3Blobs {
     }
 
     fn key(&self, ns: &Name, id: &IoHash) -> Key {
-        let mut key = self.prefix.clone();
-        for part in relative_place(ns, id) {
-            key = key.clone().join(part);
-        }
-        key
+        relative_place(ns, id).into_iter().fold(self.prefix.clone(), |key, part| key.join(part))
     }
 
     pub(super) async fn put(

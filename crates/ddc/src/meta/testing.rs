@@ -37,13 +37,19 @@ impl TestPlace {
         self.url.as_deref()
     }
 
-    /// Runs the docs' command for blobs moved to `location` (Postgres only).
-    pub(crate) async fn move_blob_store(&self, location: &str) {
+    /// A plain session on the place's database, beside the store's own (Postgres only): what
+    /// an operator or another writer does.
+    pub(crate) async fn session(&self) -> tokio_postgres::Client {
         let url = self.url.as_deref().expect("a Postgres place");
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
+        client
+    }
+
+    /// Runs the docs' command for blobs moved to `location` (Postgres only).
+    pub(crate) async fn move_blob_store(&self, location: &str) {
         let moved = format!("UPDATE blob_store SET location = '{location}'");
-        assert_eq!(client.execute(&moved, &[]).await.unwrap(), 1);
+        assert_eq!(self.session().await.execute(&moved, &[]).await.unwrap(), 1);
     }
 
     pub(crate) fn dir(&self) -> &Path {

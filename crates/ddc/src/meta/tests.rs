@@ -139,7 +139,7 @@ async fn a_second_server_on_one_postgres_database_is_refused() {
     let Some(place) = TestPlace::new(TestBackend::Postgres) else { return };
     let first = place.open().await;
     let second = MetaStore::open_postgres(place.url().unwrap()).await;
-    assert!(matches!(&second, Err(MetaError::Config(e)) if e.contains("another tickwire ddc server")));
+    assert_refused(&second, "another tickwire ddc server");
     drop(first);
     let again = MetaStore::open_postgres(place.url().unwrap()).await;
     assert!(again.is_ok(), "{:?}", again.err());
@@ -154,30 +154,18 @@ async fn servers_with_shared_blobs_share_a_database() {
     let url = place.url().unwrap();
     let alone = MetaStore::open_postgres(url).await.unwrap();
     let refused = MetaStore::open_postgres_shared(url).await;
-    assert!(
-        matches!(&refused, Err(MetaError::Config(e)) if e.contains("on local files")),
-        "{:?}",
-        refused.err()
-    );
+    assert_refused(&refused, "on local files");
     alone.bind_blob_store("files").await.unwrap();
     drop(alone);
     let a = MetaStore::open_postgres_shared(url).await.unwrap();
     let refused = a.bind_blob_store("s3://bucket/ddc").await;
-    assert!(
-        matches!(&refused, Err(MetaError::Config(e)) if e.contains("refs name blobs in files")),
-        "the database was a server's with local blobs: {:?}",
-        refused.err()
-    );
+    assert_refused(&refused, "refs name blobs in files");
     place.move_blob_store("s3://bucket/ddc").await;
     a.bind_blob_store("s3://bucket/ddc").await.unwrap();
     let b = MetaStore::open_postgres_shared(url).await.unwrap();
     b.bind_blob_store("s3://bucket/ddc").await.unwrap();
     let elsewhere = b.bind_blob_store("s3://bucket/other").await;
-    assert!(
-        matches!(&elsewhere, Err(MetaError::Config(e)) if e.contains("refs name blobs in s3://bucket/ddc")),
-        "{:?}",
-        elsewhere.err()
-    );
+    assert_refused(&elsewhere, "refs name blobs in s3://bucket/ddc");
     let (ns, bucket, key) = names();
     assert!(a.put_ref(&ns, &bucket, &key, row(b"from a", true), false).await.unwrap());
     a.add_namespace(&ns).await.unwrap();
@@ -191,7 +179,7 @@ async fn servers_with_shared_blobs_share_a_database() {
     b.add_namespace(&ns).await.unwrap();
     assert_eq!(a.namespaces().await.unwrap(), vec![ns.clone()]);
     let refused = MetaStore::open_postgres(url).await;
-    assert!(matches!(&refused, Err(MetaError::Config(e)) if e.contains("another tickwire ddc server")));
+    assert_refused(&refused, "another tickwire ddc server");
 }
 
 /// A database kept by a server from before the blob store was recorded (refs, and no
@@ -206,10 +194,16 @@ async fn an_unrecorded_database_with_refs_is_taken_as_files() {
     drop(old);
     let s3 = MetaStore::open_postgres_shared(url).await.unwrap();
     let refused = s3.bind_blob_store("s3://bucket/ddc").await;
-    assert!(
-        matches!(&refused, Err(MetaError::Config(e)) if e.contains("refs name blobs in files")),
-        "{refused:?}"
-    );
+    assert_refused(&refused, "refs name blobs in files");
+}
+
+/// `result` is a refusal whose reason says `why`.
+fn assert_refused<T>(result: &Result<T, MetaError>, why: &str) {
+    match result {
+        Err(MetaError::Config(e)) if e.contains(why) => {}
+        Err(e) => panic!("refused, but not for {why:?}: {e}"),
+        Ok(_) => panic!("not refused (expected {why:?})"),
+    }
 }
 
 /// Writers racing to put different finalized objects under one new key, each on a
@@ -244,12 +238,7 @@ async fn expiry_leaves_a_ref_written_while_it_waited() {
     let (ns, bucket, key) = names();
     assert!(meta.put_ref(&ns, &bucket, &key, row(b"old", true), false).await.unwrap());
     meta.age_all_refs(1).await.unwrap();
-    let (mut writer, connection) =
-        tokio_postgres::connect(place.url().unwrap(), tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    let (observer, connection) =
-        tokio_postgres::connect(place.url().unwrap(), tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let (mut writer, observer) = (place.session().await, place.session().await);
     let write = writer.transaction().await.unwrap();
     write.execute("UPDATE refs SET last_access = $1", &[&now_ms()]).await.unwrap();
     let expiry = tokio::spawn({
@@ -278,10 +267,9 @@ async fn a_server_that_lost_its_database_lock_stops() {
     let (ns, bucket, key) = names();
     assert!(meta.put_ref(&ns, &bucket, &key, row(b"read", true), false).await.unwrap());
     assert!(get(&meta, &ns, &bucket, &key).await.is_some());
-    let (admin, connection) =
-        tokio_postgres::connect(place.url().unwrap(), tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    let ended = admin
+    let ended = place
+        .session()
+        .await
         .query(
             "SELECT pg_terminate_backend(pid) FROM pg_locks
              WHERE locktype = 'advisory' AND classid = 1737828 AND objid = 2860117014 AND objsubid = 1
