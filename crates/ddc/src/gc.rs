@@ -13,8 +13,13 @@
 //! collection").
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use futures_util::StreamExt;
+
+use crate::blob_store::S3Blobs;
 use crate::cb::CbType;
 use crate::meta::{RefCursor, RefPage, epoch_ms, now_ms};
 use crate::storage::{Content, ContentError, MAX_ATTACHED_OBJECT, attachment_hashes};
@@ -59,6 +64,12 @@ pub struct GcReport {
 /// How long before a sweep's mark began a ref must have been written to be marked again.
 const REMARK_MARGIN_MS: i64 = 60_000;
 
+/// Blobs in S3 a sweep looks at (claims, asks the bucket about, removes) at once.
+const SWEEP_S3_AT_ONCE: usize = 8;
+
+/// Removed blobs whose content ids are forgotten in one go.
+const FORGET_BATCH: usize = 256;
+
 impl Content {
     /// One collection as of `now`: expired refs, then unnamed blobs (see the module's doc).
     /// Blobs are left alone until the count of the store made at start has finished, so that
@@ -80,19 +91,27 @@ impl Content {
             }
             tokio::task::yield_now().await;
         }
-        let Some(local) = self.blobs.local() else {
-            // Blobs in S3 are not collected (not built): a sweep there would need a way to
-            // remove a blob only if no upload has written it since it was found old.
-            return Ok(report);
-        };
-        // From now on, a blob a presence check relies on is never old enough to be swept.
-        local.keep_fresh(policy.blob_grace / 2);
-        if !local.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(report);
-        }
         let young = now.checked_sub(policy.blob_grace).unwrap_or(SystemTime::UNIX_EPOCH);
-        for ns in self.meta.namespaces().await? {
-            self.sweep(local, &ns, young, &mut report).await?;
+        if let Some(local) = self.blobs.local() {
+            // From now on, a blob a presence check relies on is never old enough to be swept.
+            local.keep_fresh(policy.blob_grace / 2);
+            if !local.usage().counted.load(Ordering::Relaxed) {
+                return Ok(report);
+            }
+            for ns in self.meta.namespaces().await? {
+                self.sweep(local, &ns, young, &mut report).await?;
+            }
+        } else if let Some(s3) = self.blobs.s3() {
+            if policy.blob_grace < self.blobs.min_blob_grace() {
+                let (grace, min) = (policy.blob_grace, self.blobs.min_blob_grace());
+                return Err(ContentError::GraceTooShort { grace, min });
+            }
+            if !self.blobs.usage().counted.load(Ordering::Relaxed) {
+                return Ok(report);
+            }
+            for ns in self.meta.namespaces().await? {
+                self.sweep_s3(s3, &ns, young, &mut report).await?;
+            }
         }
         Ok(report)
     }
@@ -105,6 +124,75 @@ impl Content {
         young: SystemTime,
         report: &mut GcReport,
     ) -> Result<(), ContentError> {
+        let live = self.live(ns).await?;
+        for shard in 0..=u8::MAX {
+            let mut gone = Vec::new();
+            for (id, modified) in local.list_shard(ns, shard).await? {
+                if live.blobs.contains(&id) || modified >= young {
+                    report.blobs_kept += 1;
+                    continue;
+                }
+                match local.delete_older(ns, &id, young).await? {
+                    Some(bytes) => {
+                        report.blobs_removed += 1;
+                        report.bytes_freed += bytes;
+                        gone.push(id);
+                    }
+                    None => report.blobs_kept += 1,
+                }
+            }
+            // A content id goes with its blob, unless the same buffer was uploaded again since
+            // (its blob is back, with the same id).
+            self.meta.forget_content_of(ns, gone, local.still_gone(ns)).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Content::sweep`] for blobs in S3: the bucket's listing of `ns`, each blob no ref
+    /// names and older than `young` removed under a claim in the metadata store
+    /// (`blob_store/s3/collect.rs`), [`SWEEP_S3_AT_ONCE`] at a time.
+    async fn sweep_s3(
+        &self,
+        s3: &Arc<S3Blobs>,
+        ns: &Name,
+        young: SystemTime,
+        report: &mut GcReport,
+    ) -> Result<(), ContentError> {
+        let live = self.live(ns).await?;
+        let live = &live;
+        let mut outcomes = s3
+            .list_namespace(ns)
+            .map(|listed| async move {
+                let (id, written) = listed?;
+                if live.blobs.contains(&id) || written >= young {
+                    return Ok::<_, std::io::Error>(None);
+                }
+                Ok(Some((id, s3.delete_older(&self.meta, ns, &id, young).await?)))
+            })
+            .buffer_unordered(SWEEP_S3_AT_ONCE);
+        let mut gone = Vec::new();
+        while let Some(outcome) = outcomes.next().await {
+            match outcome? {
+                Some((id, Some(bytes))) => {
+                    report.blobs_removed += 1;
+                    report.bytes_freed += bytes;
+                    gone.push(id);
+                }
+                _ => report.blobs_kept += 1,
+            }
+            if gone.len() >= FORGET_BATCH {
+                self.meta.forget_content_of(ns, std::mem::take(&mut gone), s3.still_gone(ns)).await?;
+            }
+        }
+        drop(outcomes);
+        self.meta.forget_content_of(ns, gone, s3.still_gone(ns)).await?;
+        s3.prune_claims(&self.meta, ns, young).await?;
+        Ok(())
+    }
+
+    /// The blobs `ns`'s refs name: every ref's, then again those of refs written while the
+    /// first pass ran.
+    async fn live(&self, ns: &Name) -> Result<Live, ContentError> {
         // A write is stamped just before it commits: a margin for one that waited long on the
         // disk after its stamp, and for a clock set back a little.
         let started = now_ms() - REMARK_MARGIN_MS;
@@ -127,28 +215,7 @@ impl Content {
             let attachments = self.meta.attachments_of_refs(ns, keys.to_vec()).await?;
             self.mark(ns, attachments, &mut live).await?;
         }
-        for shard in 0..=u8::MAX {
-            let mut gone = Vec::new();
-            for (id, modified) in local.list_shard(ns, shard).await? {
-                if live.blobs.contains(&id) || modified >= young {
-                    report.blobs_kept += 1;
-                    continue;
-                }
-                match local.delete_older(ns, &id, young).await? {
-                    Some(bytes) => {
-                        report.blobs_removed += 1;
-                        report.bytes_freed += bytes;
-                        gone.push(id);
-                    }
-                    None => report.blobs_kept += 1,
-                }
-            }
-            // A content id goes with its blob, unless the same buffer was uploaded again since
-            // (its blob is back, with the same id).
-            let gone = gone.into_iter().map(|id| (id, local.blob_path(ns, &id))).collect();
-            self.meta.forget_content_of(ns, gone).await?;
-        }
-        Ok(())
+        Ok(live)
     }
 
     /// Adds to `live` every blob `attachments` name: binary attachments as raw blobs and as

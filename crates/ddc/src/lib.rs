@@ -6,6 +6,10 @@
 //! memory [`budget`]); the ref rules ([`refs`]);
 //! auth; and the HTTP API ([`http`]) served with connection limits ([`serve`]).
 
+// The test harness of `tests/common/s3.rs`, shared with the unit tests, names this crate.
+#[cfg(test)]
+extern crate self as tickwire_ddc;
+
 pub mod auth;
 pub mod blob_store;
 pub mod budget;

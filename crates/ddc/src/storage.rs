@@ -99,6 +99,8 @@ pub enum ContentError {
     PastRoom { len: u64, room: u64 },
     #[error(transparent)]
     Busy(#[from] NoRoom),
+    #[error("a blob grace of {grace:?} is too short for these blobs: at least {min:?}")]
+    GraceTooShort { grace: std::time::Duration, min: std::time::Duration },
 }
 
 /// Where the bytes of a binary attachment (or a blob asked for by id) are.

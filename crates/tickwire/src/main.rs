@@ -123,8 +123,8 @@ struct DdcArgs {
     /// Keep blobs in S3 (or an S3-compatible store) instead of under --root:
     /// `s3://BUCKET[/PREFIX]`. The endpoint, region and credentials come from the usual
     /// `AWS_*` variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY`, ...). With --refs too, several servers can serve one cache.
-    /// Blobs in S3 are not garbage collected (refs still expire).
+    /// `AWS_SECRET_ACCESS_KEY`, ...). With --refs too, several servers can serve one cache
+    /// (all on one metadata store: garbage collection removes what its refs do not name).
     #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_BLOBS")]
     blobs: Option<String>,
     /// With --blobs: the most MiB of blobs kept under --root/.cache to read without asking the
@@ -487,9 +487,6 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("opening the blob store in {}", args.root.display()))?,
     };
-    if blobs.is_shared() && !args.no_gc {
-        tracing::info!("blobs in S3 are not garbage collected (not built); refs still expire");
-    }
     let mut ddc =
         http::Ddc::open_with_stores(blobs, meta, auth, limits).await.context("checking the blob store")?;
     ddc.allow_overwrite = !args.deny_overwrite;
@@ -507,6 +504,13 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     });
     if !args.no_gc {
         anyhow::ensure!(!args.gc_interval.is_zero(), "--gc-interval must be more than 0 (or use --no-gc)");
+        let min = ddc.content.blobs.min_blob_grace();
+        anyhow::ensure!(
+            args.blob_grace >= min,
+            "--blob-grace {} is too short for blobs in S3: at least {} (writes that rely on a blob need the time to commit their refs)",
+            humantime::format_duration(args.blob_grace),
+            humantime::format_duration(min)
+        );
         let policy = tickwire_ddc::gc::GcPolicy {
             ref_ttl: args.ref_ttl,
             unfinalized_ttl: args.unfinalized_ttl,

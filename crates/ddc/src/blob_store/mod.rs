@@ -11,11 +11,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
+use crate::meta::MetaStore;
 use crate::{IoHash, Name};
 
 mod cache;
@@ -23,7 +25,7 @@ mod local;
 mod s3;
 
 pub use local::LocalBlobs;
-pub use s3::{MAX_BLOB as MAX_S3_BLOB, PART, S3Blobs, S3Config, UPLOADS};
+pub use s3::{MAX_BLOB as MAX_S3_BLOB, MIN_S3_GRACE, PART, S3Blobs, S3Config, UPLOADS};
 
 /// Where uploads are staged while they are hashed, under the server's root.
 const TMP: &str = ".tmp";
@@ -271,10 +273,39 @@ impl BlobStore {
         }
     }
 
-    /// [`LocalBlobs::keep_fresh`]; nothing for blobs in S3, which are not collected.
+    /// [`LocalBlobs::keep_fresh`]; nothing for blobs in S3, whose writes keep old blobs from
+    /// collections through the metadata store instead ([`BlobStore::rely_through`]).
     pub fn keep_fresh(&self, age: Duration) {
         if let Backend::Local(local) = &self.backend {
             local.keep_fresh(age);
+        }
+    }
+
+    /// With blobs in S3: from now on, writes that rely on an old blob record it in `meta`, and
+    /// a collection claims there the blobs it removes (`s3/collect.rs`). Garbage collection of
+    /// blobs in S3 is safe only once every server on the bucket does this. Nothing for local
+    /// blobs.
+    pub fn rely_through(&self, meta: &MetaStore) {
+        if let Backend::S3(s3) = &self.backend {
+            s3.rely_through(meta.clone());
+        }
+    }
+
+    /// The S3 store, if that is where blobs are: garbage collection sweeps it through the
+    /// metadata store's claims.
+    pub(crate) fn s3(&self) -> Option<&Arc<S3Blobs>> {
+        match &self.backend {
+            Backend::S3(s3) => Some(s3),
+            Backend::Local(_) => None,
+        }
+    }
+
+    /// The shortest grace a collection accepts for these blobs: [`s3::MIN_S3_GRACE`] in S3, none
+    /// for local blobs.
+    pub fn min_blob_grace(&self) -> Duration {
+        match &self.backend {
+            Backend::S3(_) => s3::MIN_S3_GRACE,
+            Backend::Local(_) => Duration::ZERO,
         }
     }
 }

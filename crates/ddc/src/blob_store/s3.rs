@@ -10,8 +10,7 @@
 //! parts, two in flight while the next is read from disk. At most [`UPLOADS`] uploads send at
 //! once, so sends hold at most `UPLOADS × 3 × PART` bytes in memory (outside the API's memory
 //! budget). Reads go through a bounded cache on local disk ([`DiskCache`]) when there is one.
-//!
-//! Not built: garbage collection of blobs in S3 (refs still expire; their blobs stay).
+//! Garbage collection, and what keeps it off a blob a write relies on, is `s3/collect.rs`.
 
 use std::io;
 use std::path::PathBuf;
@@ -32,7 +31,10 @@ use super::cache::DiskCache;
 use super::{BlobReader, OpenBlob, Source, StoreError, TMP, TmpFile, Usage, copy_hashing, relative_place};
 use crate::{IoHash, Name};
 
+mod collect;
 mod connect;
+
+pub use collect::MIN_GRACE as MIN_S3_GRACE;
 
 pub use connect::S3Config;
 
@@ -71,6 +73,18 @@ pub struct S3Blobs {
     /// Blobs lately found in the bucket or sent to it, with their sizes, the least recently
     /// used forgotten first. Like the cache, it does not see deletes through other servers.
     seen: std::sync::Mutex<lru::LruCache<(Name, IoHash), u64>>,
+    /// Where writes record that they rely on an old blob, and collections claim the blobs they
+    /// remove (`s3/collect.rs`): the metadata store, once the server has bound it
+    /// ([`super::BlobStore::rely_through`]).
+    claims: std::sync::OnceLock<crate::meta::MetaStore>,
+}
+
+/// What the bucket says of an object.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stat {
+    size: u64,
+    /// When it was last written (`Last-Modified`).
+    written: std::time::SystemTime,
 }
 
 /// A blob found in the bucket, to be read.
@@ -120,6 +134,7 @@ impl S3Blobs {
             seen: std::sync::Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(SEEN).expect("not 0"),
             )),
+            claims: std::sync::OnceLock::new(),
             cache: match config.cache_bytes {
                 0 => {
                     // Copies left from a run with a cache would be stale when it comes back.
@@ -198,10 +213,10 @@ impl S3Blobs {
             return Err(StoreError::HashMismatch { expected, actual });
         }
         // The same name holds the same bytes: one already there (at its size) is not sent
-        // again. Asked of the bucket, not of what this server remembers: another server may
-        // have deleted it.
+        // again. Asked of the bucket, not of what this server remembers (another server may
+        // have deleted it), and kept from collections if it is old.
         let key = self.key(ns, &actual);
-        if self.head(&key).await? == Some(size) {
+        if self.stored_for_write(ns, &actual).await? == Some(size) {
             self.note_seen(ns, &actual, size);
             self.keep_staged(tmp, ns, &actual, size).await;
             return Ok((actual, size));
@@ -269,8 +284,13 @@ impl S3Blobs {
 
     /// The object's size, if it is there.
     async fn head(&self, key: &Key) -> io::Result<Option<u64>> {
+        Ok(self.stat(key).await?.map(|stat| stat.size))
+    }
+
+    /// The object's size and when it was last written, if it is there.
+    async fn stat(&self, key: &Key) -> io::Result<Option<Stat>> {
         match self.reads.head(key).await {
-            Ok(meta) => Ok(Some(meta.size)),
+            Ok(meta) => Ok(Some(Stat { size: meta.size, written: meta.last_modified.into() })),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(to_io(e)),
         }
@@ -339,9 +359,10 @@ impl S3Blobs {
         Ok(taken)
     }
 
-    /// Whether the bucket has the blob, asked of it.
+    /// Whether the bucket has the blob, asked of it, for a write that relies on the answer
+    /// (kept from collections if it is old: [`S3Blobs::stored_for_write`]).
     pub(super) async fn exists(&self, ns: &Name, id: &IoHash) -> io::Result<bool> {
-        let size = self.head(&self.key(ns, id)).await?;
+        let size = self.stored_for_write(ns, id).await?;
         match size {
             Some(size) => self.note_seen(ns, id, size),
             None => self.forget_seen(ns, id),

@@ -105,6 +105,7 @@ impl Ddc {
         limits: Limits,
     ) -> Result<Ddc, ContentError> {
         meta.bind_blob_store(&blobs.location()).await?;
+        blobs.rely_through(&meta);
         Ok(Ddc {
             content: Content {
                 blobs,

@@ -3,7 +3,9 @@
 //! from the request paths in `mod.rs`: nothing here runs on a request. Each backend runs these
 //! as the methods of the same names.
 
-use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 
 use super::{Backend, MetaError, MetaStore, on_backend};
 use crate::cb::CbType;
@@ -34,6 +36,10 @@ impl RefPage {
         self.refs == PAGE_REFS || self.bytes >= PAGE_BYTES
     }
 }
+
+/// Whether a blob the collector removed is still gone, asked of the blob store: the check
+/// [`MetaStore::forget_content_of`] makes with the content ids locked.
+pub type StillGone = Arc<dyn Fn(IoHash) -> BoxFuture<'static, bool> + Send + Sync>;
 
 /// A page stops after this many refs or after the object that passes [`PAGE_BYTES`], so that
 /// a connection (shared with requests) is held briefly.
@@ -84,18 +90,19 @@ impl MetaStore {
     }
 
     /// Forgets the content ids that name the blobs `gone` (removed by the collector), each
-    /// only if its file (the path given) is still absent when the write runs: an upload of the
-    /// same buffer since wrote the blob again, and writes its content id after this write.
-    /// How many were forgotten.
+    /// only if `still_gone` says the blob is still absent, asked while its content ids are
+    /// locked: an upload of the same buffer since wrote the blob again, and writes its content
+    /// id after this write. How many were forgotten.
     pub async fn forget_content_of(
         &self,
         ns: &Name,
-        gone: Vec<(IoHash, PathBuf)>,
+        gone: Vec<IoHash>,
+        still_gone: StillGone,
     ) -> Result<usize, MetaError> {
         if gone.is_empty() {
             return Ok(0);
         }
-        on_backend!(self, forget_content_of(ns.as_str().to_owned(), gone))
+        on_backend!(self, forget_content_of(ns.as_str().to_owned(), gone, still_gone))
     }
 }
 

@@ -20,12 +20,13 @@ use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::cb::CbType;
 use crate::{IoHash, Name, RefKey};
 
+mod claims;
 mod collect;
 mod postgres;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
-pub use collect::{EXPIRE_BATCH, RefCursor, RefPage};
+pub use collect::{EXPIRE_BATCH, RefCursor, RefPage, StillGone};
 
 /// Where the embedded metadata lives under the store's root. Names cannot start with `.`, so
 /// no namespace directory can collide with it.
@@ -109,6 +110,12 @@ pub struct MetaStore {
     /// Held by a flush of read times: one at a time, so that a flush that fails puts its times
     /// back before the next (the collector's, say) takes the notes.
     flushing: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for MetaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaStore").field("backend", &self.backend_name()).finish_non_exhaustive()
+    }
 }
 
 fn hash_of(bytes: &[u8]) -> Result<IoHash, MetaError> {

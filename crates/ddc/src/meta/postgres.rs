@@ -26,7 +26,6 @@
 //! `NoTls`: `sslmode=require` in the URL is refused when connecting. Reach a remote server over
 //! a tunnel or a private network.
 
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -38,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 mod session;
 use session::{LOCK_LOST, LockSession, TIMEOUT, take_database};
 
-use super::{MetaError, RefCursor, RefId, RefPage, RefRow, Stored, charge, hash_of, now_ms};
+use super::{MetaError, RefCursor, RefId, RefPage, RefRow, StillGone, Stored, charge, hash_of, now_ms};
 use crate::budget::{Held, MemoryBudget};
 use crate::storage::attachment_hashes;
 use crate::{IoHash, Name};
@@ -139,7 +138,7 @@ impl Postgres {
         &self.lock.lost
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
         if self.lock.lost.is_cancelled() {
             return Err(MetaError::Config(LOCK_LOST.into()));
         }
@@ -316,9 +315,10 @@ impl Postgres {
         const DELETE: &[&str] = &[
             "DELETE FROM refs WHERE ns = $1",
             "DELETE FROM content WHERE ns = $1",
+            "DELETE FROM blob_gc WHERE ns = $1",
             "DELETE FROM namespaces WHERE ns = $1",
         ];
-        Ok(self.delete_all(DELETE, vec![n]).await?[2] == 1)
+        Ok(self.delete_all(DELETE, vec![n]).await?[3] == 1)
     }
 
     /// Runs `statements`, each with `params`, in one transaction without the statement timeout
@@ -514,20 +514,21 @@ impl Postgres {
     pub async fn forget_content_of(
         &self,
         n: String,
-        gone: Vec<(IoHash, PathBuf)>,
+        gone: Vec<IoHash>,
+        still_gone: StillGone,
     ) -> Result<usize, MetaError> {
         let mut c = self.client().await?;
         let mut forgotten = 0;
-        for (blob, path) in gone {
-            let blob = &blob.as_bytes()[..];
+        for id in gone {
+            let blob = &id.as_bytes()[..];
             let tx = c.transaction().await?;
-            // The rows locked before the file is checked: an upload of the same buffer writes
+            // The rows locked before the blob is checked: an upload of the same buffer writes
             // its blob, then its content id, which waits here until this commits, so it is
-            // either seen on disk below or written after the delete.
+            // either seen by the check below or written after the delete.
             let locked = tx
                 .query("SELECT raw_hash FROM content WHERE ns = $1 AND blob_id = $2 FOR UPDATE", &[&n, &blob])
                 .await?;
-            if !locked.is_empty() && !tokio::fs::try_exists(&path).await.unwrap_or(true) {
+            if !locked.is_empty() && still_gone(id).await {
                 let gone =
                     tx.execute("DELETE FROM content WHERE ns = $1 AND blob_id = $2", &[&n, &blob]).await?;
                 forgotten += gone as usize;

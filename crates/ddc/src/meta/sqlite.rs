@@ -9,12 +9,14 @@
 //! connections: a read never waits behind a write's fsync. There is one writer, so a write's
 //! checks and its change are one step no other write can come between.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{META_DIR, MetaError, RefCursor, RefId, RefPage, RefRow, Stored, charge, hash_of, now_ms};
+use super::{
+    META_DIR, MetaError, RefCursor, RefId, RefPage, RefRow, StillGone, Stored, charge, hash_of, now_ms,
+};
 use crate::budget::{Held, MemoryBudget};
 use crate::storage::attachment_hashes;
 use crate::{IoHash, Name};
@@ -43,6 +45,13 @@ CREATE TABLE IF NOT EXISTS content (
     PRIMARY KEY (ns, raw_hash)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS content_by_blob ON content (ns, blob_id);
+CREATE TABLE IF NOT EXISTS blob_gc (
+    ns TEXT NOT NULL,
+    blob_id BLOB NOT NULL,
+    relied INTEGER NOT NULL,
+    claimed INTEGER,
+    PRIMARY KEY (ns, blob_id)
+) WITHOUT ROWID;
 ";
 
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
@@ -81,7 +90,7 @@ impl Sqlite {
         Ok((Sqlite { writer: Arc::new(Mutex::new(writer)), reader: Arc::new(Mutex::new(reader)) }, known))
     }
 
-    async fn write<T: Send + 'static>(
+    pub(super) async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
@@ -212,6 +221,7 @@ impl Sqlite {
             let tx = c.transaction()?;
             tx.execute("DELETE FROM refs WHERE ns = ?1", [&n])?;
             tx.execute("DELETE FROM content WHERE ns = ?1", [&n])?;
+            tx.execute("DELETE FROM blob_gc WHERE ns = ?1", [&n])?;
             let existed = tx.execute("DELETE FROM namespaces WHERE ns = ?1", [&n])? == 1;
             tx.commit()?;
             Ok(existed)
@@ -369,18 +379,24 @@ impl Sqlite {
     pub async fn forget_content_of(
         &self,
         n: String,
-        gone: Vec<(IoHash, PathBuf)>,
+        gone: Vec<IoHash>,
+        still_gone: StillGone,
     ) -> Result<usize, MetaError> {
+        // The check is asked of the blob store from the writer's blocking thread.
+        let runtime = tokio::runtime::Handle::current();
         self.write(move |c| {
             let tx = c.transaction()?;
             let mut forgotten = 0;
             {
+                let mut named =
+                    tx.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2 LIMIT 1")?;
                 let mut delete = tx.prepare_cached("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2")?;
-                for (blob, path) in gone {
+                for blob in gone {
+                    let id = &blob.as_bytes()[..];
                     // In the one writer: no upload's content id can be written between the
                     // check and the delete.
-                    if !path.try_exists().unwrap_or(true) {
-                        forgotten += delete.execute(params![n, &blob.as_bytes()[..]])?;
+                    if named.exists(params![n, id])? && runtime.block_on(still_gone(blob)) {
+                        forgotten += delete.execute(params![n, id])?;
                     }
                 }
             }

@@ -116,6 +116,15 @@ impl LocalBlobs {
         .map_err(io::Error::other)?
     }
 
+    /// Whether a blob of `ns` the collection removed is still gone: its file is absent.
+    pub(crate) fn still_gone(&self, ns: &Name) -> crate::meta::StillGone {
+        let (root, ns) = (self.root.clone(), ns.clone());
+        std::sync::Arc::new(move |id| {
+            let path = place(&root, &ns, &id);
+            Box::pin(async move { !fs::try_exists(&path).await.unwrap_or(true) })
+        })
+    }
+
     /// Removes a blob if it was last written before `before`; its size if it was removed.
     /// The blob is first renamed out of its place, then its time checked again: an upload that
     /// renamed a new copy into place (or marked this one as written) a moment before is put

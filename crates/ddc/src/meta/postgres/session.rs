@@ -41,6 +41,13 @@ CREATE TABLE IF NOT EXISTS blob_store (
     one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
     location TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS blob_gc (
+    ns TEXT NOT NULL,
+    blob_id BYTEA NOT NULL,
+    relied BIGINT NOT NULL,
+    claimed BIGINT,
+    PRIMARY KEY (ns, blob_id)
+);
 ";
 
 /// Tables and indexes whose presence means the schema is there: a role that may only read and
@@ -48,7 +55,8 @@ CREATE TABLE IF NOT EXISTS blob_store (
 const SCHEMA_PRESENT: &str =
     "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
     AND to_regclass('content') IS NOT NULL AND to_regclass('refs_by_access') IS NOT NULL
-    AND to_regclass('content_by_blob') IS NOT NULL AND to_regclass('blob_store') IS NOT NULL";
+    AND to_regclass('content_by_blob') IS NOT NULL AND to_regclass('blob_store') IS NOT NULL
+    AND to_regclass('blob_gc') IS NOT NULL";
 
 /// The key of the advisory lock a server holds on its database (an arbitrary constant).
 pub const SERVER_LOCK: i64 = 7463917286190102;

@@ -1,0 +1,277 @@
+//! Garbage collection of blobs in S3 ([`crate::gc`] decides which blobs no ref names), and
+//! what keeps it from removing a blob a write relies on. S3 cannot rename an object aside or
+//! delete one only if it was not written since, which is how the local store is safe
+//! (`local/collect.rs`), so writes and collections meet in the metadata database
+//! (`crate::meta::claims`):
+//!
+//! - **A write** that relies on a blob being stored (an upload skipped because the blob is
+//!   there, a ref's attachment found) and finds it last written more than [`RELY_AFTER`] ago
+//!   records that it relies on it, then asks the bucket again. A collection then leaves the
+//!   blob alone for its whole grace. While a collection has the blob claimed, the write waits
+//!   for it to end (polling the database, backing off to [`WAIT_STEP_MAX`]), then looks again;
+//!   a blob it finds gone it uploads again, after the delete, never before it.
+//! - **A collection** claims each blob it means to remove (refused if a write relied on it
+//!   within the grace, or another collection holds it), asks the bucket once more when it was
+//!   written (an upload may have written it again since the listing), and removes it only if
+//!   it is still old and the claim is younger than [`CLAIM_DEADLINE`].
+//! - A claim older than [`CLAIM_STALE`] belongs to a collection that stopped half way: writes
+//!   and other collections take it over. A claim ends within about `CLAIM_DEADLINE` plus one
+//!   S3 request (retries included), well under that.
+//!
+//! A blob a write found written less than `RELY_AFTER` ago is safe without a record as long as
+//! the write's ref commits within `grace - RELY_AFTER` of its check: a collection only removes
+//! blobs older than its grace, and marks every ref committed before it lists the blobs. So a
+//! collection refuses a grace under [`MIN_GRACE`]. Every server on a bucket must run this
+//! version: an older one records nothing, and its writes are not protected.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::{S3Blobs, to_io};
+use crate::meta::{MetaStore, StillGone, epoch_ms, now_ms};
+use crate::{IoHash, Name};
+
+/// A write that relies on a blob last written longer ago than this records it.
+pub const RELY_AFTER: Duration = Duration::from_secs(10 * 60);
+/// The shortest grace a collection of blobs in S3 accepts: twice [`RELY_AFTER`], so that a
+/// write has at least `RELY_AFTER` to commit the ref that names what it checked.
+pub const MIN_GRACE: Duration = Duration::from_secs(2 * 10 * 60);
+/// A claim this old is a collection that stopped: it is taken over.
+pub const CLAIM_STALE: Duration = Duration::from_secs(5 * 60);
+/// A collection that held a claim this long before its delete gives the blob up.
+pub const CLAIM_DEADLINE: Duration = Duration::from_secs(60);
+/// The longest pause between two looks of a write waiting for a claim to end.
+pub const WAIT_STEP_MAX: Duration = Duration::from_millis(500);
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl S3Blobs {
+    /// Records writes' reliance and collections' claims in `meta` from now on (once).
+    pub(in crate::blob_store) fn rely_through(&self, meta: MetaStore) {
+        let _ = self.claims.set(meta);
+    }
+
+    /// The blob's size if the bucket has it, for a write that relies on the answer: a blob
+    /// last written more than [`RELY_AFTER`] ago is recorded as relied on (waiting while a
+    /// collection holds it), then asked of the bucket again. See the module's doc.
+    pub(super) async fn stored_for_write(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
+        let key = self.key(ns, id);
+        let Some(found) = self.stat(&key).await? else { return Ok(None) };
+        let Some(meta) = self.claims.get() else { return Ok(Some(found.size)) };
+        if found.written + RELY_AFTER > SystemTime::now() {
+            return Ok(Some(found.size));
+        }
+        let give_up = Instant::now() + CLAIM_STALE + CLAIM_DEADLINE;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let now = now_ms();
+            if meta.rely_on_blob(ns, *id, now, now - ms(CLAIM_STALE)).await.map_err(io::Error::other)? {
+                return self.head(&key).await;
+            }
+            if Instant::now() >= give_up {
+                return Err(io::Error::other(format!(
+                    "blob {id} stayed claimed by a garbage collection for {CLAIM_STALE:?}"
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(WAIT_STEP_MAX);
+        }
+    }
+
+    /// The namespace's blobs as the bucket lists them, with when each was last written
+    /// (objects whose names are not blob ids are left out), a page of the listing at a time.
+    pub(crate) fn list_namespace(&self, ns: &Name) -> BoxStream<'static, io::Result<(IoHash, SystemTime)>> {
+        let prefix = self.prefix.clone().join(ns.as_str());
+        self.reads
+            .list(Some(&prefix))
+            .map_err(to_io)
+            .try_filter_map(|meta| async move {
+                let id = meta.location.filename().and_then(|name| name.parse::<IoHash>().ok());
+                Ok(id.map(|id| (id, meta.last_modified.into())))
+            })
+            .boxed()
+    }
+
+    /// Removes blob `id` of `ns` if it was last written before `before` and nothing keeps it
+    /// (see the module's doc); its size if it was removed. On a task of its own, so that a
+    /// collection stopped mid-way does not leave its claim to go stale.
+    pub(crate) async fn delete_older(
+        self: &Arc<Self>,
+        meta: &MetaStore,
+        ns: &Name,
+        id: &IoHash,
+        before: SystemTime,
+    ) -> io::Result<Option<u64>> {
+        let (this, meta, ns, id) = (self.clone(), meta.clone(), ns.clone(), *id);
+        self.detached
+            .spawn(async move {
+                let claimed = now_ms();
+                let stale = claimed - ms(CLAIM_STALE);
+                let held = meta.claim_blob(&ns, id, claimed, epoch_ms(before), stale).await;
+                if !held.map_err(io::Error::other)? {
+                    return Ok(None);
+                }
+                let removed = this.remove_claimed(&ns, &id, before, Instant::now()).await;
+                let gone = matches!(removed, Ok(Some(_)));
+                let released = meta.release_blob(&ns, id, claimed, gone).await.map_err(io::Error::other);
+                let removed = removed?;
+                released?;
+                Ok(removed)
+            })
+            .await
+            .map_err(io::Error::other)?
+    }
+
+    /// The part of [`S3Blobs::delete_older`] done under the claim taken at `claimed`.
+    async fn remove_claimed(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        before: SystemTime,
+        claimed: Instant,
+    ) -> io::Result<Option<u64>> {
+        let key = self.key(ns, id);
+        let Some(found) = self.stat(&key).await? else { return Ok(None) };
+        if found.written >= before || claimed.elapsed() > CLAIM_DEADLINE {
+            return Ok(None);
+        }
+        match self.reads.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(to_io(e)),
+        }
+        self.usage.forget(1, found.size);
+        self.forget_blob(ns, id).await;
+        Ok(Some(found.size))
+    }
+
+    /// Forgets `ns`'s records that protect nothing any more: writes' that relied on a blob
+    /// before `young` (a collection's grace ago), and claims of collections that stopped.
+    pub(crate) async fn prune_claims(
+        &self,
+        meta: &MetaStore,
+        ns: &Name,
+        young: SystemTime,
+    ) -> io::Result<()> {
+        let stale = now_ms() - ms(CLAIM_STALE);
+        meta.prune_blob_claims(ns, epoch_ms(young), stale).await.map_err(io::Error::other)?;
+        Ok(())
+    }
+
+    /// Whether a blob of `ns` the collection removed is still gone: asked of the bucket.
+    pub(crate) fn still_gone(self: &Arc<Self>, ns: &Name) -> StillGone {
+        let (this, ns) = (self.clone(), ns.clone());
+        Arc::new(move |id| {
+            let (this, ns) = (this.clone(), ns.clone());
+            Box::pin(async move { matches!(this.head(&this.key(&ns, &id)).await, Ok(None)) })
+        })
+    }
+}
+
+/// The tests' S3 server (`tests/common/s3.rs`).
+#[cfg(test)]
+#[path = "../../../tests/common/s3.rs"]
+mod test_server;
+
+#[cfg(test)]
+mod tests {
+    use super::test_server as server;
+    use super::*;
+    use crate::BlobStore;
+
+    fn ns() -> Name {
+        "ue.ddc".parse().unwrap()
+    }
+
+    /// Sets when the bucket says an object was last written (the test server's files' times).
+    fn set_written(config: &crate::S3Config, id: &IoHash, at: SystemTime) {
+        let hex = id.to_hex();
+        let file = server::files_of(config).join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+        std::fs::File::options().write(true).open(file).unwrap().set_modified(at).unwrap();
+    }
+
+    async fn store() -> (tempfile::TempDir, crate::S3Config, BlobStore, MetaStore) {
+        let config = server::bucket();
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open_s3(dir.path(), &config).await.unwrap();
+        let meta = MetaStore::open(dir.path()).await.unwrap();
+        store.rely_through(&meta);
+        (dir, config, store, meta)
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// A collection removes a blob only if the bucket still says it is old once the claim is
+    /// held: one written again since it was listed (here: written now) is kept. And never one
+    /// another collection holds.
+    #[tokio::test]
+    async fn a_blob_written_since_the_listing_or_claimed_elsewhere_is_kept() {
+        let (_dir, config, store, meta) = store().await;
+        let s3 = store.s3().unwrap();
+        let (fresh, _) = store.put(&ns(), None, &b"fresh"[..], u64::MAX).await.unwrap();
+        let an_hour_ago = SystemTime::now() - HOUR;
+        assert_eq!(s3.delete_older(&meta, &ns(), &fresh, an_hour_ago).await.unwrap(), None);
+        assert!(store.exists(&ns(), &fresh).await.unwrap());
+
+        let (old, size) = store.put(&ns(), None, &b"old"[..], u64::MAX).await.unwrap();
+        set_written(&config, &old, SystemTime::now() - 2 * HOUR);
+        let now = now_ms();
+        assert!(meta.claim_blob(&ns(), old, now, now, now - ms(CLAIM_STALE)).await.unwrap());
+        assert_eq!(s3.delete_older(&meta, &ns(), &old, an_hour_ago).await.unwrap(), None, "claimed");
+        meta.release_blob(&ns(), old, now, false).await.unwrap();
+        assert_eq!(s3.delete_older(&meta, &ns(), &old, an_hour_ago).await.unwrap(), Some(size));
+        assert!(!store.exists(&ns(), &old).await.unwrap());
+        // The claim ended with the blob.
+        assert!(meta.rely_on_blob(&ns(), old, now_ms(), now_ms()).await.unwrap());
+    }
+
+    /// A write that finds a blob written long ago records that it relies on it, which keeps a
+    /// collection off it; one written lately records nothing.
+    #[tokio::test]
+    async fn a_write_relying_on_an_old_blob_keeps_collections_off_it() {
+        let (_dir, config, store, meta) = store().await;
+        let s3 = store.s3().unwrap();
+        let (young, _) = store.put(&ns(), None, &b"young"[..], u64::MAX).await.unwrap();
+        let (old, _) = store.put(&ns(), None, &b"old"[..], u64::MAX).await.unwrap();
+        set_written(&config, &old, SystemTime::now() - 2 * HOUR);
+        assert!(store.exists(&ns(), &young).await.unwrap());
+        assert!(store.exists(&ns(), &old).await.unwrap());
+        let an_hour_ago = SystemTime::now() - HOUR;
+        assert_eq!(s3.delete_older(&meta, &ns(), &old, an_hour_ago).await.unwrap(), None, "relied on");
+        assert!(store.exists(&ns(), &old).await.unwrap());
+        // The young one has no record: a collection may claim it (and finds it young).
+        let now = now_ms();
+        assert!(meta.claim_blob(&ns(), young, now, now - 1, now - ms(CLAIM_STALE)).await.unwrap());
+    }
+
+    /// A write that meets a claimed blob waits for the claim to end, then asks the bucket
+    /// again: a blob removed meanwhile is reported gone, and an upload of it sends it again.
+    #[tokio::test]
+    async fn a_write_waits_for_a_claim_then_sees_the_blob_gone() {
+        let (_dir, config, store, meta) = store().await;
+        let store = Arc::new(store);
+        let (old, _) = store.put(&ns(), None, &b"claimed"[..], u64::MAX).await.unwrap();
+        set_written(&config, &old, SystemTime::now() - 2 * HOUR);
+        let now = now_ms();
+        assert!(meta.claim_blob(&ns(), old, now, now, now - ms(CLAIM_STALE)).await.unwrap());
+        let check = tokio::spawn({
+            let store = store.clone();
+            async move { store.exists(&ns(), &old).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!check.is_finished(), "the write waits while the blob is claimed");
+        server::client(&config).delete(&server::key(&config, &ns(), &old)).await.unwrap();
+        meta.release_blob(&ns(), old, now, true).await.unwrap();
+        let found = tokio::time::timeout(Duration::from_secs(10), check).await.unwrap().unwrap();
+        assert!(!found, "removed while the write waited");
+        store.put(&ns(), Some(old), &b"claimed"[..], u64::MAX).await.unwrap();
+        let head = server::client(&config).head(&server::key(&config, &ns(), &old)).await;
+        assert!(head.is_ok(), "sent again");
+    }
+}

@@ -1,0 +1,133 @@
+//! Garbage collection of blobs in S3, through the server's own wiring
+//! ([`Ddc::open_with_stores`], which makes writes record the old blobs they rely on), against a
+//! real S3 protocol server (`s3s-fs`, `common/s3.rs`): what it removes and keeps with SQLite
+//! metadata, and, with two servers on one Postgres database and one bucket, that a write
+//! through one keeps a collection through the other off the blob it relies on.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::s3;
+use tickwire_ddc::cb::Value;
+use tickwire_ddc::gc::{GcPolicy, GcReport};
+use tickwire_ddc::http::{Ddc, Limits};
+use tickwire_ddc::meta::{MetaStore, RefRow, now_ms};
+use tickwire_ddc::storage::ContentError;
+use tickwire_ddc::{Auth, BlobStore, IoHash, Name, RefKey, S3Config};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn ns() -> Name {
+    "ue.ddc".parse().unwrap()
+}
+
+/// A server's store on `config`'s bucket, with metadata from `meta` (SQLite under its root
+/// when `None`).
+async fn server(config: &S3Config, meta: Option<&str>) -> (tempfile::TempDir, Ddc) {
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = BlobStore::open_s3(dir.path(), config).await.unwrap();
+    let meta = match meta {
+        None => MetaStore::open(dir.path()).await.unwrap(),
+        Some(url) => MetaStore::open_postgres_shared(url).await.unwrap(),
+    };
+    let ddc = Ddc::open_with_stores(blobs, meta, Auth::Dev, Limits::default()).await.unwrap();
+    // A collection sweeps once the count of the bucket made at open has finished.
+    for _ in 0..500 {
+        if ddc.content.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
+            return (dir, ddc);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the count at open did not finish");
+}
+
+async fn put(ddc: &Ddc, bytes: &[u8]) -> IoHash {
+    ddc.content.blobs.put(&ns(), None, bytes, u64::MAX).await.unwrap().0
+}
+
+/// Whether the bucket holds the blob, asked of it directly.
+fn in_bucket(config: &S3Config, id: &IoHash) -> bool {
+    let hex = id.to_hex();
+    s3::files_of(config).join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex).exists()
+}
+
+/// Sets when the bucket says the blob was last written (the test server's files' times).
+fn set_written(config: &S3Config, id: &IoHash, at: SystemTime) {
+    let hex = id.to_hex();
+    let file = s3::files_of(config).join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
+    std::fs::File::options().write(true).open(file).unwrap().set_modified(at).unwrap();
+}
+
+/// A finalized ref `key` (one character, repeated) whose object names `named`.
+async fn put_ref(ddc: &Ddc, key: &str, named: &[IoHash]) {
+    let fields = named.iter().map(|id| (id.to_hex(), Value::BinaryAttachment(*id.as_bytes()))).collect();
+    let object = Value::Object(fields).to_bytes();
+    let row = RefRow { object_hash: IoHash::of(&object), object, finalized: true, last_access_ms: now_ms() };
+    let (bucket, key) = (Name::bucket("b").unwrap(), key.repeat(40).parse::<RefKey>().unwrap());
+    assert!(ddc.content.meta.put_ref(&ns(), &bucket, &key, row, true).await.unwrap());
+}
+
+async fn collect(ddc: &Ddc, at: SystemTime) -> GcReport {
+    ddc.collect_garbage(&GcPolicy::default(), at).await.unwrap()
+}
+
+/// A collection removes from the bucket the blobs no ref names once they are older than the
+/// grace, with the content ids that name them, and keeps what a ref names; the blob the ref
+/// named goes once the ref has expired. A grace shorter than S3's minimum is refused.
+#[tokio::test]
+async fn a_collection_removes_what_no_ref_names_from_the_bucket() {
+    let config = s3::bucket();
+    let (_dir, ddc) = server(&config, None).await;
+    let named = put(&ddc, b"named by a ref").await;
+    let unnamed = put(&ddc, b"named by nothing").await;
+    let payload = b"a compressed payload named by nothing";
+    let buffer = put(&ddc, &tickwire_ddc::compressed::encode_none(payload)).await;
+    ddc.content.meta.put_content(&ns(), IoHash::of(payload), buffer).await.unwrap();
+    put_ref(&ddc, "a", &[named]).await;
+    let now = SystemTime::now();
+
+    let early = collect(&ddc, now + HOUR / 2).await;
+    assert_eq!((early.blobs_removed, early.blobs_kept), (0, 3), "all younger than the grace");
+
+    let report = collect(&ddc, now + 3 * HOUR).await;
+    assert_eq!((report.blobs_removed, report.blobs_kept), (2, 1), "{report:?}");
+    assert!(in_bucket(&config, &named));
+    assert!(!in_bucket(&config, &unnamed) && !in_bucket(&config, &buffer));
+    assert_eq!(ddc.content.meta.content_blob(&ns(), IoHash::of(payload)).await.unwrap(), None);
+    assert!(!ddc.content.blobs.exists(&ns(), &unnamed).await.unwrap(), "not remembered either");
+
+    let late = collect(&ddc, now + 15 * 24 * HOUR).await;
+    assert_eq!((late.refs_expired, late.blobs_removed), (1, 1), "{late:?}");
+    assert!(!in_bucket(&config, &named));
+
+    let short = GcPolicy { blob_grace: Duration::from_secs(60), ..GcPolicy::default() };
+    let refused = ddc.collect_garbage(&short, now).await;
+    assert!(matches!(refused, Err(ContentError::GraceTooShort { .. })), "{refused:?}");
+}
+
+/// Two servers on one database and one bucket: a write through B that relies on an old blob
+/// (an upload of it, skipped because the bucket has it) keeps A's collection off it for the
+/// grace; after that, A's collection removes it and B's next upload sends it again.
+#[tokio::test]
+async fn a_write_through_one_server_keeps_another_servers_collection_off_its_blob() {
+    let Some(url) = common::postgres::database() else { return };
+    let config = s3::bucket();
+    let (_a_dir, a) = server(&config, Some(&url)).await;
+    let (_b_dir, b) = server(&config, Some(&url)).await;
+    let bytes = b"uploaded through a two hours ago, relied on through b now";
+    let id = put(&a, bytes).await;
+    a.content.meta.add_namespace(&ns()).await.unwrap();
+    set_written(&config, &id, SystemTime::now() - 2 * HOUR);
+
+    assert_eq!(put(&b, bytes).await, id, "b's upload finds it stored");
+    let kept = collect(&a, SystemTime::now()).await;
+    assert_eq!((kept.blobs_removed, kept.blobs_kept), (0, 1), "relied on through b: {kept:?}");
+    assert!(in_bucket(&config, &id));
+
+    let removed = collect(&a, SystemTime::now() + 2 * HOUR).await;
+    assert_eq!(removed.blobs_removed, 1, "{removed:?}");
+    assert!(!in_bucket(&config, &id));
+    assert_eq!(put(&b, bytes).await, id);
+    assert!(in_bucket(&config, &id), "b sent it again");
+}
