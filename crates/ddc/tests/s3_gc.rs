@@ -106,6 +106,33 @@ async fn a_collection_removes_what_no_ref_names_from_the_bucket() {
     assert!(matches!(refused, Err(ContentError::GraceTooShort { .. })), "{refused:?}");
 }
 
+/// A bucket's prefix serves one metadata store: a server with metadata of its own (here: another
+/// root's SQLite file) is refused, saying why; the first store's servers start again. The
+/// record is no blob: a count of the bucket leaves it out.
+#[tokio::test]
+async fn a_bucket_serves_one_metadata_store() {
+    let config = s3::bucket();
+    let (first_dir, first) = server(&config, None).await;
+    drop(first);
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = BlobStore::open_s3(dir.path(), &config).await.unwrap();
+    let meta = MetaStore::open(dir.path()).await.unwrap();
+    let refused = Ddc::open_with_stores(blobs, meta, Auth::Dev, Limits::default()).await.err().unwrap();
+    assert!(refused.to_string().contains("another metadata store"), "{refused}");
+    let blobs = BlobStore::open_s3(first_dir.path(), &config).await.unwrap();
+    let meta = MetaStore::open(first_dir.path()).await.unwrap();
+    let again = Ddc::open_with_stores(blobs, meta, Auth::Dev, Limits::default()).await.unwrap();
+    let usage = again.content.blobs.usage();
+    for _ in 0..500 {
+        if usage.counted.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(usage.counted.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(usage.blobs.load(std::sync::atomic::Ordering::Relaxed), 0, "the record is no blob");
+}
+
 /// Two servers on one database and one bucket: a write through B that relies on an old blob
 /// (an upload of it, skipped because the bucket has it) keeps A's collection off it for the
 /// grace; after that, A's collection removes it and B's next upload sends it again.

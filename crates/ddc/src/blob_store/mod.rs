@@ -281,6 +281,16 @@ impl BlobStore {
         }
     }
 
+    /// With blobs in S3: makes the bucket's prefix the metadata store `id`'s
+    /// ([`MetaStore::store_id`]), or refuses it if another store's servers use it. Nothing for
+    /// local blobs, whose root is one server's.
+    pub async fn bind_metadata(&self, id: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::S3(s3) => s3.bind_metadata(id).await,
+            Backend::Local(_) => Ok(()),
+        }
+    }
+
     /// With blobs in S3: from now on, writes that rely on an old blob record it in `meta`, and
     /// a collection claims there the blobs it removes (`s3/collect.rs`). Garbage collection of
     /// blobs in S3 is safe only once every server on the bucket does this. Nothing for local

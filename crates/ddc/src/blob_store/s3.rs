@@ -177,10 +177,12 @@ impl S3Blobs {
             let (mut blobs, mut bytes) = (0, 0);
             while let Some(item) = listing.next().await {
                 match item {
-                    Ok(meta) => {
+                    // Blobs only, not the metadata store's marker.
+                    Ok(meta) if meta.location.filename().is_some_and(|n| n.parse::<IoHash>().is_ok()) => {
                         blobs += 1;
                         bytes += meta.size;
                     }
+                    Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "counting the blobs in S3 failed; ddc_store_blobs stays at 0");
                         return;

@@ -105,6 +105,9 @@ impl Ddc {
         limits: Limits,
     ) -> Result<Ddc, ContentError> {
         meta.bind_blob_store(&blobs.location()).await?;
+        if blobs.is_shared() {
+            blobs.bind_metadata(&meta.store_id().await?).await?;
+        }
         blobs.rely_through(&meta);
         Ok(Ddc {
             content: Content {

@@ -13,6 +13,10 @@
 //! Each step is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE`, so a write and a claim on the
 //! same blob are ordered by the row: whichever comes second sees the first. The protocol built
 //! on them is in `crate::blob_store::s3` (writes) and `s3/collect.rs` (the collector).
+//!
+//! All of it holds only among the servers of one metadata store: a collection through another
+//! would remove the blobs only this one's refs name. So each store has an id of its own
+//! ([`MetaStore::store_id`]), which the bucket records (`s3/collect.rs`).
 
 use rusqlite::params;
 
@@ -62,6 +66,16 @@ impl MetaStore {
         on_backend!(self, release_blob(ns, id, claimed_ms, removed))
     }
 
+    /// This metadata store's id, made (at random) the first time it is asked for.
+    pub async fn store_id(&self) -> Result<String, MetaError> {
+        let new = {
+            use std::hash::BuildHasher;
+            let random = || std::collections::hash_map::RandomState::new().hash_one(0u8);
+            format!("{:016x}{:016x}", random(), random())
+        };
+        on_backend!(self, store_id(new))
+    }
+
     /// Forgets `ns`'s rows that protect nothing any more: writes that relied on a blob before
     /// `relied_before_ms` with no claim, and claims made before `stale_before_ms`. How many.
     pub async fn prune_blob_claims(
@@ -109,6 +123,14 @@ impl super::sqlite::Sqlite {
     async fn prune_blob_claims(&self, n: String, relied: i64, stale: i64) -> Result<usize, MetaError> {
         self.write(move |c| Ok(c.execute(sql::PRUNE, params![n, relied, stale])?)).await
     }
+
+    async fn store_id(&self, new: String) -> Result<String, MetaError> {
+        self.write(move |c| {
+            c.execute(sql::MAKE_ID, [new])?;
+            Ok(c.query_row(sql::ID, [], |row| row.get(0))?)
+        })
+        .await
+    }
 }
 
 impl super::postgres::Postgres {
@@ -148,6 +170,12 @@ impl super::postgres::Postgres {
         let c = self.client().await?;
         Ok(c.execute(&sql::postgres(sql::PRUNE), &[&n, &relied, &stale]).await? as usize)
     }
+
+    async fn store_id(&self, new: String) -> Result<String, MetaError> {
+        let c = self.client().await?;
+        c.execute(&sql::postgres(sql::MAKE_ID), &[&new]).await?;
+        Ok(c.query_one(sql::ID, &[]).await?.get(0))
+    }
 }
 
 /// The statements, with `?N` parameters (SQLite's; Postgres takes them as `$N`).
@@ -164,6 +192,9 @@ pub(super) mod sql {
     pub const PRUNE: &str = "DELETE FROM blob_gc WHERE ns = ?1
         AND ((claimed IS NULL AND relied < ?2) OR claimed < ?3)";
 
+    pub const MAKE_ID: &str = "INSERT INTO store_identity (one, id) VALUES (TRUE, ?1) ON CONFLICT DO NOTHING";
+    pub const ID: &str = "SELECT id FROM store_identity";
+
     /// `statement` with Postgres's `$N` parameters.
     pub fn postgres(statement: &str) -> String {
         statement.replace('?', "$")
@@ -176,6 +207,7 @@ mod tests {
     use crate::meta::testing::{TestBackend, TestPlace, on_each_backend};
 
     on_each_backend!(
+        a_store_keeps_its_id,
         a_write_and_a_claim_exclude_each_other,
         a_stale_claim_is_taken_over,
         a_release_keeps_or_forgets_the_row,
@@ -185,6 +217,16 @@ mod tests {
 
     fn ns() -> Name {
         "ue.ddc".parse().unwrap()
+    }
+
+    /// A store's id is made once and kept across opens; another store's differs.
+    async fn a_store_keeps_its_id(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let id = place.open().await.store_id().await.unwrap();
+        assert_eq!(id.len(), 32);
+        assert_eq!(place.open().await.store_id().await.unwrap(), id);
+        let other = TestPlace::new(backend).unwrap();
+        assert_ne!(other.open().await.store_id().await.unwrap(), id);
     }
 
     /// A write that relied on a blob within the grace keeps a collector off it; a blob claimed

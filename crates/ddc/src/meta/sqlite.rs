@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS blob_gc (
     claimed INTEGER,
     PRIMARY KEY (ns, blob_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS store_identity (
+    one BOOLEAN PRIMARY KEY CHECK (one),
+    id TEXT NOT NULL
+);
 ";
 
 fn connect(path: &Path) -> rusqlite::Result<Connection> {

@@ -22,7 +22,9 @@
 //! the write's ref commits within `grace - RELY_AFTER` of its check: a collection only removes
 //! blobs older than its grace, and marks every ref committed before it lists the blobs. So a
 //! collection refuses a grace under [`MIN_GRACE`]. Every server on a bucket must run this
-//! version: an older one records nothing, and its writes are not protected.
+//! version: an older one records nothing, and its writes are not protected. And they must
+//! share one metadata store: the bucket records that store's id under its prefix
+//! ([`METADATA_MARKER`]), and a server on another store is refused.
 
 use std::io;
 use std::sync::Arc;
@@ -32,7 +34,10 @@ use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use bytes::Bytes;
+
 use super::{S3Blobs, to_io};
+use crate::blob_store::StoreError;
 use crate::meta::{MetaStore, StillGone, epoch_ms, now_ms};
 use crate::{IoHash, Name};
 
@@ -48,11 +53,44 @@ pub const CLAIM_DEADLINE: Duration = Duration::from_secs(60);
 /// The longest pause between two looks of a write waiting for a claim to end.
 pub const WAIT_STEP_MAX: Duration = Duration::from_millis(500);
 
+/// The object under the prefix that names the metadata store whose servers use it. Namespaces
+/// cannot start with `.`, so it is no blob.
+pub const METADATA_MARKER: &str = ".tickwire-metadata-store";
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl S3Blobs {
+    /// Makes the bucket's prefix this metadata store's (`id`, [`MetaStore::store_id`]): recorded
+    /// there by the first server, and refused if another store's id is recorded.
+    pub(in crate::blob_store) async fn bind_metadata(&self, id: &str) -> Result<(), StoreError> {
+        let key = self.prefix.clone().join(METADATA_MARKER);
+        let read = || async {
+            match self.reads.get(&key).await {
+                Ok(got) => Ok(Some(got.bytes().await.map_err(to_io)?)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(to_io(e)),
+            }
+        };
+        let recorded = match read().await? {
+            Some(recorded) => recorded,
+            None => {
+                self.sends.put(&key, Bytes::from(id.to_owned()).into()).await.map_err(to_io)?;
+                // Read back: a server on another store may have written its own at once.
+                read().await?.unwrap_or_default()
+            }
+        };
+        if recorded == id.as_bytes() {
+            return Ok(());
+        }
+        Err(StoreError::Config(format!(
+            "{} is used by the servers of another metadata store (its id is {:?}; this server's is {id}):              garbage collection through one store would remove the blobs only the other's refs name.              Use another prefix, or the same --refs database (to give the prefix to this store, delete              the object {key} once no server of the other store runs)",
+            self.location,
+            String::from_utf8_lossy(&recorded),
+        )))
+    }
+
     /// Records writes' reliance and collections' claims in `meta` from now on (once).
     pub(in crate::blob_store) fn rely_through(&self, meta: MetaStore) {
         let _ = self.claims.set(meta);

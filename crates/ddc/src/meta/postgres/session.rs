@@ -48,6 +48,10 @@ CREATE TABLE IF NOT EXISTS blob_gc (
     claimed BIGINT,
     PRIMARY KEY (ns, blob_id)
 );
+CREATE TABLE IF NOT EXISTS store_identity (
+    one BOOLEAN PRIMARY KEY CHECK (one),
+    id TEXT NOT NULL
+);
 ";
 
 /// Tables and indexes whose presence means the schema is there: a role that may only read and
@@ -56,7 +60,7 @@ const SCHEMA_PRESENT: &str =
     "SELECT to_regclass('namespaces') IS NOT NULL AND to_regclass('refs') IS NOT NULL
     AND to_regclass('content') IS NOT NULL AND to_regclass('refs_by_access') IS NOT NULL
     AND to_regclass('content_by_blob') IS NOT NULL AND to_regclass('blob_store') IS NOT NULL
-    AND to_regclass('blob_gc') IS NOT NULL";
+    AND to_regclass('blob_gc') IS NOT NULL AND to_regclass('store_identity') IS NOT NULL";
 
 /// The key of the advisory lock a server holds on its database (an arbitrary constant).
 pub const SERVER_LOCK: i64 = 7463917286190102;
