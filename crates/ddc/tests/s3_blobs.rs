@@ -357,3 +357,25 @@ async fn a_send_outlives_its_client() {
     assert!(store.finish(std::time::Duration::from_secs(20)).await, "nothing left running");
     assert!(staging_is_empty(&dir));
 }
+
+/// An upload of a blob the caller has just found missing (`exists`, as the API's PUT and POST
+/// do when the client names the hash) is sent without asking the bucket again; a plain put asks
+/// once; a body that does not hash to the id it was found missing as is stored nowhere.
+#[tokio::test]
+async fn a_blob_found_missing_is_sent_without_asking_again() {
+    let config = s3::bucket();
+    let (_dir, store) = open(&config).await;
+    let heads = || s3::requests(&config, "HEAD");
+    let body = b"found missing a moment ago";
+    let id = IoHash::of(body);
+    let before = heads();
+    assert_eq!(store.put_missing(&ns(), id, &body[..], u64::MAX).await.unwrap(), (id, body.len() as u64));
+    assert_eq!(heads(), before, "not asked again");
+    assert_eq!(read_all(&store, &id).await.unwrap(), body);
+    let before = heads();
+    store.put(&ns(), None, &b"not checked by the caller"[..], u64::MAX).await.unwrap();
+    assert_eq!(heads(), before + 1, "asked once");
+    let wrong = store.put_missing(&ns(), IoHash::of(b"other"), &body[..], u64::MAX).await.unwrap_err();
+    assert!(matches!(wrong, StoreError::HashMismatch { .. }), "{wrong}");
+    assert!(!store.exists(&ns(), &IoHash::of(b"other")).await.unwrap());
+}

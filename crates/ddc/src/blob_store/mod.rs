@@ -203,7 +203,23 @@ impl BlobStore {
     ) -> Result<(IoHash, u64), StoreError> {
         match &self.backend {
             Backend::Local(local) => local.put(ns, expected, body, limit).await,
-            Backend::S3(s3) => s3.put(ns, expected, body, limit).await,
+            Backend::S3(s3) => s3.put(ns, expected, body, limit, true).await,
+        }
+    }
+
+    /// [`BlobStore::put`] of blob `id`, which [`BlobStore::exists`] has just found missing:
+    /// with blobs in S3, sent without asking the bucket again (one request fewer per new
+    /// upload). The body must hash to `id`.
+    pub async fn put_missing(
+        &self,
+        ns: &Name,
+        id: IoHash,
+        body: impl AsyncRead + Unpin,
+        limit: u64,
+    ) -> Result<(IoHash, u64), StoreError> {
+        match &self.backend {
+            Backend::Local(local) => local.put(ns, Some(id), body, limit).await,
+            Backend::S3(s3) => s3.put(ns, Some(id), body, limit, false).await,
         }
     }
 

@@ -198,12 +198,16 @@ impl S3Blobs {
         relative_place(ns, id).into_iter().fold(self.prefix.clone(), |key, part| key.join(part))
     }
 
+    /// Stores a blob (see the module's doc). With `ask_first`, one the bucket already has is
+    /// not sent again; without, the caller has just found it missing (`exists`), and it is
+    /// sent without asking again (a copy that lands meanwhile holds the same bytes).
     pub(super) async fn put(
         &self,
         ns: &Name,
         expected: Option<IoHash>,
         mut body: impl AsyncRead + Unpin,
         limit: u64,
+        ask_first: bool,
     ) -> Result<(IoHash, u64), StoreError> {
         let (tmp, mut file) = TmpFile::create(&self.root, &self.next_tmp).await?;
         let (actual, size) = copy_hashing(&mut body, &mut file, limit.min(MAX_BLOB)).await?;
@@ -218,7 +222,7 @@ impl S3Blobs {
         // again. Asked of the bucket, not of what this server remembers (another server may
         // have deleted it), and kept from collections if it is old.
         let key = self.key(ns, &actual);
-        if self.stored_for_write(ns, &actual).await? == Some(size) {
+        if ask_first && self.stored_for_write(ns, &actual).await? == Some(size) {
             self.note_seen(ns, &actual, size);
             self.keep_staged(tmp, ns, &actual, size).await;
             return Ok((actual, size));

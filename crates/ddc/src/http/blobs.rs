@@ -104,19 +104,20 @@ pub(super) async fn store_raw(
     body: Body,
 ) -> Result<(IoHash, u64), ApiError> {
     let reader = body_reader(body, ddc.limits.body_timeout);
-    if let Some(id) = expected
-        && ddc.content.blobs.exists(ns, &id).await?
-    {
-        // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
-        // written (from garbage collection's first run on, an old blob found here is marked as
-        // written now).
-        let (actual, size) = crate::blob_store::hash_stream(reader, ddc.limits.max_blob_bytes).await?;
-        if actual != id {
-            return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
+    let limit = ddc.limits.max_blob_bytes;
+    let stored = match expected {
+        Some(id) if ddc.content.blobs.exists(ns, &id).await? => {
+            // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
+            // written (and kept from garbage collection, as `exists` does for a write).
+            let (actual, size) = crate::blob_store::hash_stream(reader, limit).await?;
+            if actual != id {
+                return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
+            }
+            return Ok((id, size));
         }
-        return Ok((id, size));
-    }
-    let stored = ddc.content.blobs.put(ns, expected, reader, ddc.limits.max_blob_bytes).await?;
+        Some(id) => ddc.content.blobs.put_missing(ns, id, reader, limit).await?,
+        None => ddc.content.blobs.put(ns, None, reader, limit).await?,
+    };
     ddc.content.meta.add_namespace(ns).await?;
     Ok(stored)
 }

@@ -22,13 +22,19 @@ struct Server {
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
-/// Multipart uploads started, by bucket: what a test watches to act while a send is under way.
-static MULTIPART_STARTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// The requests the server got, as (bucket, what): the method, or `CreateMultipartUpload`. What
+/// a test watches to act while a send is under way, or to count what a call asked.
+static REQUESTS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// How many requests of `what` (a method, or `CreateMultipartUpload`) `config`'s bucket got.
+pub fn requests(config: &S3Config, what: &str) -> usize {
+    let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
+    REQUESTS.lock().unwrap().iter().filter(|(b, w)| b == bucket && w == what).count()
+}
 
 /// How many multipart uploads were started in `config`'s bucket.
 pub fn multipart_starts(config: &S3Config) -> usize {
-    let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
-    MULTIPART_STARTS.lock().unwrap().iter().filter(|b| *b == bucket).count()
+    requests(config, "CreateMultipartUpload")
 }
 static ROOT: OnceLock<PathBuf> = OnceLock::new();
 static NEXT_BUCKET: AtomicUsize = AtomicUsize::new(0);
@@ -96,19 +102,22 @@ fn start() -> Server {
             loop {
                 let Ok((socket, _)) = listener.accept().await else { continue };
                 let service = service.clone();
-                // Notes each CreateMultipartUpload (`POST /bucket/key?uploads`) as it arrives.
+                // Notes each request as it arrives; a CreateMultipartUpload is `POST
+                // /bucket/key?uploads`.
                 let watched =
                     hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        if req.method() == hyper::Method::POST
+                        let bucket = req.uri().path().trim_start_matches('/').split('/').next().unwrap_or("");
+                        let starts_upload = req.method() == hyper::Method::POST
                             && req
                                 .uri()
                                 .query()
-                                .is_some_and(|q| q.split('&').any(|p| p == "uploads" || p == "uploads="))
-                        {
-                            let bucket =
-                                req.uri().path().trim_start_matches('/').split('/').next().unwrap_or("");
-                            MULTIPART_STARTS.lock().unwrap().push(bucket.to_owned());
-                        }
+                                .is_some_and(|q| q.split('&').any(|p| p == "uploads" || p == "uploads="));
+                        let what = if starts_upload {
+                            "CreateMultipartUpload".into()
+                        } else {
+                            req.method().to_string()
+                        };
+                        REQUESTS.lock().unwrap().push((bucket.to_owned(), what));
                         hyper::service::Service::call(&service, req)
                     });
                 tokio::spawn(async move {
