@@ -58,6 +58,8 @@ pub struct S3Blobs {
     reads: Arc<AmazonS3>,
     /// For PUTs and multipart uploads (a longer bound per request).
     sends: Arc<AmazonS3>,
+    /// For a collection's deletes (never retried: `connect::Clients`).
+    removals: AmazonS3,
     /// `s3://bucket/prefix`.
     location: String,
     prefix: Key,
@@ -120,10 +122,11 @@ impl S3Blobs {
             let _ = fs::remove_file(entry.path()).await;
         }
         let (bucket, prefix) = config.bucket_and_prefix()?;
-        let (reads, sends) = config.clients(bucket)?;
+        let clients = config.clients(bucket)?;
         let blobs = S3Blobs {
-            reads: Arc::new(reads),
-            sends: Arc::new(sends),
+            reads: Arc::new(clients.reads),
+            sends: Arc::new(clients.sends),
+            removals: clients.removals,
             location: config.location()?,
             prefix,
             root: root.clone(),

@@ -16,7 +16,9 @@
 //!   it is still old and the claim is younger than [`CLAIM_DEADLINE`].
 //! - A claim older than [`CLAIM_STALE`] belongs to a collection that stopped half way: writes
 //!   and other collections take it over. A claim ends within about `CLAIM_DEADLINE` plus one
-//!   S3 request (retries included), well under that.
+//!   HEAD (retries included) and one delete (30 s, never retried), well under that. A delete
+//!   that failed leaves its claim to go stale, since it may still land: writes of that blob wait
+//!   until then.
 //!
 //! A blob a write found written less than `RELY_AFTER` ago is safe without a record as long as
 //! the write's ref commits within `grace - RELY_AFTER` of its check: a collection only removes
@@ -59,6 +61,17 @@ pub const METADATA_MARKER: &str = ".tickwire-metadata-store";
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How a removal under a claim ended.
+enum Removal {
+    Removed(u64),
+    /// Gone already, written since the listing, or the claim grew too old.
+    Kept,
+    /// Nothing was sent to remove it.
+    Failed(io::Error),
+    /// The delete failed: it may still land.
+    Unsure(io::Error),
 }
 
 impl S3Blobs {
@@ -156,37 +169,43 @@ impl S3Blobs {
                 if !held.map_err(io::Error::other)? {
                     return Ok(None);
                 }
-                let removed = this.remove_claimed(&ns, &id, before, Instant::now()).await;
-                let gone = matches!(removed, Ok(Some(_)));
-                let released = meta.release_blob(&ns, id, claimed, gone).await.map_err(io::Error::other);
-                let removed = removed?;
-                released?;
-                Ok(removed)
+                let (removed, release) = match this.remove_claimed(&ns, &id, before, Instant::now()).await {
+                    Removal::Removed(size) => (Ok(Some(size)), Some(true)),
+                    Removal::Kept => (Ok(None), Some(false)),
+                    Removal::Failed(e) => (Err(e), Some(false)),
+                    // The claim stays until it is stale: a write of this blob waits until the
+                    // delete can no longer land.
+                    Removal::Unsure(e) => (Err(e), None),
+                };
+                if let Some(gone) = release {
+                    meta.release_blob(&ns, id, claimed, gone).await.map_err(io::Error::other)?;
+                }
+                removed
             })
             .await
             .map_err(io::Error::other)?
     }
 
-    /// The part of [`S3Blobs::delete_older`] done under the claim taken at `claimed`.
-    async fn remove_claimed(
-        &self,
-        ns: &Name,
-        id: &IoHash,
-        before: SystemTime,
-        claimed: Instant,
-    ) -> io::Result<Option<u64>> {
+    /// The part of [`S3Blobs::delete_older`] done under the claim taken at `claimed`. The
+    /// delete is sent once, never retried: a retry after an answer that was lost could land
+    /// after a write found the blob gone and uploaded it again.
+    async fn remove_claimed(&self, ns: &Name, id: &IoHash, before: SystemTime, claimed: Instant) -> Removal {
         let key = self.key(ns, id);
-        let Some(found) = self.stat(&key).await? else { return Ok(None) };
+        let found = match self.stat(&key).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Removal::Kept,
+            Err(e) => return Removal::Failed(e),
+        };
         if found.written >= before || claimed.elapsed() > CLAIM_DEADLINE {
-            return Ok(None);
+            return Removal::Kept;
         }
-        match self.reads.delete(&key).await {
+        match self.removals.delete(&key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(to_io(e)),
+            Err(e) => return Removal::Unsure(to_io(e)),
         }
         self.usage.forget(1, found.size);
         self.forget_blob(ns, id).await;
-        Ok(Some(found.size))
+        Removal::Removed(found.size)
     }
 
     /// Forgets `ns`'s records that protect nothing any more: writes' that relied on a blob

@@ -1,6 +1,6 @@
 //! How the S3 store reaches its bucket: the settings a server is given ([`S3Config`]), merged
-//! with the `AWS_*` environment variables, and the two clients made from them (one for reads,
-//! one for sends: their timeouts differ).
+//! with the `AWS_*` environment variables, and the clients made from them (for reads, for
+//! sends, and for a collection's deletes: their timeouts and retries differ).
 
 use std::time::Duration;
 
@@ -20,6 +20,18 @@ const READ_TOTAL: &str = "24h";
 /// A send's whole request, body included: one part of up to [`super::PART`] bytes must go
 /// in this time (8 MiB in 5 minutes: at least 0.22 Mbit/s).
 const SEND_TIMEOUT: &str = "300s";
+/// A collection's delete, whole.
+const REMOVAL_TIMEOUT: &str = "30s";
+
+/// The clients of one bucket.
+pub(super) struct Clients {
+    pub reads: AmazonS3,
+    pub sends: AmazonS3,
+    /// For a collection's deletes: never retried, since a retry of a delete whose answer was
+    /// lost could remove a copy uploaded since the first one removed the blob
+    /// (`s3/collect.rs`).
+    pub removals: AmazonS3,
+}
 
 /// Which bucket, and how to reach it. What is left `None` comes from the `AWS_*` environment
 /// variables that the `object_store` crate reads (`AWS_ENDPOINT_URL`, `AWS_REGION`,
@@ -77,8 +89,8 @@ impl S3Config {
         })
     }
 
-    /// The clients for reads and for sends.
-    pub(super) fn clients(&self, bucket: &str) -> Result<(AmazonS3, AmazonS3), StoreError> {
+    /// The clients for reads, sends and a collection's deletes.
+    pub(super) fn clients(&self, bucket: &str) -> Result<Clients, StoreError> {
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
         if let Some(endpoint) = &self.endpoint {
             builder = builder.with_endpoint(endpoint);
@@ -106,9 +118,11 @@ impl S3Config {
         builder = builder.with_retry(retry);
         let reads = unless_set(builder.clone(), "AWS_TIMEOUT", ClientConfigKey::Timeout, READ_TOTAL);
         let reads = unless_set(reads, "AWS_READ_TIMEOUT", ClientConfigKey::ReadTimeout, READ_TIMEOUT);
+        let removals = builder.clone().with_retry(RetryConfig { max_retries: 0, ..Default::default() });
+        let removals = unless_set(removals, "AWS_TIMEOUT", ClientConfigKey::Timeout, REMOVAL_TIMEOUT);
         let sends = unless_set(builder, "AWS_TIMEOUT", ClientConfigKey::Timeout, SEND_TIMEOUT);
         let build = |b: AmazonS3Builder| b.build().map_err(|e| StoreError::Config(e.to_string()));
-        Ok((build(reads)?, build(sends)?))
+        Ok(Clients { reads: build(reads)?, sends: build(sends)?, removals: build(removals)? })
     }
 }
 
