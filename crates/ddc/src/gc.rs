@@ -7,10 +7,13 @@
 //!
 //! Every decision takes `now` as an argument, so the tests run it days ahead instead of
 //! waiting. Racing a run: a ref written while its blobs are being marked is marked again
-//! before the sweep; from the first run on, a blob a presence check relies on is marked as
-//! written now if it is old ([`crate::LocalBlobs::keep_fresh`]), and the sweep takes each blob
-//! out of place and checks its time again before removing it (docs/ddc.md, "Garbage
-//! collection").
+//! before the sweep, and a ref is written finalized only if its check was short
+//! ([`crate::refs::MAX_CHECK`]). Local blobs: from the first run on, a blob a presence check
+//! relies on is marked as written now if it is old ([`crate::LocalBlobs::keep_fresh`]), and
+//! the sweep takes each blob out of place and checks its time again before removing it. Blobs
+//! in S3: writes record the old blobs they rely on, and the sweep claims each blob before it
+//! looks a last time and removes it, both in the metadata store (`blob_store/s3/collect.rs`).
+//! docs/ddc.md, "Garbage collection" and "Blobs in S3", say all of it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -59,6 +62,25 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Blobs looked at and kept (named, or younger than the grace).
     pub blobs_kept: u64,
+    /// Blobs in S3 a sweep could not remove (a request failed; logged): the next run tries
+    /// again.
+    pub blobs_failed: u64,
+}
+
+impl GcReport {
+    fn removed(&mut self, bytes: u64) {
+        self.blobs_removed += 1;
+        self.bytes_freed += bytes;
+    }
+}
+
+/// What a sweep of blobs in S3 did with one listed blob.
+enum Swept {
+    Removed(IoHash, u64),
+    Kept,
+    Failed(IoHash, std::io::Error),
+    /// The listing failed.
+    Unlisted(std::io::Error),
 }
 
 /// How long before a sweep's mark began a ref must have been written to be marked again.
@@ -106,7 +128,8 @@ impl Content {
                 let (grace, min) = (policy.blob_grace, self.blobs.min_blob_grace());
                 return Err(ContentError::GraceTooShort { grace, min });
             }
-            if !self.blobs.usage().counted.load(Ordering::Relaxed) {
+            // Collections are safe only while this server's own writes record their reliance.
+            if !self.blobs.usage().counted.load(Ordering::Relaxed) || !s3.relies_through_metadata() {
                 return Ok(report);
             }
             for ns in self.meta.namespaces().await? {
@@ -134,8 +157,7 @@ impl Content {
                 }
                 match local.delete_older(ns, &id, young).await? {
                     Some(bytes) => {
-                        report.blobs_removed += 1;
-                        report.bytes_freed += bytes;
+                        report.removed(bytes);
                         gone.push(id);
                     }
                     None => report.blobs_kept += 1,
@@ -163,22 +185,39 @@ impl Content {
         let mut outcomes = s3
             .list_namespace(ns)
             .map(|listed| async move {
-                let (id, written) = listed?;
+                let (id, written) = match listed {
+                    Ok(listed) => listed,
+                    Err(e) => return Swept::Unlisted(e),
+                };
                 if live.blobs.contains(&id) || written >= young {
-                    return Ok::<_, std::io::Error>(None);
+                    return Swept::Kept;
                 }
-                Ok(Some((id, s3.delete_older(&self.meta, ns, &id, young).await?)))
+                match s3.delete_older(&self.meta, ns, &id, young).await {
+                    Ok(Some(bytes)) => Swept::Removed(id, bytes),
+                    Ok(None) => Swept::Kept,
+                    Err(e) => Swept::Failed(id, e),
+                }
             })
             .buffer_unordered(SWEEP_S3_AT_ONCE);
+        // One blob that fails is logged and counted, and the sweep goes on; a listing that fails
+        // ends it. Either way, the blobs removed so far have their content ids forgotten.
         let mut gone = Vec::new();
+        let mut unlisted = None;
         while let Some(outcome) = outcomes.next().await {
-            match outcome? {
-                Some((id, Some(bytes))) => {
-                    report.blobs_removed += 1;
-                    report.bytes_freed += bytes;
+            match outcome {
+                Swept::Removed(id, bytes) => {
+                    report.removed(bytes);
                     gone.push(id);
                 }
-                _ => report.blobs_kept += 1,
+                Swept::Kept => report.blobs_kept += 1,
+                Swept::Failed(id, e) => {
+                    report.blobs_failed += 1;
+                    tracing::warn!(error = %e, namespace = %ns, blob = %id, "garbage collection could not remove a blob");
+                }
+                Swept::Unlisted(e) => {
+                    unlisted = Some(e);
+                    break;
+                }
             }
             if gone.len() >= FORGET_BATCH {
                 self.meta.forget_content_of(ns, std::mem::take(&mut gone), s3.still_gone(ns)).await?;
@@ -187,7 +226,7 @@ impl Content {
         drop(outcomes);
         self.meta.forget_content_of(ns, gone, s3.still_gone(ns)).await?;
         s3.prune_claims(&self.meta, ns, young).await?;
-        Ok(())
+        unlisted.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// The blobs `ns`'s refs name: every ref's, then again those of refs written while the

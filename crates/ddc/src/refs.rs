@@ -2,6 +2,8 @@
 //! attachment it names is present (finalized). The rules of the DDC spec's section 5.3 live
 //! here, apart from HTTP, so the ref routes and the batch endpoint share them.
 
+use std::time::{Duration, Instant};
+
 use crate::budget::Held;
 use crate::cb::{CbType, Value};
 use crate::meta::{RefRow, now_ms};
@@ -50,6 +52,22 @@ pub enum Lookup {
     Found(RefRow),
 }
 
+/// The longest a ref's check of its attachments may take before the ref is written finalized.
+/// Garbage collection leaves alone a blob a check found for a while after the check (half the
+/// grace for local blobs, 30 minutes by default; 10 minutes in S3, `blob_store::s3`'s
+/// `RELY_AFTER`), and marks only the refs written by then: a ref written after that could name
+/// a blob removed meanwhile. Half of S3's, for the write itself and clocks. (A local store run
+/// with a grace under 10 minutes has less.)
+pub const MAX_CHECK: Duration = Duration::from_secs(5 * 60);
+
+/// Refuses a finalized write whose check began at `checked` more than [`MAX_CHECK`] ago.
+fn fresh_enough(finalized: bool, checked: Instant) -> Result<(), ContentError> {
+    match checked.elapsed() {
+        took if finalized && took > MAX_CHECK => Err(ContentError::CheckTooLong(took)),
+        _ => Ok(()),
+    }
+}
+
 /// Puts `object` (already validated as compact binary, and its hash checked) at `addr`. `held`
 /// is what the caller's request holds of the memory budget (the object's body, at least): the
 /// attachments' check is bounded by the rest ([`Content::missing_of`]). The stored object is
@@ -76,8 +94,10 @@ pub async fn put(
         .unwrap_or(Some(Vec::new()))
         .ok_or(ContentError::TooManyAttachments { count: max + 1, max })?;
     let room = content.budget.room_beside(held);
+    let checked = Instant::now();
     let needs = content.missing_of(&addr.ns, attachments, room).await?;
     let finalized = needs.is_empty();
+    fresh_enough(finalized, checked)?;
     if existing != Some((hash, finalized)) {
         let row = RefRow { object_hash: hash, object, finalized, last_access_ms: now_ms() };
         if !content.meta.put_ref(&addr.ns, &addr.bucket, &addr.key, row, allow_overwrite).await? {
@@ -104,8 +124,10 @@ pub async fn finalize(
     if row.object_hash != hash {
         return Ok(FinalizeOutcome::OtherObject { stored: row.object_hash });
     }
+    let checked = Instant::now();
     let needs = content.missing(&addr.ns, &row.object, room.saturating_sub(row.object.len())).await?;
     let finalized = needs.is_empty();
+    fresh_enough(finalized, checked)?;
     if finalized != row.finalized
         && !content.meta.set_finalized(&addr.ns, &addr.bucket, &addr.key, hash, finalized).await?
     {
@@ -191,6 +213,16 @@ pub fn payload(object: &[u8]) -> Payload {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A finalized write whose check began more than [`MAX_CHECK`] ago is refused (503: the
+    /// client retries); an unfinalized one, which relies on nothing, is not.
+    #[test]
+    fn a_finalized_write_after_a_long_check_is_refused() {
+        let long_ago = Instant::now().checked_sub(MAX_CHECK + Duration::from_secs(1)).unwrap();
+        assert!(matches!(fresh_enough(true, long_ago), Err(ContentError::CheckTooLong(_))));
+        assert!(fresh_enough(false, long_ago).is_ok());
+        assert!(fresh_enough(true, Instant::now()).is_ok());
+    }
 
     fn vector(name: &str) -> Vec<u8> {
         let all: serde_json::Value =

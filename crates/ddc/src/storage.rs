@@ -99,6 +99,10 @@ pub enum ContentError {
     PastRoom { len: u64, room: u64 },
     #[error(transparent)]
     Busy(#[from] NoRoom),
+    #[error(
+        "checking the ref's attachments took {0:?}, more than a ref may wait between its check and its write; retry"
+    )]
+    CheckTooLong(std::time::Duration),
     #[error("a blob grace of {grace:?} is too short for these blobs: at least {min:?}")]
     GraceTooShort { grace: std::time::Duration, min: std::time::Duration },
 }

@@ -394,7 +394,7 @@ async fn collect_garbage(
     loop {
         ticks.tick().await;
         match ddc.collect_garbage(&policy, std::time::SystemTime::now()).await {
-            Ok(report) if report.refs_expired + report.blobs_removed == 0 => {
+            Ok(report) if report.refs_expired + report.blobs_removed + report.blobs_failed == 0 => {
                 tracing::debug!(blobs_kept = report.blobs_kept, "garbage collection removed nothing")
             }
             Ok(report) => tracing::info!(
@@ -402,6 +402,7 @@ async fn collect_garbage(
                 blobs_removed = report.blobs_removed,
                 bytes_freed = report.bytes_freed,
                 blobs_kept = report.blobs_kept,
+                blobs_failed = report.blobs_failed,
                 "garbage collected"
             ),
             Err(e) => tracing::warn!(error = %e, "garbage collection failed; retrying at the next interval"),

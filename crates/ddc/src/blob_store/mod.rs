@@ -229,8 +229,8 @@ impl BlobStore {
     }
 
     /// [`BlobStore::open_blob`]; with `mark`, a local blob that is old is marked as written
-    /// now while garbage collection runs ([`LocalBlobs::keep_fresh`]). The collector's own
-    /// reads do not.
+    /// now while garbage collection runs ([`LocalBlobs::keep_fresh`]), and a blob in S3 may be
+    /// downloaded into the disk cache. The collector's own reads do neither.
     pub(crate) async fn open_marking(
         &self,
         ns: &Name,
@@ -242,7 +242,7 @@ impl BlobStore {
                 .open_marking(ns, id, mark)
                 .await?
                 .map(|(file, size)| OpenBlob { size, source: Source::File(file) })),
-            Backend::S3(s3) => s3.open_blob(ns, id).await,
+            Backend::S3(s3) => s3.open_blob(ns, id, mark).await,
         }
     }
 

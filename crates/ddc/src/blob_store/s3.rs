@@ -50,6 +50,9 @@ pub const UPLOADS: usize = 8;
 /// How many blobs found in the bucket (and their sizes) a server remembers, so that a presence
 /// check of a blob it has seen asks the bucket once, not every time (about 100 bytes each).
 const SEEN: usize = 1 << 16;
+/// How long a blob found in the bucket is taken as there without asking again: a delete
+/// through another server (a client's, or a garbage collection's) is seen after this.
+const SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Blobs in an S3 bucket.
 #[derive(Debug)]
@@ -74,7 +77,10 @@ pub struct S3Blobs {
     cache: Option<Arc<DiskCache>>,
     /// Blobs lately found in the bucket or sent to it, with their sizes, the least recently
     /// used forgotten first. Like the cache, it does not see deletes through other servers.
-    seen: std::sync::Mutex<lru::LruCache<(Name, IoHash), u64>>,
+    seen: std::sync::Mutex<lru::LruCache<(Name, IoHash), (u64, std::time::Instant)>>,
+    /// Old blobs this server's writes recorded as relied on lately, and when
+    /// (`s3/collect.rs`).
+    relied: std::sync::Mutex<lru::LruCache<(Name, IoHash), std::time::Instant>>,
     /// Where writes record that they rely on an old blob, and collections claim the blobs they
     /// remove (`s3/collect.rs`): the metadata store, once the server has bound it
     /// ([`super::BlobStore::rely_through`]).
@@ -135,6 +141,9 @@ impl S3Blobs {
             uploads: Arc::new(tokio::sync::Semaphore::new(UPLOADS)),
             detached: TaskTracker::new(),
             seen: std::sync::Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(SEEN).expect("not 0"),
+            )),
+            relied: std::sync::Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(SEEN).expect("not 0"),
             )),
             claims: std::sync::OnceLock::new(),
@@ -239,6 +248,7 @@ impl S3Blobs {
             return Err(io::Error::other("the server is stopping").into());
         }
         let sends = self.sends.clone();
+        let sending = std::time::SystemTime::now();
         let tmp = self
             .detached
             .spawn(async move {
@@ -247,6 +257,14 @@ impl S3Blobs {
             })
             .await
             .map_err(io::Error::other)??;
+        // S3 dates an object by when its upload began: one that took long may already look old
+        // enough to collect, so it is kept from collections as a write that relies on it is.
+        if self.sent_slowly(sending) && self.relied_on(ns, &actual).await? != Some(size) {
+            return Err(io::Error::other(format!(
+                "blob {actual} was removed by a garbage collection while it was uploaded; upload it again"
+            ))
+            .into());
+        }
         self.usage.add(1, size);
         self.note_seen(ns, &actual, size);
         self.keep_staged(tmp, ns, &actual, size).await;
@@ -270,12 +288,12 @@ impl S3Blobs {
             .await;
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, lru::LruCache<(Name, IoHash), u64>> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, lru::LruCache<(Name, IoHash), (u64, std::time::Instant)>> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn note_seen(&self, ns: &Name, id: &IoHash, size: u64) {
-        self.seen().put((ns.clone(), *id), size);
+        self.seen().put((ns.clone(), *id), (size, std::time::Instant::now()));
     }
 
     fn forget_seen(&self, ns: &Name, id: &IoHash) {
@@ -308,7 +326,9 @@ impl S3Blobs {
     /// The blob from the cache, else from the bucket: downloaded into the cache first when it
     /// is small enough ([`DiskCache::fills`]) and no other read is downloading it, else read
     /// from the bucket as it is sent.
-    pub(super) async fn open_blob(&self, ns: &Name, id: &IoHash) -> io::Result<Option<OpenBlob>> {
+    /// With `fill` false (garbage collection's reads), a blob not cached is read from the
+    /// bucket and not cached.
+    pub(super) async fn open_blob(&self, ns: &Name, id: &IoHash, fill: bool) -> io::Result<Option<OpenBlob>> {
         let cached = |(file, size)| OpenBlob { size, source: Source::File(file) };
         if let Some(cache) = &self.cache
             && let Some(found) = cache.open_blob(ns, id).await?
@@ -318,6 +338,7 @@ impl S3Blobs {
         let Some(size) = self.size(ns, id).await? else { return Ok(None) };
         let object = Object { reads: self.reads.clone(), key: self.key(ns, id), size };
         if let Some(cache) = &self.cache
+            && fill
             && cache.fills(size)
             && let Some(_filling) = cache.start_fill(ns, id)
         {
@@ -385,7 +406,9 @@ impl S3Blobs {
         if let Some(size) = self.cache.as_ref().and_then(|c| c.size(ns, id)) {
             return Ok(Some(size));
         }
-        if let Some(&size) = self.seen().get(&(ns.clone(), *id)) {
+        if let Some(&(size, found)) = self.seen().get(&(ns.clone(), *id))
+            && found.elapsed() < SEEN_FOR
+        {
             return Ok(Some(size));
         }
         let size = self.head(&self.key(ns, id)).await?;

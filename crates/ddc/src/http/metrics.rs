@@ -64,6 +64,10 @@ impl Metrics {
                 "Blobs removed because no ref names them."
             );
             metrics::describe_counter!("ddc_gc_bytes_freed_total", "Bytes of the blobs removed.");
+            metrics::describe_counter!(
+                "ddc_gc_blobs_failed_total",
+                "Blobs in S3 a sweep could not remove (a request failed); the next run tries again."
+            );
             metrics::describe_gauge!(
                 "ddc_gc_last_run_seconds",
                 metrics::Unit::Seconds,
@@ -107,6 +111,7 @@ impl Metrics {
                 metrics::counter!("ddc_gc_refs_expired_total").increment(report.refs_expired);
                 metrics::counter!("ddc_gc_blobs_removed_total").increment(report.blobs_removed);
                 metrics::counter!("ddc_gc_bytes_freed_total").increment(report.bytes_freed);
+                metrics::counter!("ddc_gc_blobs_failed_total").increment(report.blobs_failed);
             }
         });
     }

@@ -250,6 +250,7 @@ impl ApiError {
                 ContentError::Busy(_) | ContentError::Meta(MetaError::Busy(_)) => {
                     StatusCode::TOO_MANY_REQUESTS
                 }
+                ContentError::CheckTooLong(_) => StatusCode::SERVICE_UNAVAILABLE,
                 // An object larger than the whole memory budget: no retry would get it.
                 ContentError::Meta(MetaError::PastRoom { .. }) | ContentError::PastRoom { .. } => {
                     StatusCode::PAYLOAD_TOO_LARGE

@@ -12,13 +12,12 @@
 //!
 //! Each step is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE`, so a write and a claim on the
 //! same blob are ordered by the row: whichever comes second sees the first. The protocol built
-//! on them is in `crate::blob_store::s3` (writes) and `s3/collect.rs` (the collector).
+//! on them is in `crate::blob_store::s3` (writes) and `s3/collect.rs` (the collector); each
+//! backend's statements are in its `claims.rs` (`sqlite/`, `postgres/`).
 //!
 //! All of it holds only among the servers of one metadata store: a collection through another
 //! would remove the blobs only this one's refs name. So each store has an id of its own
 //! ([`MetaStore::store_id`]), which the bucket records (`s3/collect.rs`).
-
-use rusqlite::params;
 
 use super::{Backend, MetaError, MetaStore, on_backend};
 use crate::{IoHash, Name};
@@ -86,118 +85,6 @@ impl MetaStore {
     ) -> Result<usize, MetaError> {
         let ns = ns.as_str().to_owned();
         on_backend!(self, prune_blob_claims(ns, relied_before_ms, stale_before_ms))
-    }
-}
-
-impl super::sqlite::Sqlite {
-    async fn rely_on_blob(&self, n: String, id: IoHash, now: i64, stale: i64) -> Result<bool, MetaError> {
-        self.write(move |c| Ok(c.execute(sql::RELY, params![n, &id.as_bytes()[..], now, stale])? == 1)).await
-    }
-
-    async fn claim_blob(
-        &self,
-        n: String,
-        id: IoHash,
-        now: i64,
-        relied: i64,
-        stale: i64,
-    ) -> Result<bool, MetaError> {
-        self.write(move |c| {
-            Ok(c.execute(sql::CLAIM, params![n, &id.as_bytes()[..], now, relied, stale])? == 1)
-        })
-        .await
-    }
-
-    async fn release_blob(
-        &self,
-        n: String,
-        id: IoHash,
-        claimed: i64,
-        removed: bool,
-    ) -> Result<(), MetaError> {
-        let statement = if removed { sql::RELEASE_REMOVED } else { sql::RELEASE_KEPT };
-        self.write(move |c| Ok(c.execute(statement, params![n, &id.as_bytes()[..], claimed]).map(drop)?))
-            .await
-    }
-
-    async fn prune_blob_claims(&self, n: String, relied: i64, stale: i64) -> Result<usize, MetaError> {
-        self.write(move |c| Ok(c.execute(sql::PRUNE, params![n, relied, stale])?)).await
-    }
-
-    async fn store_id(&self, new: String) -> Result<String, MetaError> {
-        self.write(move |c| {
-            c.execute(sql::MAKE_ID, [new])?;
-            Ok(c.query_row(sql::ID, [], |row| row.get(0))?)
-        })
-        .await
-    }
-}
-
-impl super::postgres::Postgres {
-    async fn rely_on_blob(&self, n: String, id: IoHash, now: i64, stale: i64) -> Result<bool, MetaError> {
-        let c = self.client().await?;
-        Ok(c.execute(&sql::postgres(sql::RELY), &[&n, &&id.as_bytes()[..], &now, &stale]).await? == 1)
-    }
-
-    async fn claim_blob(
-        &self,
-        n: String,
-        id: IoHash,
-        now: i64,
-        relied: i64,
-        stale: i64,
-    ) -> Result<bool, MetaError> {
-        let c = self.client().await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&n, &&id.as_bytes()[..], &now, &relied, &stale];
-        Ok(c.execute(&sql::postgres(sql::CLAIM), &params).await? == 1)
-    }
-
-    async fn release_blob(
-        &self,
-        n: String,
-        id: IoHash,
-        claimed: i64,
-        removed: bool,
-    ) -> Result<(), MetaError> {
-        let statement = if removed { sql::RELEASE_REMOVED } else { sql::RELEASE_KEPT };
-        let c = self.client().await?;
-        c.execute(&sql::postgres(statement), &[&n, &&id.as_bytes()[..], &claimed]).await?;
-        Ok(())
-    }
-
-    async fn prune_blob_claims(&self, n: String, relied: i64, stale: i64) -> Result<usize, MetaError> {
-        let c = self.client().await?;
-        Ok(c.execute(&sql::postgres(sql::PRUNE), &[&n, &relied, &stale]).await? as usize)
-    }
-
-    async fn store_id(&self, new: String) -> Result<String, MetaError> {
-        let c = self.client().await?;
-        c.execute(&sql::postgres(sql::MAKE_ID), &[&new]).await?;
-        Ok(c.query_one(sql::ID, &[]).await?.get(0))
-    }
-}
-
-/// The statements, with `?N` parameters (SQLite's; Postgres takes them as `$N`).
-pub(super) mod sql {
-    pub const RELY: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, ?3, NULL)
-        ON CONFLICT (ns, blob_id) DO UPDATE SET relied = excluded.relied, claimed = NULL
-        WHERE blob_gc.claimed IS NULL OR blob_gc.claimed < ?4";
-    pub const CLAIM: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, 0, ?3)
-        ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = excluded.claimed
-        WHERE blob_gc.relied < ?4 AND (blob_gc.claimed IS NULL OR blob_gc.claimed < ?5)";
-    pub const RELEASE_REMOVED: &str = "DELETE FROM blob_gc WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
-    pub const RELEASE_KEPT: &str =
-        "UPDATE blob_gc SET claimed = NULL WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
-    pub const PRUNE: &str = "DELETE FROM blob_gc WHERE ns = ?1
-        AND ((claimed IS NULL AND relied < ?2) OR claimed < ?3)";
-
-    pub const MAKE_ID: &str = "INSERT INTO store_identity (one, id) VALUES (TRUE, ?1) ON CONFLICT DO NOTHING";
-    pub const ID: &str = "SELECT id FROM store_identity";
-
-    /// `statement` with Postgres's `$N` parameters.
-    pub fn postgres(statement: &str) -> String {
-        statement.replace('?', "$")
     }
 }
 

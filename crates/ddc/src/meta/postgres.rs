@@ -34,6 +34,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 use tokio_util::sync::CancellationToken;
 
+mod claims;
 mod session;
 use session::{LOCK_LOST, LockSession, TIMEOUT, take_database};
 
@@ -138,7 +139,7 @@ impl Postgres {
         &self.lock.lost
     }
 
-    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
+    async fn client(&self) -> Result<deadpool_postgres::Object, MetaError> {
         if self.lock.lost.is_cancelled() {
             return Err(MetaError::Config(LOCK_LOST.into()));
         }

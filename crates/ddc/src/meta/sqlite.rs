@@ -21,6 +21,8 @@ use crate::budget::{Held, MemoryBudget};
 use crate::storage::attachment_hashes;
 use crate::{IoHash, Name};
 
+mod claims;
+
 const FILE: &str = "ddc.sqlite";
 
 const SCHEMA: &str = "
@@ -71,6 +73,11 @@ fn connect(path: &Path) -> rusqlite::Result<Connection> {
 pub(super) struct Sqlite {
     writer: Arc<Mutex<Connection>>,
     reader: Arc<Mutex<Connection>>,
+    /// Held by a content id's write, and by the collector while it checks that a blob it
+    /// removed is still gone and forgets its content ids: so that an upload of the same buffer
+    /// writes its id either before the check (and its blob is seen) or after the forgetting.
+    /// Not the writer's lock, which the check (a HEAD, with blobs in S3) would hold up.
+    content_ids: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Sqlite {
@@ -91,10 +98,15 @@ impl Sqlite {
             Ok((writer, reader, known))
         })
         .await??;
-        Ok((Sqlite { writer: Arc::new(Mutex::new(writer)), reader: Arc::new(Mutex::new(reader)) }, known))
+        let sqlite = Sqlite {
+            writer: Arc::new(Mutex::new(writer)),
+            reader: Arc::new(Mutex::new(reader)),
+            content_ids: Arc::default(),
+        };
+        Ok((sqlite, known))
     }
 
-    pub(super) async fn write<T: Send + 'static>(
+    async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
@@ -248,6 +260,7 @@ impl Sqlite {
     }
 
     pub async fn put_content(&self, n: String, raw: IoHash, blob: IoHash) -> Result<(), MetaError> {
+        let _writing = self.content_ids.lock().await;
         self.write(move |c| {
             c.execute(
                 "INSERT OR REPLACE INTO content (ns, raw_hash, blob_id) VALUES (?1, ?2, ?3)",
@@ -386,28 +399,28 @@ impl Sqlite {
         gone: Vec<IoHash>,
         still_gone: StillGone,
     ) -> Result<usize, MetaError> {
-        // The check is asked of the blob store from the writer's blocking thread.
-        let runtime = tokio::runtime::Handle::current();
-        self.write(move |c| {
-            let tx = c.transaction()?;
-            let mut forgotten = 0;
-            {
-                let mut named =
-                    tx.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2 LIMIT 1")?;
-                let mut delete = tx.prepare_cached("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2")?;
-                for blob in gone {
-                    let id = &blob.as_bytes()[..];
-                    // In the one writer: no upload's content id can be written between the
-                    // check and the delete.
-                    if named.exists(params![n, id])? && runtime.block_on(still_gone(blob)) {
-                        forgotten += delete.execute(params![n, id])?;
-                    }
-                }
+        let mut forgotten = 0;
+        for blob in gone {
+            let _forgetting = self.content_ids.lock().await;
+            let (ns, id) = (n.clone(), blob.as_bytes().to_vec());
+            let named = self
+                .read(move |c| {
+                    let mut named =
+                        c.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2")?;
+                    Ok(named.exists(params![ns, id])?)
+                })
+                .await?;
+            if !named || !still_gone(blob).await {
+                continue;
             }
-            tx.commit()?;
-            Ok(forgotten)
-        })
-        .await
+            let (ns, id) = (n.clone(), blob.as_bytes().to_vec());
+            forgotten += self
+                .write(move |c| {
+                    Ok(c.execute("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2", params![ns, id])?)
+                })
+                .await?;
+        }
+        Ok(forgotten)
     }
 
     #[cfg(test)]

@@ -60,6 +60,18 @@ pub fn files_of(config: &S3Config) -> PathBuf {
     SERVER.get().expect("started").root.join(rest)
 }
 
+/// Sets when the bucket says blob `id` of `ns` was last written (the server's files' times).
+pub fn set_written(
+    config: &S3Config,
+    ns: &tickwire_ddc::Name,
+    id: &tickwire_ddc::IoHash,
+    at: std::time::SystemTime,
+) {
+    let hex = id.to_hex();
+    let file = files_of(config).join(ns.as_str()).join(&hex[..2]).join(&hex[2..4]).join(&hex);
+    std::fs::File::options().write(true).open(file).expect("the blob's file").set_modified(at).unwrap();
+}
+
 /// A client of the test server, on `config`'s bucket, to look at what the store wrote.
 pub fn client(config: &S3Config) -> object_store::aws::AmazonS3 {
     let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();

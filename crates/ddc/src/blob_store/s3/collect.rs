@@ -15,15 +15,17 @@
 //!   written (an upload may have written it again since the listing), and removes it only if
 //!   it is still old and the claim is younger than [`CLAIM_DEADLINE`].
 //! - A claim older than [`CLAIM_STALE`] belongs to a collection that stopped half way: writes
-//!   and other collections take it over. A claim ends within about `CLAIM_DEADLINE` plus one
-//!   HEAD (retries included) and one delete (30 s, never retried), well under that. A delete
-//!   that failed leaves its claim to go stale, since it may still land: writes of that blob wait
-//!   until then.
+//!   and other collections take it over. A claim ends within `CLAIM_DEADLINE` (timed from
+//!   before its stamp) plus one delete (30 s, never retried), far under that, so servers'
+//!   clocks may differ by minutes. A delete that failed leaves its claim to go stale, since it
+//!   may still land: writes of that blob wait until then.
+//! - An upload that took long is recorded as relied on before it is answered: S3 dates an
+//!   object by when its upload began.
 //!
 //! A blob a write found written less than `RELY_AFTER` ago is safe without a record as long as
-//! the write's ref commits within `grace - RELY_AFTER` of its check: a collection only removes
-//! blobs older than its grace, and marks every ref committed before it lists the blobs. So a
-//! collection refuses a grace under [`MIN_GRACE`]. Every server on a bucket must run this
+//! the write's ref commits before the blob can look old to a collection (one of at least
+//! [`MIN_GRACE`]), and a ref is written finalized only if its check took at most
+//! [`crate::refs::MAX_CHECK`], half of `RELY_AFTER`. Every server on a bucket must run this
 //! version: an older one records nothing, and its writes are not protected. And they must
 //! share one metadata store: the bucket records that store's id under its prefix
 //! ([`METADATA_MARKER`]), and a server on another store is refused.
@@ -43,21 +45,34 @@ use crate::blob_store::StoreError;
 use crate::meta::{MetaStore, StillGone, epoch_ms, now_ms};
 use crate::{IoHash, Name};
 
-/// A write that relies on a blob last written longer ago than this records it.
+/// A write that relies on a blob last written longer ago than this records it (and so does an
+/// upload that took more than half of it).
 pub const RELY_AFTER: Duration = Duration::from_secs(10 * 60);
 /// The shortest grace a collection of blobs in S3 accepts: twice [`RELY_AFTER`], so that a
 /// write has at least `RELY_AFTER` to commit the ref that names what it checked.
 pub const MIN_GRACE: Duration = Duration::from_secs(2 * 10 * 60);
-/// A claim this old is a collection that stopped: it is taken over.
-pub const CLAIM_STALE: Duration = Duration::from_secs(5 * 60);
-/// A collection that held a claim this long before its delete gives the blob up.
+/// A claim this old is a collection that stopped: it is taken over. Far above how long a
+/// claim can last ([`CLAIM_DEADLINE`] plus one delete's bound), so that servers' clocks may
+/// differ by minutes.
+pub const CLAIM_STALE: Duration = Duration::from_secs(15 * 60);
+/// A collection that held a claim this long (from just before it stamped it) when it is about
+/// to send its delete gives the blob up.
 pub const CLAIM_DEADLINE: Duration = Duration::from_secs(60);
+/// A write that recorded an old blob as relied on this recently does not record it again:
+/// the record keeps collections off it for the grace, at least `MIN_GRACE - RELY_AGAIN_AFTER`
+/// from the later write.
+const RELY_AGAIN_AFTER: Duration = Duration::from_secs(5 * 60);
 /// The longest pause between two looks of a write waiting for a claim to end.
 pub const WAIT_STEP_MAX: Duration = Duration::from_millis(500);
 
 /// The object under the prefix that names the metadata store whose servers use it. Namespaces
 /// cannot start with `.`, so it is no blob.
 pub const METADATA_MARKER: &str = ".tickwire-metadata-store";
+
+/// Whether `written` is less than `age` ago.
+fn written_lately(written: SystemTime, age: Duration) -> bool {
+    written + age > SystemTime::now()
+}
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -97,10 +112,16 @@ impl S3Blobs {
         if recorded == id.as_bytes() {
             return Ok(());
         }
+        if recorded.is_empty() {
+            return Err(StoreError::Config(format!("{key} in {} could not be read back", self.location)));
+        }
         Err(StoreError::Config(format!(
-            "{} is used by the servers of another metadata store (its id is {:?}; this server's is {id}):              garbage collection through one store would remove the blobs only the other's refs name.              Use another prefix, or the same --refs database (to give the prefix to this store, delete              the object {key} once no server of the other store runs)",
-            self.location,
-            String::from_utf8_lossy(&recorded),
+            "{location} is used by the servers of another metadata store (its id is {other:?}; this \
+             server's is {id}): garbage collection through one store would remove the blobs only \
+             the other's refs name. Use another prefix, or the same --refs database (to give the \
+             prefix to this store, delete the object {key} once no server of the other store runs)",
+            location = self.location,
+            other = String::from_utf8_lossy(&recorded),
         )))
     }
 
@@ -115,25 +136,61 @@ impl S3Blobs {
     pub(super) async fn stored_for_write(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
         let key = self.key(ns, id);
         let Some(found) = self.stat(&key).await? else { return Ok(None) };
-        let Some(meta) = self.claims.get() else { return Ok(Some(found.size)) };
-        if found.written + RELY_AFTER > SystemTime::now() {
+        if self.claims.get().is_none()
+            || written_lately(found.written, RELY_AFTER)
+            || self.relied_lately(ns, id)
+        {
             return Ok(Some(found.size));
         }
-        let give_up = Instant::now() + CLAIM_STALE + CLAIM_DEADLINE;
+        self.relied_on(ns, id).await
+    }
+
+    /// Records that a write relies on blob `id` (waiting while a collection holds it), then its
+    /// size if the bucket has it: a collection may have removed it just before the record.
+    pub(super) async fn relied_on(&self, ns: &Name, id: &IoHash) -> io::Result<Option<u64>> {
+        self.rely(ns, id).await?;
+        self.head(&self.key(ns, id)).await
+    }
+
+    /// Whether an upload whose send began at `sending` took long enough that the bucket's date
+    /// for it (when its upload began) may soon look old to a collection.
+    pub(super) fn sent_slowly(&self, sending: SystemTime) -> bool {
+        !written_lately(sending, RELY_AFTER / 2)
+    }
+
+    fn relied_lately(&self, ns: &Name, id: &IoHash) -> bool {
+        let relied = self.relied.lock().unwrap_or_else(|p| p.into_inner()).get(&(ns.clone(), *id)).copied();
+        relied.is_some_and(|at| at.elapsed() < RELY_AGAIN_AFTER)
+    }
+
+    /// Records that a write relies on blob `id`, waiting while a collection holds it.
+    async fn rely(&self, ns: &Name, id: &IoHash) -> io::Result<()> {
+        let Some(meta) = self.claims.get() else { return Ok(()) };
+        let waited = Instant::now();
         let mut pause = Duration::from_millis(10);
         loop {
-            let now = now_ms();
+            let (recorded, now) = (Instant::now(), now_ms());
             if meta.rely_on_blob(ns, *id, now, now - ms(CLAIM_STALE)).await.map_err(io::Error::other)? {
-                return self.head(&key).await;
+                self.relied.lock().unwrap_or_else(|p| p.into_inner()).put((ns.clone(), *id), recorded);
+                return Ok(());
             }
-            if Instant::now() >= give_up {
+            // A claim ends within its stale bound, when it is taken over; this bound is only
+            // against a database whose answers never change.
+            if waited.elapsed() >= CLAIM_STALE + CLAIM_DEADLINE {
                 return Err(io::Error::other(format!(
-                    "blob {id} stayed claimed by a garbage collection for {CLAIM_STALE:?}"
+                    "blob {id} stayed claimed by a garbage collection for {:?}",
+                    waited.elapsed()
                 )));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(WAIT_STEP_MAX);
         }
+    }
+
+    /// Whether writes record their reliance through a metadata store
+    /// ([`S3Blobs::rely_through`]): collections run only then.
+    pub(crate) fn relies_through_metadata(&self) -> bool {
+        self.claims.get().is_some()
     }
 
     /// The namespace's blobs as the bucket lists them, with when each was last written
@@ -163,13 +220,15 @@ impl S3Blobs {
         let (this, meta, ns, id) = (self.clone(), meta.clone(), ns.clone(), *id);
         self.detached
             .spawn(async move {
+                // Timed from before the stamp: the deadline covers the claim's own write.
+                let started = Instant::now();
                 let claimed = now_ms();
                 let stale = claimed - ms(CLAIM_STALE);
                 let held = meta.claim_blob(&ns, id, claimed, epoch_ms(before), stale).await;
                 if !held.map_err(io::Error::other)? {
                     return Ok(None);
                 }
-                let (removed, release) = match this.remove_claimed(&ns, &id, before, Instant::now()).await {
+                let (removed, release) = match this.remove_claimed(&ns, &id, before, started).await {
                     Removal::Removed(size) => (Ok(Some(size)), Some(true)),
                     Removal::Kept => (Ok(None), Some(false)),
                     Removal::Failed(e) => (Err(e), Some(false)),
@@ -186,24 +245,25 @@ impl S3Blobs {
             .map_err(io::Error::other)?
     }
 
-    /// The part of [`S3Blobs::delete_older`] done under the claim taken at `claimed`. The
-    /// delete is sent once, never retried: a retry after an answer that was lost could land
+    /// The part of [`S3Blobs::delete_older`] done under the claim stamped just after `started`.
+    /// The delete is sent once, never retried: a retry after an answer that was lost could land
     /// after a write found the blob gone and uploaded it again.
-    async fn remove_claimed(&self, ns: &Name, id: &IoHash, before: SystemTime, claimed: Instant) -> Removal {
+    async fn remove_claimed(&self, ns: &Name, id: &IoHash, before: SystemTime, started: Instant) -> Removal {
         let key = self.key(ns, id);
         let found = match self.stat(&key).await {
             Ok(Some(found)) => found,
             Ok(None) => return Removal::Kept,
             Err(e) => return Removal::Failed(e),
         };
-        if found.written >= before || claimed.elapsed() > CLAIM_DEADLINE {
+        if found.written >= before || started.elapsed() > CLAIM_DEADLINE {
             return Removal::Kept;
         }
         match self.removals.delete(&key).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Ok(()) => self.usage.forget(1, found.size),
+            // Removed by someone else since the look above (and counted there).
+            Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Removal::Unsure(to_io(e)),
         }
-        self.usage.forget(1, found.size);
         self.forget_blob(ns, id).await;
         Removal::Removed(found.size)
     }
@@ -246,11 +306,8 @@ mod tests {
         "ue.ddc".parse().unwrap()
     }
 
-    /// Sets when the bucket says an object was last written (the test server's files' times).
     fn set_written(config: &crate::S3Config, id: &IoHash, at: SystemTime) {
-        let hex = id.to_hex();
-        let file = server::files_of(config).join("ue.ddc").join(&hex[..2]).join(&hex[2..4]).join(&hex);
-        std::fs::File::options().write(true).open(file).unwrap().set_modified(at).unwrap();
+        server::set_written(config, &ns(), id, at);
     }
 
     async fn store() -> (tempfile::TempDir, crate::S3Config, BlobStore, MetaStore) {
@@ -302,9 +359,10 @@ mod tests {
         let an_hour_ago = SystemTime::now() - HOUR;
         assert_eq!(s3.delete_older(&meta, &ns(), &old, an_hour_ago).await.unwrap(), None, "relied on");
         assert!(store.exists(&ns(), &old).await.unwrap());
-        // The young one has no record: a collection may claim it (and finds it young).
+        // The young one has no record: a claim refused for any record at all gets it.
         let now = now_ms();
-        assert!(meta.claim_blob(&ns(), young, now, now - 1, now - ms(CLAIM_STALE)).await.unwrap());
+        assert!(meta.claim_blob(&ns(), young, now, 1, now - ms(CLAIM_STALE)).await.unwrap());
+        assert!(!meta.claim_blob(&ns(), old, now, 1, now - ms(CLAIM_STALE)).await.unwrap(), "recorded");
     }
 
     /// A write that meets a claimed blob waits for the claim to end, then asks the bucket
@@ -330,5 +388,57 @@ mod tests {
         store.put(&ns(), Some(old), &b"claimed"[..], u64::MAX).await.unwrap();
         let head = server::client(&config).head(&server::key(&config, &ns(), &old)).await;
         assert!(head.is_ok(), "sent again");
+    }
+
+    /// A collection that held its claim past the deadline when it is about to delete gives the
+    /// blob up: the claim may be close to stale for writes.
+    #[tokio::test]
+    async fn a_claim_held_past_its_deadline_removes_nothing() {
+        let (_dir, config, store, _meta) = store().await;
+        let s3 = store.s3().unwrap();
+        let (old, _) = store.put(&ns(), None, &b"old"[..], u64::MAX).await.unwrap();
+        set_written(&config, &old, SystemTime::now() - 2 * HOUR);
+        let an_hour_ago = SystemTime::now() - HOUR;
+        let long_ago = Instant::now().checked_sub(CLAIM_DEADLINE + Duration::from_secs(1)).unwrap();
+        assert!(matches!(s3.remove_claimed(&ns(), &old, an_hour_ago, long_ago).await, Removal::Kept));
+        assert!(store.exists(&ns(), &old).await.unwrap());
+        assert!(matches!(
+            s3.remove_claimed(&ns(), &old, an_hour_ago, Instant::now()).await,
+            Removal::Removed(3)
+        ));
+    }
+
+    /// A claim older than its stale bound (a collection that stopped) does not hold a write up:
+    /// the write takes it over.
+    #[tokio::test]
+    async fn a_write_takes_a_stale_claim_over() {
+        let (_dir, config, store, meta) = store().await;
+        let (old, _) = store.put(&ns(), None, &b"abandoned"[..], u64::MAX).await.unwrap();
+        set_written(&config, &old, SystemTime::now() - 2 * HOUR);
+        let then = now_ms() - ms(CLAIM_STALE) - 1_000;
+        assert!(meta.claim_blob(&ns(), old, then, then, then - ms(CLAIM_STALE)).await.unwrap());
+        let found = tokio::time::timeout(Duration::from_secs(10), store.exists(&ns(), &old)).await;
+        assert!(found.expect("not held up").unwrap());
+        let now = now_ms();
+        assert!(
+            !meta.claim_blob(&ns(), old, now, now - 1_000, now - ms(CLAIM_STALE)).await.unwrap(),
+            "relied on"
+        );
+    }
+
+    /// A content id goes with its blob only if the bucket still has no such blob: one uploaded
+    /// again (here: never removed) keeps it.
+    #[tokio::test]
+    async fn a_content_id_stays_while_its_blob_is_there() {
+        let (_dir, _config, store, meta) = store().await;
+        let s3 = store.s3().unwrap();
+        let (blob, _) = store.put(&ns(), None, &b"a compressed buffer"[..], u64::MAX).await.unwrap();
+        let raw = IoHash::of(b"its payload");
+        meta.put_content(&ns(), raw, blob).await.unwrap();
+        assert_eq!(meta.forget_content_of(&ns(), vec![blob], s3.still_gone(&ns())).await.unwrap(), 0);
+        assert_eq!(meta.content_blob(&ns(), raw).await.unwrap(), Some(blob));
+        store.delete(&ns(), &blob).await.unwrap();
+        assert_eq!(meta.forget_content_of(&ns(), vec![blob], s3.still_gone(&ns())).await.unwrap(), 1);
+        assert_eq!(meta.content_blob(&ns(), raw).await.unwrap(), None);
     }
 }

@@ -119,7 +119,9 @@ impl S3Config {
         let reads = unless_set(builder.clone(), "AWS_TIMEOUT", ClientConfigKey::Timeout, READ_TOTAL);
         let reads = unless_set(reads, "AWS_READ_TIMEOUT", ClientConfigKey::ReadTimeout, READ_TIMEOUT);
         let removals = builder.clone().with_retry(RetryConfig { max_retries: 0, ..Default::default() });
-        let removals = unless_set(removals, "AWS_TIMEOUT", ClientConfigKey::Timeout, REMOVAL_TIMEOUT);
+        // Whatever `AWS_TIMEOUT` says: a claim's length depends on it.
+        let removals =
+            removals.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), REMOVAL_TIMEOUT);
         let sends = unless_set(builder, "AWS_TIMEOUT", ClientConfigKey::Timeout, SEND_TIMEOUT);
         let build = |b: AmazonS3Builder| b.build().map_err(|e| StoreError::Config(e.to_string()));
         Ok(Clients { reads: build(reads)?, sends: build(sends)?, removals: build(removals)? })
