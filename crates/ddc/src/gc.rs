@@ -182,6 +182,7 @@ impl Content {
     ) -> Result<(), ContentError> {
         let live = self.live(ns).await?;
         let live = &live;
+        // A listing that fails ends with its error (the blobs in flight are still awaited).
         let mut outcomes = s3
             .list_namespace(ns)
             .map(|listed| async move {
@@ -200,7 +201,8 @@ impl Content {
             })
             .buffer_unordered(SWEEP_S3_AT_ONCE);
         // One blob that fails is logged and counted, and the sweep goes on; a listing that fails
-        // ends it. Either way, the blobs removed so far have their content ids forgotten.
+        // ends it once the blobs in flight are done. Either way, the blobs removed have their
+        // content ids forgotten (unless the metadata store fails too).
         let mut gone = Vec::new();
         let mut unlisted = None;
         while let Some(outcome) = outcomes.next().await {
@@ -214,10 +216,7 @@ impl Content {
                     report.blobs_failed += 1;
                     tracing::warn!(error = %e, namespace = %ns, blob = %id, "garbage collection could not remove a blob");
                 }
-                Swept::Unlisted(e) => {
-                    unlisted = Some(e);
-                    break;
-                }
+                Swept::Unlisted(e) => unlisted = Some(e),
             }
             if gone.len() >= FORGET_BATCH {
                 self.meta.forget_content_of(ns, std::mem::take(&mut gone), s3.still_gone(ns)).await?;

@@ -47,8 +47,9 @@ const MAX_PARTS: u64 = 10_000;
 pub const MAX_BLOB: u64 = MAX_PARTS * PART as u64;
 /// The most uploads sending to the bucket at once; others wait their turn.
 pub const UPLOADS: usize = 8;
-/// How many blobs found in the bucket (and their sizes) a server remembers, so that a presence
-/// check of a blob it has seen asks the bucket once, not every time (about 100 bytes each).
+/// How many blobs found in the bucket (and their sizes) a server remembers, so that a read's
+/// presence check of a blob it has seen asks the bucket at most once per [`SEEN_FOR`], not
+/// every time (about 100 bytes each).
 const SEEN: usize = 1 << 16;
 /// How long a blob found in the bucket is taken as there without asking again: a delete
 /// through another server (a client's, or a garbage collection's) is seen after this.
@@ -75,8 +76,9 @@ pub struct S3Blobs {
     /// stop them half done; [`S3Blobs::finish`] waits for them at shutdown.
     detached: TaskTracker,
     cache: Option<Arc<DiskCache>>,
-    /// Blobs lately found in the bucket or sent to it, with their sizes, the least recently
-    /// used forgotten first. Like the cache, it does not see deletes through other servers.
+    /// Blobs lately found in the bucket or sent to it, with their sizes and when, the least
+    /// recently used forgotten first. It sees a delete through another server only once its
+    /// entry is older than [`SEEN_FOR`].
     seen: std::sync::Mutex<lru::LruCache<(Name, IoHash), (u64, std::time::Instant)>>,
     /// Old blobs this server's writes recorded as relied on lately, and when
     /// (`s3/collect.rs`).
@@ -181,28 +183,25 @@ impl S3Blobs {
         tokio::time::timeout(bound, self.detached.wait()).await.is_ok()
     }
 
-    /// Counts what is under the prefix, as the local store walks its tree.
+    /// Counts what is under the prefix, as the local store walks its tree; a count that fails
+    /// is made again a minute later (garbage collection waits for it).
     fn count_in_background(&self) {
         let (reads, prefix, usage) = (self.reads.clone(), self.prefix.clone(), self.usage.clone());
         tokio::spawn(async move {
-            let mut listing = reads.list(Some(&prefix));
-            let (mut blobs, mut bytes) = (0, 0);
-            while let Some(item) = listing.next().await {
-                match item {
-                    // Blobs only, not the metadata store's marker.
-                    Ok(meta) if meta.location.filename().is_some_and(|n| n.parse::<IoHash>().is_ok()) => {
-                        blobs += 1;
-                        bytes += meta.size;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "counting the blobs in S3 failed; ddc_store_blobs stays at 0");
+            loop {
+                match count(&reads, &prefix).await {
+                    Ok((blobs, bytes)) => {
+                        usage.add(blobs, bytes);
+                        usage.counted.store(true, Ordering::Relaxed);
                         return;
                     }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "counting the blobs in S3 failed; again in a minute (ddc_store_blobs stays at 0 and blobs are not collected until then)"
+                    ),
                 }
+                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
             }
-            usage.add(blobs, bytes);
-            usage.counted.store(true, Ordering::Relaxed);
         });
     }
 
@@ -260,9 +259,10 @@ impl S3Blobs {
         // S3 dates an object by when its upload began: one that took long may already look old
         // enough to collect, so it is kept from collections as a write that relies on it is.
         if self.sent_slowly(sending) && self.relied_on(ns, &actual).await? != Some(size) {
-            return Err(io::Error::other(format!(
-                "blob {actual} was removed by a garbage collection while it was uploaded; upload it again"
-            ))
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("blob {actual} was removed by a garbage collection while it was uploaded; retry"),
+            )
             .into());
         }
         self.usage.add(1, size);
@@ -494,6 +494,19 @@ impl S3Blobs {
             tracing::warn!(error = %e, namespace = %ns, "removing a namespace from the blob cache failed");
         }
     }
+}
+
+/// The blobs under `prefix`, and their bytes (not the metadata store's record).
+async fn count(reads: &AmazonS3, prefix: &Key) -> object_store::Result<(u64, u64)> {
+    let mut listing = reads.list(Some(prefix));
+    let (mut blobs, mut bytes) = (0, 0);
+    while let Some(meta) = listing.next().await.transpose()? {
+        if meta.location.filename().is_some_and(|n| n.parse::<IoHash>().is_ok()) {
+            blobs += 1;
+            bytes += meta.size;
+        }
+    }
+    Ok((blobs, bytes))
 }
 
 /// Sends the staged blob `tmp` (`size` bytes hashing to `id`) to `key`: in one request, or in

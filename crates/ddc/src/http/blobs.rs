@@ -109,9 +109,16 @@ pub(super) async fn store_raw(
         Some(id) if ddc.content.blobs.exists(ns, &id).await? => {
             // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
             // written (and kept from garbage collection, as `exists` does for a write).
+            let checked = std::time::Instant::now();
             let (actual, size) = crate::blob_store::hash_stream(reader, limit).await?;
             if actual != id {
                 return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
+            }
+            // A body that took long: what kept the blob from garbage collection may have run
+            // out, so it is asked again before the answer says "stored".
+            if checked.elapsed() > crate::refs::MAX_CHECK && !ddc.content.blobs.exists(ns, &id).await? {
+                let gone = "the blob was removed while its body was read; upload it again";
+                return Err(ApiError::Io(std::io::Error::new(std::io::ErrorKind::ResourceBusy, gone)));
             }
             return Ok((id, size));
         }

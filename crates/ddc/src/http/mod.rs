@@ -251,6 +251,11 @@ impl ApiError {
                     StatusCode::TOO_MANY_REQUESTS
                 }
                 ContentError::CheckTooLong(_) => StatusCode::SERVICE_UNAVAILABLE,
+                ContentError::Io(e) | ContentError::Store(StoreError::Io(e))
+                    if e.kind() == ErrorKind::ResourceBusy =>
+                {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
                 // An object larger than the whole memory budget: no retry would get it.
                 ContentError::Meta(MetaError::PastRoom { .. }) | ContentError::PastRoom { .. } => {
                     StatusCode::PAYLOAD_TOO_LARGE
@@ -265,6 +270,8 @@ impl ApiError {
             },
             // A blob gone between finding it and reading it (deleted meanwhile).
             ApiError::Io(e) if e.kind() == ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            // A blob a garbage collection is removing: retry.
+            ApiError::Io(e) if e.kind() == ErrorKind::ResourceBusy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

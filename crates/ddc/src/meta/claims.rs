@@ -23,7 +23,8 @@ use super::{Backend, MetaError, MetaStore, on_backend};
 use crate::{IoHash, Name};
 
 impl MetaStore {
-    /// Records that a write relies on blob `id` of `ns` at `now_ms`; false while a collector
+    /// Records that a write relies on blob `id` of `ns` at `now_ms` (or later, if a write
+    /// recorded a later time: a server whose clock is behind never moves it back); false while a collector
     /// holds a claim on it made at or after `stale_before_ms` (the write must wait for the
     /// claim to end, then look at the blob again). An older claim is taken over.
     pub async fn rely_on_blob(

@@ -37,9 +37,15 @@ impl RefPage {
     }
 }
 
-/// Whether a blob the collector removed is still gone, asked of the blob store: the check
-/// [`MetaStore::forget_content_of`] makes with the content ids locked.
-pub type StillGone = Arc<dyn Fn(IoHash) -> BoxFuture<'static, bool> + Send + Sync>;
+/// Whether a blob the collector removed is still gone: the check
+/// [`MetaStore::forget_content_of`] makes with the blob's content ids locked.
+#[derive(Clone)]
+pub enum StillGone {
+    /// A quick look (a local file's absence), made in the write itself.
+    Looked(Arc<dyn Fn(&IoHash) -> bool + Send + Sync>),
+    /// A request (a HEAD to the bucket), made beside the write.
+    Asked(Arc<dyn Fn(IoHash) -> BoxFuture<'static, bool> + Send + Sync>),
+}
 
 /// A page stops after this many refs or after the object that passes [`PAGE_BYTES`], so that
 /// a connection (shared with requests) is held briefly.

@@ -529,7 +529,15 @@ impl Postgres {
             let locked = tx
                 .query("SELECT raw_hash FROM content WHERE ns = $1 AND blob_id = $2 FOR UPDATE", &[&n, &blob])
                 .await?;
-            if !locked.is_empty() && still_gone(id).await {
+            let gone = !locked.is_empty()
+                && match &still_gone {
+                    StillGone::Looked(look) => {
+                        let look = look.clone();
+                        tokio::task::spawn_blocking(move || look(&id)).await.unwrap_or(false)
+                    }
+                    StillGone::Asked(ask) => ask(id).await,
+                };
+            if gone {
                 let gone =
                     tx.execute("DELETE FROM content WHERE ns = $1 AND blob_id = $2", &[&n, &blob]).await?;
                 forgotten += gone as usize;

@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use futures_util::StreamExt;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
@@ -24,6 +25,9 @@ use crate::{IoHash, Name};
 mod claims;
 
 const FILE: &str = "ddc.sqlite";
+
+/// Blobs a collection asks the bucket about at once while it forgets their content ids.
+const ASKED_AT_ONCE: usize = 8;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS namespaces (
@@ -399,28 +403,62 @@ impl Sqlite {
         gone: Vec<IoHash>,
         still_gone: StillGone,
     ) -> Result<usize, MetaError> {
-        let mut forgotten = 0;
-        for blob in gone {
-            let _forgetting = self.content_ids.lock().await;
-            let (ns, id) = (n.clone(), blob.as_bytes().to_vec());
-            let named = self
-                .read(move |c| {
-                    let mut named =
-                        c.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2")?;
-                    Ok(named.exists(params![ns, id])?)
-                })
-                .await?;
-            if !named || !still_gone(blob).await {
-                continue;
+        match still_gone {
+            // Looked at in the one writer: no upload's content id can be written between the
+            // look and the delete.
+            StillGone::Looked(look) => self.forget_content_where(n, gone, move |blob| look(blob)).await,
+            StillGone::Asked(ask) => {
+                // Content ids' writes wait while the bucket is asked (not the writer, which
+                // would hold up every write), so that an upload of the same buffer writes its
+                // id either before the question (and its blob is seen) or after the delete.
+                let _forgetting = self.content_ids.lock().await;
+                let (ns, ids) = (n.clone(), gone);
+                let named: Vec<IoHash> = self
+                    .read(move |c| {
+                        let mut named =
+                            c.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2")?;
+                        let mut found = Vec::new();
+                        for id in ids {
+                            if named.exists(params![ns, &id.as_bytes()[..]])? {
+                                found.push(id);
+                            }
+                        }
+                        Ok(found)
+                    })
+                    .await?;
+                let asks: Vec<_> = named.iter().map(|id| ask(*id)).collect();
+                let answers: Vec<bool> =
+                    futures_util::stream::iter(asks).buffered(ASKED_AT_ONCE).collect().await;
+                let still: Vec<IoHash> =
+                    named.into_iter().zip(answers).filter_map(|(id, gone)| gone.then_some(id)).collect();
+                self.forget_content_where(n, still, |_| true).await
             }
-            let (ns, id) = (n.clone(), blob.as_bytes().to_vec());
-            forgotten += self
-                .write(move |c| {
-                    Ok(c.execute("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2", params![ns, id])?)
-                })
-                .await?;
         }
-        Ok(forgotten)
+    }
+
+    /// Deletes, in one transaction, the content ids naming each blob of `blobs` that `gone`
+    /// says is gone (looked at in the writer).
+    async fn forget_content_where(
+        &self,
+        n: String,
+        blobs: Vec<IoHash>,
+        gone: impl Fn(&IoHash) -> bool + Send + 'static,
+    ) -> Result<usize, MetaError> {
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            let mut forgotten = 0;
+            {
+                let mut delete = tx.prepare_cached("DELETE FROM content WHERE ns = ?1 AND blob_id = ?2")?;
+                for blob in blobs {
+                    if gone(&blob) {
+                        forgotten += delete.execute(params![n, &blob.as_bytes()[..]])?;
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(forgotten)
+        })
+        .await
     }
 
     #[cfg(test)]

@@ -119,10 +119,9 @@ impl LocalBlobs {
     /// Whether a blob of `ns` the collection removed is still gone: its file is absent.
     pub(crate) fn still_gone(&self, ns: &Name) -> crate::meta::StillGone {
         let (root, ns) = (self.root.clone(), ns.clone());
-        std::sync::Arc::new(move |id| {
-            let path = place(&root, &ns, &id);
-            Box::pin(async move { !fs::try_exists(&path).await.unwrap_or(true) })
-        })
+        crate::meta::StillGone::Looked(std::sync::Arc::new(move |id| {
+            !place(&root, &ns, id).try_exists().unwrap_or(true)
+        }))
     }
 
     /// Removes a blob if it was last written before `before`; its size if it was removed.

@@ -48,9 +48,11 @@ use crate::{IoHash, Name};
 /// A write that relies on a blob last written longer ago than this records it (and so does an
 /// upload that took more than half of it).
 pub const RELY_AFTER: Duration = Duration::from_secs(10 * 60);
-/// The shortest grace a collection of blobs in S3 accepts: twice [`RELY_AFTER`], so that a
-/// write has at least `RELY_AFTER` to commit the ref that names what it checked.
-pub const MIN_GRACE: Duration = Duration::from_secs(2 * 10 * 60);
+/// The shortest grace a collection of blobs in S3 accepts: three times [`RELY_AFTER`]. A ref
+/// whose check found a blob written up to `RELY_AFTER` before (so not recorded) is written
+/// within [`crate::refs::MAX_CHECK`] of the check; what is left of the grace (15 minutes) is
+/// for that write and for the clocks of the servers and S3 to differ.
+pub const MIN_GRACE: Duration = Duration::from_secs(3 * 10 * 60);
 /// A claim this old is a collection that stopped: it is taken over. Far above how long a
 /// claim can last ([`CLAIM_DEADLINE`] plus one delete's bound), so that servers' clocks may
 /// differ by minutes.
@@ -62,6 +64,11 @@ pub const CLAIM_DEADLINE: Duration = Duration::from_secs(60);
 /// the record keeps collections off it for the grace, at least `MIN_GRACE - RELY_AGAIN_AFTER`
 /// from the later write.
 const RELY_AGAIN_AFTER: Duration = Duration::from_secs(5 * 60);
+/// The longest a collection asks the bucket whether a removed blob is still gone, while the
+/// blob's content ids are locked.
+const STILL_GONE_WITHIN: Duration = Duration::from_secs(5);
+/// The longest a write waits for a collection's claim on a blob to end.
+const WAIT_FOR_CLAIM: Duration = Duration::from_secs(90);
 /// The longest pause between two looks of a write waiting for a claim to end.
 pub const WAIT_STEP_MAX: Duration = Duration::from_millis(500);
 
@@ -174,13 +181,13 @@ impl S3Blobs {
                 self.relied.lock().unwrap_or_else(|p| p.into_inner()).put((ns.clone(), *id), recorded);
                 return Ok(());
             }
-            // A claim ends within its stale bound, when it is taken over; this bound is only
-            // against a database whose answers never change.
-            if waited.elapsed() >= CLAIM_STALE + CLAIM_DEADLINE {
-                return Err(io::Error::other(format!(
-                    "blob {id} stayed claimed by a garbage collection for {:?}",
-                    waited.elapsed()
-                )));
+            // A claim ends within about a minute, unless its collection stopped or its delete
+            // failed: then the write answers "busy, retry" rather than wait for it to go stale.
+            if waited.elapsed() >= WAIT_FOR_CLAIM {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!("blob {id} is being removed by a garbage collection; retry"),
+                ));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(WAIT_STEP_MAX);
@@ -194,7 +201,8 @@ impl S3Blobs {
     }
 
     /// The namespace's blobs as the bucket lists them, with when each was last written
-    /// (objects whose names are not blob ids are left out), a page of the listing at a time.
+    /// (objects whose names are not blob ids are left out), a page of the listing at a time;
+    /// it ends with the first error.
     pub(crate) fn list_namespace(&self, ns: &Name) -> BoxStream<'static, io::Result<(IoHash, SystemTime)>> {
         let prefix = self.prefix.clone().join(ns.as_str());
         self.reads
@@ -203,6 +211,13 @@ impl S3Blobs {
             .try_filter_map(|meta| async move {
                 let id = meta.location.filename().and_then(|name| name.parse::<IoHash>().ok());
                 Ok(id.map(|id| (id, meta.last_modified.into())))
+            })
+            .scan(false, |failed, listed| {
+                let next = (!*failed).then(|| {
+                    *failed = listed.is_err();
+                    listed
+                });
+                std::future::ready(next)
             })
             .boxed()
     }
@@ -228,7 +243,8 @@ impl S3Blobs {
                 if !held.map_err(io::Error::other)? {
                     return Ok(None);
                 }
-                let (removed, release) = match this.remove_claimed(&ns, &id, before, started).await {
+                let (removed, release) = match this.remove_claimed(&ns, &id, before, (started, claimed)).await
+                {
                     Removal::Removed(size) => (Ok(Some(size)), Some(true)),
                     Removal::Kept => (Ok(None), Some(false)),
                     Removal::Failed(e) => (Err(e), Some(false)),
@@ -236,8 +252,11 @@ impl S3Blobs {
                     // delete can no longer land.
                     Removal::Unsure(e) => (Err(e), None),
                 };
-                if let Some(gone) = release {
-                    meta.release_blob(&ns, id, claimed, gone).await.map_err(io::Error::other)?;
+                if let Some(gone) = release
+                    && let Err(e) = meta.release_blob(&ns, id, claimed, gone).await
+                {
+                    // The claim goes stale instead; what was done stands.
+                    tracing::warn!(error = %e, blob = %id, "ending a garbage collection's claim failed");
                 }
                 removed
             })
@@ -245,25 +264,34 @@ impl S3Blobs {
             .map_err(io::Error::other)?
     }
 
-    /// The part of [`S3Blobs::delete_older`] done under the claim stamped just after `started`.
-    /// The delete is sent once, never retried: a retry after an answer that was lost could land
-    /// after a write found the blob gone and uploaded it again.
-    async fn remove_claimed(&self, ns: &Name, id: &IoHash, before: SystemTime, started: Instant) -> Removal {
+    /// The part of [`S3Blobs::delete_older`] done under the claim stamped `claimed` (ms since the
+    /// epoch) just after `started`: both must be younger than [`CLAIM_DEADLINE`] when the delete
+    /// goes (the monotonic clock does not run while the machine is suspended). The delete is
+    /// sent once, never retried: a retry after an answer that was lost could land after a write
+    /// found the blob gone and uploaded it again.
+    async fn remove_claimed(
+        &self,
+        ns: &Name,
+        id: &IoHash,
+        before: SystemTime,
+        (started, claimed): (Instant, i64),
+    ) -> Removal {
         let key = self.key(ns, id);
         let found = match self.stat(&key).await {
             Ok(Some(found)) => found,
             Ok(None) => return Removal::Kept,
             Err(e) => return Removal::Failed(e),
         };
-        if found.written >= before || started.elapsed() > CLAIM_DEADLINE {
+        let late = started.elapsed() > CLAIM_DEADLINE || now_ms() - claimed > ms(CLAIM_DEADLINE);
+        if found.written >= before || late {
             return Removal::Kept;
         }
-        match self.removals.delete(&key).await {
-            Ok(()) => self.usage.forget(1, found.size),
-            // Removed by someone else since the look above (and counted there).
-            Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Removal::Unsure(to_io(e)),
+        // (S3 answers a delete of a missing object as done: a delete through the API since the
+        // look above is counted twice in the usage, until the next start counts again.)
+        if let Err(e) = self.removals.delete(&key).await {
+            return Removal::Unsure(to_io(e));
         }
+        self.usage.forget(1, found.size);
         self.forget_blob(ns, id).await;
         Removal::Removed(found.size)
     }
@@ -281,13 +309,18 @@ impl S3Blobs {
         Ok(())
     }
 
-    /// Whether a blob of `ns` the collection removed is still gone: asked of the bucket.
+    /// Whether a blob of `ns` the collection removed is still gone: asked of the bucket, within
+    /// [`STILL_GONE_WITHIN`] (a content id's writes wait meanwhile); no answer counts as "there".
     pub(crate) fn still_gone(self: &Arc<Self>, ns: &Name) -> StillGone {
         let (this, ns) = (self.clone(), ns.clone());
-        Arc::new(move |id| {
+        StillGone::Asked(Arc::new(move |id| {
             let (this, ns) = (this.clone(), ns.clone());
-            Box::pin(async move { matches!(this.head(&this.key(&ns, &id)).await, Ok(None)) })
-        })
+            Box::pin(async move {
+                let key = this.key(&ns, &id);
+                let asked = tokio::time::timeout(STILL_GONE_WITHIN, this.removals.head(&key)).await;
+                matches!(asked, Ok(Err(object_store::Error::NotFound { .. })))
+            })
+        }))
     }
 }
 
@@ -341,8 +374,8 @@ mod tests {
         meta.release_blob(&ns(), old, now, false).await.unwrap();
         assert_eq!(s3.delete_older(&meta, &ns(), &old, an_hour_ago).await.unwrap(), Some(size));
         assert!(!store.exists(&ns(), &old).await.unwrap());
-        // The claim ended with the blob.
-        assert!(meta.rely_on_blob(&ns(), old, now_ms(), now_ms()).await.unwrap());
+        // The claim ended with the blob (a claim still there would not be stale).
+        assert!(meta.rely_on_blob(&ns(), old, now_ms(), now_ms() - ms(CLAIM_STALE)).await.unwrap());
     }
 
     /// A write that finds a blob written long ago records that it relies on it, which keeps a
@@ -400,10 +433,16 @@ mod tests {
         set_written(&config, &old, SystemTime::now() - 2 * HOUR);
         let an_hour_ago = SystemTime::now() - HOUR;
         let long_ago = Instant::now().checked_sub(CLAIM_DEADLINE + Duration::from_secs(1)).unwrap();
-        assert!(matches!(s3.remove_claimed(&ns(), &old, an_hour_ago, long_ago).await, Removal::Kept));
+        assert!(matches!(
+            s3.remove_claimed(&ns(), &old, an_hour_ago, (long_ago, now_ms())).await,
+            Removal::Kept
+        ));
+        let stamped_long_ago = now_ms() - ms(CLAIM_DEADLINE) - 1_000;
+        let late = s3.remove_claimed(&ns(), &old, an_hour_ago, (Instant::now(), stamped_long_ago)).await;
+        assert!(matches!(late, Removal::Kept), "stamped too long ago");
         assert!(store.exists(&ns(), &old).await.unwrap());
         assert!(matches!(
-            s3.remove_claimed(&ns(), &old, an_hour_ago, Instant::now()).await,
+            s3.remove_claimed(&ns(), &old, an_hour_ago, (Instant::now(), now_ms())).await,
             Removal::Removed(3)
         ));
     }

@@ -8,7 +8,7 @@ use crate::IoHash;
 use crate::meta::MetaError;
 
 const RELY: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, ?3, NULL)
-    ON CONFLICT (ns, blob_id) DO UPDATE SET relied = excluded.relied, claimed = NULL
+    ON CONFLICT (ns, blob_id) DO UPDATE SET relied = MAX(blob_gc.relied, excluded.relied), claimed = NULL
     WHERE blob_gc.claimed IS NULL OR blob_gc.claimed < ?4";
 const CLAIM: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, 0, ?3)
     ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = excluded.claimed
