@@ -89,6 +89,31 @@ impl MetaStore {
     }
 }
 
+/// The statements of both backends, with SQLite's `?N` parameters (the Postgres backend
+/// turns them into `$N` once: [`sql::postgres`]).
+pub(super) mod sql {
+    /// `relied` never moves back: a server whose clock is behind does not undo a later record.
+    pub const RELY: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, ?3, NULL)
+        ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = NULL, relied = CASE
+            WHEN blob_gc.relied > excluded.relied THEN blob_gc.relied ELSE excluded.relied END
+        WHERE blob_gc.claimed IS NULL OR blob_gc.claimed < ?4";
+    pub const CLAIM: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, 0, ?3)
+        ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = excluded.claimed
+        WHERE blob_gc.relied < ?4 AND (blob_gc.claimed IS NULL OR blob_gc.claimed < ?5)";
+    pub const RELEASE_REMOVED: &str = "DELETE FROM blob_gc WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
+    pub const RELEASE_KEPT: &str =
+        "UPDATE blob_gc SET claimed = NULL WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
+    pub const PRUNE: &str =
+        "DELETE FROM blob_gc WHERE ns = ?1 AND ((claimed IS NULL AND relied < ?2) OR claimed < ?3)";
+    pub const MAKE_ID: &str = "INSERT INTO store_identity (one, id) VALUES (TRUE, ?1) ON CONFLICT DO NOTHING";
+    pub const ID: &str = "SELECT id FROM store_identity";
+
+    /// `statement` with Postgres's `$N` parameters (none of these has a `?` anywhere else).
+    pub fn postgres(statement: &str) -> String {
+        statement.replace('?', "$")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +124,7 @@ mod tests {
         a_write_and_a_claim_exclude_each_other,
         a_stale_claim_is_taken_over,
         a_release_keeps_or_forgets_the_row,
+        a_record_never_moves_back,
     );
 
     const MIN: i64 = 60_000;
@@ -154,6 +180,18 @@ mod tests {
         // The stopped collector's release no longer names the claim: it changes nothing.
         meta.release_blob(&ns(), b, t, true).await.unwrap();
         assert!(!meta.rely_on_blob(&ns(), b, later + 1, later - 5 * MIN).await.unwrap(), "still held");
+    }
+
+    /// A write stamped earlier than the one recorded (a server whose clock is behind) keeps the
+    /// later time.
+    async fn a_record_never_moves_back(backend: TestBackend) {
+        let Some(place) = TestPlace::new(backend) else { return };
+        let meta = place.open().await;
+        let a = IoHash::of(b"a");
+        let t = 1_000 * MIN;
+        assert!(meta.rely_on_blob(&ns(), a, t + 10, t).await.unwrap());
+        assert!(meta.rely_on_blob(&ns(), a, t, t).await.unwrap());
+        assert!(!meta.claim_blob(&ns(), a, t + 20, t + 5, t).await.unwrap(), "still relied on at t + 10");
     }
 
     /// A blob removed takes its row with it; one kept keeps when a write relied on it, until

@@ -2,25 +2,35 @@
 //! id, each one statement (`INSERT ... ON CONFLICT DO UPDATE ... WHERE` locks the row, so a
 //! write and a claim on one blob are ordered).
 
+use std::sync::LazyLock;
+
 use tokio_postgres::types::ToSql;
 
 use super::Postgres;
 use crate::IoHash;
 use crate::meta::MetaError;
+use crate::meta::claims::sql;
 
-const RELY: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES ($1, $2, $3, NULL)
-    ON CONFLICT (ns, blob_id) DO UPDATE SET relied = GREATEST(blob_gc.relied, excluded.relied), claimed = NULL
-    WHERE blob_gc.claimed IS NULL OR blob_gc.claimed < $4";
-const CLAIM: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES ($1, $2, 0, $3)
-    ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = excluded.claimed
-    WHERE blob_gc.relied < $4 AND (blob_gc.claimed IS NULL OR blob_gc.claimed < $5)";
-const RELEASE_REMOVED: &str = "DELETE FROM blob_gc WHERE ns = $1 AND blob_id = $2 AND claimed = $3";
-const RELEASE_KEPT: &str =
-    "UPDATE blob_gc SET claimed = NULL WHERE ns = $1 AND blob_id = $2 AND claimed = $3";
-const PRUNE: &str =
-    "DELETE FROM blob_gc WHERE ns = $1 AND ((claimed IS NULL AND relied < $2) OR claimed < $3)";
-const MAKE_ID: &str = "INSERT INTO store_identity (one, id) VALUES (TRUE, $1) ON CONFLICT DO NOTHING";
-const ID: &str = "SELECT id FROM store_identity";
+/// The statements of `meta/claims.rs`, with `$N` parameters.
+struct Statements {
+    rely: String,
+    claim: String,
+    release_removed: String,
+    release_kept: String,
+    prune: String,
+    make_id: String,
+    id: String,
+}
+
+static STATEMENTS: LazyLock<Statements> = LazyLock::new(|| Statements {
+    rely: sql::postgres(sql::RELY),
+    claim: sql::postgres(sql::CLAIM),
+    release_removed: sql::postgres(sql::RELEASE_REMOVED),
+    release_kept: sql::postgres(sql::RELEASE_KEPT),
+    prune: sql::postgres(sql::PRUNE),
+    make_id: sql::postgres(sql::MAKE_ID),
+    id: sql::postgres(sql::ID),
+});
 
 impl Postgres {
     /// Runs `statement` (prepared once per connection) with `params`; the rows it changed.
@@ -31,7 +41,7 @@ impl Postgres {
     }
 
     pub async fn rely_on_blob(&self, n: String, id: IoHash, now: i64, stale: i64) -> Result<bool, MetaError> {
-        Ok(self.change(RELY, &[&n, &&id.as_bytes()[..], &now, &stale]).await? == 1)
+        Ok(self.change(&STATEMENTS.rely, &[&n, &&id.as_bytes()[..], &now, &stale]).await? == 1)
     }
 
     pub async fn claim_blob(
@@ -42,7 +52,7 @@ impl Postgres {
         relied: i64,
         stale: i64,
     ) -> Result<bool, MetaError> {
-        Ok(self.change(CLAIM, &[&n, &&id.as_bytes()[..], &now, &relied, &stale]).await? == 1)
+        Ok(self.change(&STATEMENTS.claim, &[&n, &&id.as_bytes()[..], &now, &relied, &stale]).await? == 1)
     }
 
     pub async fn release_blob(
@@ -52,17 +62,17 @@ impl Postgres {
         claimed: i64,
         removed: bool,
     ) -> Result<(), MetaError> {
-        let statement = if removed { RELEASE_REMOVED } else { RELEASE_KEPT };
+        let statement = if removed { &STATEMENTS.release_removed } else { &STATEMENTS.release_kept };
         self.change(statement, &[&n, &&id.as_bytes()[..], &claimed]).await?;
         Ok(())
     }
 
     pub async fn prune_blob_claims(&self, n: String, relied: i64, stale: i64) -> Result<usize, MetaError> {
-        Ok(self.change(PRUNE, &[&n, &relied, &stale]).await? as usize)
+        Ok(self.change(&STATEMENTS.prune, &[&n, &relied, &stale]).await? as usize)
     }
 
     pub async fn store_id(&self, new: String) -> Result<String, MetaError> {
-        self.change(MAKE_ID, &[&new]).await?;
-        Ok(self.client().await?.query_one(ID, &[]).await?.get(0))
+        self.change(&STATEMENTS.make_id, &[&new]).await?;
+        Ok(self.client().await?.query_one(STATEMENTS.id.as_str(), &[]).await?.get(0))
     }
 }

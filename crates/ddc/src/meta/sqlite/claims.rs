@@ -6,20 +6,7 @@ use rusqlite::params;
 use super::Sqlite;
 use crate::IoHash;
 use crate::meta::MetaError;
-
-const RELY: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, ?3, NULL)
-    ON CONFLICT (ns, blob_id) DO UPDATE SET relied = MAX(blob_gc.relied, excluded.relied), claimed = NULL
-    WHERE blob_gc.claimed IS NULL OR blob_gc.claimed < ?4";
-const CLAIM: &str = "INSERT INTO blob_gc (ns, blob_id, relied, claimed) VALUES (?1, ?2, 0, ?3)
-    ON CONFLICT (ns, blob_id) DO UPDATE SET claimed = excluded.claimed
-    WHERE blob_gc.relied < ?4 AND (blob_gc.claimed IS NULL OR blob_gc.claimed < ?5)";
-const RELEASE_REMOVED: &str = "DELETE FROM blob_gc WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
-const RELEASE_KEPT: &str =
-    "UPDATE blob_gc SET claimed = NULL WHERE ns = ?1 AND blob_id = ?2 AND claimed = ?3";
-const PRUNE: &str =
-    "DELETE FROM blob_gc WHERE ns = ?1 AND ((claimed IS NULL AND relied < ?2) OR claimed < ?3)";
-const MAKE_ID: &str = "INSERT INTO store_identity (one, id) VALUES (TRUE, ?1) ON CONFLICT DO NOTHING";
-const ID: &str = "SELECT id FROM store_identity";
+use crate::meta::claims::sql::{CLAIM, ID, MAKE_ID, PRUNE, RELEASE_KEPT, RELEASE_REMOVED, RELY};
 
 impl Sqlite {
     pub async fn rely_on_blob(&self, n: String, id: IoHash, now: i64, stale: i64) -> Result<bool, MetaError> {
