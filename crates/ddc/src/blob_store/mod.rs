@@ -336,6 +336,23 @@ impl BlobStore {
     }
 }
 
+/// A blob a write needs is being removed by a garbage collection (or was, while the write ran):
+/// the request can be tried again. Carried inside an [`io::Error`]; [`is_busy`] finds it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BeingCollected(pub String);
+
+impl BeingCollected {
+    pub fn into_io(self) -> io::Error {
+        io::Error::other(self)
+    }
+}
+
+/// Whether `e` is a [`BeingCollected`].
+pub fn is_busy(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<BeingCollected>())
+}
+
 /// How many blobs and bytes the store holds: counted when the store opens (in the background)
 /// and kept up to date by this server's writes and deletes. Two identical uploads racing may
 /// count one blob twice until the next start; with a store shared by several servers, the

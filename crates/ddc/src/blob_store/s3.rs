@@ -259,11 +259,9 @@ impl S3Blobs {
         // S3 dates an object by when its upload began: one that took long may already look old
         // enough to collect, so it is kept from collections as a write that relies on it is.
         if self.sent_slowly(sending) && self.relied_on(ns, &actual).await? != Some(size) {
-            return Err(io::Error::new(
-                io::ErrorKind::ResourceBusy,
-                format!("blob {actual} was removed by a garbage collection while it was uploaded; retry"),
-            )
-            .into());
+            let gone =
+                format!("blob {actual} was removed by a garbage collection while it was uploaded; retry");
+            return Err(super::BeingCollected(gone).into_io().into());
         }
         self.usage.add(1, size);
         self.note_seen(ns, &actual, size);

@@ -105,11 +105,11 @@ pub(super) async fn store_raw(
 ) -> Result<(IoHash, u64), ApiError> {
     let reader = body_reader(body, ddc.limits.body_timeout);
     let limit = ddc.limits.max_blob_bytes;
+    let checked = std::time::Instant::now();
     let stored = match expected {
         Some(id) if ddc.content.blobs.exists(ns, &id).await? => {
             // Already stored: a re-upload is hashed (so a wrong body is still a 400) but not
             // written (and kept from garbage collection, as `exists` does for a write).
-            let checked = std::time::Instant::now();
             let (actual, size) = crate::blob_store::hash_stream(reader, limit).await?;
             if actual != id {
                 return Err(ApiError::HashMismatch { what: "the body", claimed: id, actual });
@@ -118,7 +118,7 @@ pub(super) async fn store_raw(
             // out, so it is asked again before the answer says "stored".
             if checked.elapsed() > crate::refs::MAX_CHECK && !ddc.content.blobs.exists(ns, &id).await? {
                 let gone = "the blob was removed while its body was read; upload it again";
-                return Err(ApiError::Io(std::io::Error::new(std::io::ErrorKind::ResourceBusy, gone)));
+                return Err(ApiError::Io(crate::blob_store::BeingCollected(gone.into()).into_io()));
             }
             return Ok((id, size));
         }

@@ -21,6 +21,7 @@ use axum::routing::{get, post, put};
 use serde_json::json;
 
 use crate::auth::{Action, Auth, AuthError};
+use crate::blob_store::is_busy;
 use crate::budget::{MemoryBudget, NoRoom};
 use crate::cb::{CbError, PackageError};
 use crate::compressed::CompressedError;
@@ -251,9 +252,7 @@ impl ApiError {
                     StatusCode::TOO_MANY_REQUESTS
                 }
                 ContentError::CheckTooLong(_) => StatusCode::SERVICE_UNAVAILABLE,
-                ContentError::Io(e) | ContentError::Store(StoreError::Io(e))
-                    if e.kind() == ErrorKind::ResourceBusy =>
-                {
+                ContentError::Io(e) | ContentError::Store(StoreError::Io(e)) if is_busy(e) => {
                     StatusCode::SERVICE_UNAVAILABLE
                 }
                 // An object larger than the whole memory budget: no retry would get it.
@@ -271,7 +270,7 @@ impl ApiError {
             // A blob gone between finding it and reading it (deleted meanwhile).
             ApiError::Io(e) if e.kind() == ErrorKind::NotFound => StatusCode::NOT_FOUND,
             // A blob a garbage collection is removing: retry.
-            ApiError::Io(e) if e.kind() == ErrorKind::ResourceBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Io(e) if is_busy(e) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

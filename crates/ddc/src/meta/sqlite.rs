@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use futures_util::StreamExt;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
@@ -410,28 +409,30 @@ impl Sqlite {
             StillGone::Asked(ask) => {
                 // Content ids' writes wait while the bucket is asked (not the writer, which
                 // would hold up every write), so that an upload of the same buffer writes its
-                // id either before the question (and its blob is seen) or after the delete.
-                let _forgetting = self.content_ids.lock().await;
-                let (ns, ids) = (n.clone(), gone);
-                let named: Vec<IoHash> = self
-                    .read(move |c| {
-                        let mut named =
-                            c.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2")?;
-                        let mut found = Vec::new();
-                        for id in ids {
-                            if named.exists(params![ns, &id.as_bytes()[..]])? {
-                                found.push(id);
+                // id either before the question (and its blob is seen) or after the delete. A
+                // few blobs at a time, so that they wait at most one round of questions.
+                let mut forgotten = 0;
+                for chunk in gone.chunks(ASKED_AT_ONCE) {
+                    let _forgetting = self.content_ids.lock().await;
+                    let (ns, ids) = (n.clone(), chunk.to_vec());
+                    let named: Vec<IoHash> = self
+                        .read(move |c| {
+                            let mut named =
+                                c.prepare_cached("SELECT 1 FROM content WHERE ns = ?1 AND blob_id = ?2")?;
+                            let mut found = Vec::new();
+                            for id in ids {
+                                if named.exists(params![ns, &id.as_bytes()[..]])? {
+                                    found.push(id);
+                                }
                             }
-                        }
-                        Ok(found)
-                    })
-                    .await?;
-                let asks: Vec<_> = named.iter().map(|id| ask(*id)).collect();
-                let answers: Vec<bool> =
-                    futures_util::stream::iter(asks).buffered(ASKED_AT_ONCE).collect().await;
-                let still: Vec<IoHash> =
-                    named.into_iter().zip(answers).filter_map(|(id, gone)| gone.then_some(id)).collect();
-                self.forget_content_where(n, still, |_| true).await
+                            Ok(found)
+                        })
+                        .await?;
+                    let answers = futures_util::future::join_all(named.iter().map(|id| ask(*id))).await;
+                    let still = named.into_iter().zip(answers).filter_map(|(id, gone)| gone.then_some(id));
+                    forgotten += self.forget_content_where(n.clone(), still.collect(), |_| true).await?;
+                }
+                Ok(forgotten)
             }
         }
     }

@@ -68,7 +68,7 @@ const RELY_AGAIN_AFTER: Duration = Duration::from_secs(5 * 60);
 /// blob's content ids are locked.
 const STILL_GONE_WITHIN: Duration = Duration::from_secs(5);
 /// The longest a write waits for a collection's claim on a blob to end.
-const WAIT_FOR_CLAIM: Duration = Duration::from_secs(90);
+const WAIT_FOR_CLAIM: Duration = Duration::from_secs(120);
 /// The longest pause between two looks of a write waiting for a claim to end.
 pub const WAIT_STEP_MAX: Duration = Duration::from_millis(500);
 
@@ -83,6 +83,24 @@ fn written_lately(written: SystemTime, age: Duration) -> bool {
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Ends a claim (a few tries: writes of the blob wait while it stands); if every try fails, the
+/// claim goes stale instead, and what was done stands.
+async fn release_claim(meta: &MetaStore, ns: &Name, id: IoHash, claimed: i64, gone: bool) {
+    let mut pause = Duration::from_millis(100);
+    for tries_left in (0..3).rev() {
+        match meta.release_blob(ns, id, claimed, gone).await {
+            Ok(()) => return,
+            Err(e) if tries_left == 0 => {
+                tracing::warn!(error = %e, blob = %id, "ending a garbage collection's claim failed; it goes stale in 15 min");
+            }
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+            }
+        }
+    }
 }
 
 /// How a removal under a claim ended.
@@ -184,10 +202,8 @@ impl S3Blobs {
             // A claim ends within about a minute, unless its collection stopped or its delete
             // failed: then the write answers "busy, retry" rather than wait for it to go stale.
             if waited.elapsed() >= WAIT_FOR_CLAIM {
-                return Err(io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    format!("blob {id} is being removed by a garbage collection; retry"),
-                ));
+                let busy = format!("blob {id} is being removed by a garbage collection; retry");
+                return Err(crate::blob_store::BeingCollected(busy).into_io());
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(WAIT_STEP_MAX);
@@ -252,11 +268,8 @@ impl S3Blobs {
                     // delete can no longer land.
                     Removal::Unsure(e) => (Err(e), None),
                 };
-                if let Some(gone) = release
-                    && let Err(e) = meta.release_blob(&ns, id, claimed, gone).await
-                {
-                    // The claim goes stale instead; what was done stands.
-                    tracing::warn!(error = %e, blob = %id, "ending a garbage collection's claim failed");
+                if let Some(gone) = release {
+                    release_claim(&meta, &ns, id, claimed, gone).await;
                 }
                 removed
             })
@@ -286,12 +299,16 @@ impl S3Blobs {
         if found.written >= before || late {
             return Removal::Kept;
         }
-        // (S3 answers a delete of a missing object as done: a delete through the API since the
-        // look above is counted twice in the usage, until the next start counts again.)
-        if let Err(e) = self.removals.delete(&key).await {
-            return Removal::Unsure(to_io(e));
+        // (With S3, which answers a delete of a missing object as done, a delete through the
+        // API since the look above is counted twice in the usage, until the next start counts
+        // again.)
+        match self.removals.delete(&key).await {
+            Ok(()) => self.usage.forget(1, found.size),
+            // Some stores answer 404 for a blob gone since the look above (removed and counted
+            // by whoever did it); S3 answers that as done.
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Removal::Unsure(to_io(e)),
         }
-        self.usage.forget(1, found.size);
         self.forget_blob(ns, id).await;
         Removal::Removed(found.size)
     }
@@ -479,5 +496,31 @@ mod tests {
         store.delete(&ns(), &blob).await.unwrap();
         assert_eq!(meta.forget_content_of(&ns(), vec![blob], s3.still_gone(&ns())).await.unwrap(), 1);
         assert_eq!(meta.content_blob(&ns(), raw).await.unwrap(), None);
+
+        // More than one round of questions, in any order: each answer goes with its own blob.
+        let mut gone = Vec::new();
+        for i in 0..20u8 {
+            let (blob, _) = store.put(&ns(), None, &[i; 3][..], u64::MAX).await.unwrap();
+            meta.put_content(&ns(), IoHash::of(&[i]), blob).await.unwrap();
+            if i % 3 != 0 {
+                store.delete(&ns(), &blob).await.unwrap();
+            }
+            gone.push(blob);
+        }
+        assert_eq!(meta.forget_content_of(&ns(), gone, s3.still_gone(&ns())).await.unwrap(), 13);
+        for i in 0..20u8 {
+            let kept = meta.content_blob(&ns(), IoHash::of(&[i])).await.unwrap().is_some();
+            assert_eq!(kept, i % 3 == 0, "{i}");
+        }
+    }
+
+    /// A write that gives up on a claim says so with its own error (the API answers 503); an
+    /// I/O error of the same kind from elsewhere (EBUSY) is not taken for it.
+    #[test]
+    fn only_a_collection_makes_a_write_busy() {
+        use crate::blob_store::{BeingCollected, is_busy};
+        assert!(is_busy(&BeingCollected("claimed".into()).into_io()));
+        assert!(!is_busy(&io::Error::from(io::ErrorKind::ResourceBusy)));
+        assert!(!is_busy(&io::Error::other("other")));
     }
 }
