@@ -185,7 +185,8 @@ struct DdcArgs {
     /// An unfinalized ref nobody has read or written for this long is removed.
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
     unfinalized_ttl: std::time::Duration,
-    /// A blob no ref names is removed once it was last written this long ago.
+    /// A blob no ref names is removed once it was last written this long ago (at least 30m
+    /// with --blobs).
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     blob_grace: std::time::Duration,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); re-read on SIGHUP.
