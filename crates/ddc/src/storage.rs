@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use tokio::io::AsyncReadExt;
 use tokio::sync::Semaphore;
 
@@ -35,6 +36,9 @@ pub const MAX_ATTACHMENTS: usize = 4_096;
 /// The most attachments (binary or object) one presence check judges beyond those the ref
 /// names itself; the rest count as missing. Four times what a ref may name directly.
 pub const MAX_JUDGED_ATTACHMENTS: usize = 4 * MAX_ATTACHMENTS;
+/// A write's check looks up this many of a ref's own binary attachments at once (with blobs in
+/// S3, each is a request to the bucket).
+const LOOKUPS_AT_ONCE: usize = 8;
 /// A compressed buffer whose payload is larger than this is decoded and hashed on the blocking
 /// pool, not on the request's runtime thread: an LZ4 buffer decodes to up to 255 times its
 /// stored size, and hashing that there would hold up every other request on the thread.
@@ -295,6 +299,22 @@ impl Content {
         attachments: Vec<(CbType, [u8; 20])>,
         mut resolver: Resolver,
     ) -> Result<Vec<IoHash>, ContentError> {
+        if !resolver.first_only {
+            // Every one is judged: its own binary attachments are looked up at once.
+            let binaries: HashSet<IoHash> = attachments
+                .iter()
+                .filter(|(ty, _)| *ty == CbType::BinaryAttachment)
+                .map(|(_, hash)| IoHash::from_bytes(*hash))
+                .collect();
+            let lookups = binaries.into_iter().map(|hash| async move {
+                Ok::<_, ContentError>((hash, self.locate_durably(ns, hash).await?.is_some()))
+            });
+            let mut found = futures_util::stream::iter(lookups).buffer_unordered(LOOKUPS_AT_ONCE);
+            while let Some(looked_up) = found.next().await {
+                let (hash, located) = looked_up?;
+                resolver.looked_up.insert(hash, located);
+            }
+        }
         let (mut missing, mut named, mut listed) = (Vec::new(), HashSet::new(), HashSet::new());
         for (ty, hash) in attachments {
             let hash = IoHash::from_bytes(hash);
@@ -361,7 +381,10 @@ impl Content {
                 resolver.judged_left -= 1;
             }
             let present = if ty == CbType::BinaryAttachment {
-                let located = self.locate_as(ns, hash, !resolver.first_only).await?.is_some();
+                let located = match resolver.looked_up.remove(&hash) {
+                    Some(located) => located,
+                    None => self.locate_as(ns, hash, !resolver.first_only).await?.is_some(),
+                };
                 if !located {
                     resolver.absent.push(hash);
                 }
@@ -459,6 +482,10 @@ struct Resolver {
     absent: Vec<IoHash>,
     /// A bound or a cycle stopped the judgement under the ref's current attachment.
     cut_short: bool,
+    /// Where the ref's own binary attachments were found, asked of the store before the
+    /// judgement began, [`LOOKUPS_AT_ONCE`] at a time (each a HEAD with blobs in S3); taken by
+    /// the judgement in its order, which stays the one source of `absent`.
+    looked_up: HashMap<IoHash, bool>,
     /// The object attachments being judged (one met again is a cycle).
     judging: HashSet<IoHash>,
     /// Stop at the first attachment that is not present (a read's yes or no), instead of
@@ -477,6 +504,7 @@ impl Resolver {
             room: room as u64,
             absent: Vec::new(),
             cut_short: false,
+            looked_up: HashMap::new(),
             judging: HashSet::new(),
             first_only: false,
         }
