@@ -124,8 +124,8 @@ impl Content {
                 self.sweep(local, &ns, young, &mut report).await?;
             }
         } else if let Some(s3) = self.blobs.s3() {
-            if policy.blob_grace < self.blobs.min_blob_grace() {
-                let (grace, min) = (policy.blob_grace, self.blobs.min_blob_grace());
+            let (grace, min) = (policy.blob_grace, self.blobs.min_blob_grace());
+            if grace < min {
                 return Err(ContentError::GraceTooShort { grace, min });
             }
             // Collections are safe only while this server's own writes record their reliance.

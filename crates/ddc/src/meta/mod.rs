@@ -141,8 +141,12 @@ pub fn now_ms() -> i64 {
 
 /// Milliseconds since the Unix epoch of `t` (0 before it).
 pub fn epoch_ms(t: std::time::SystemTime) -> i64 {
-    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+    duration_ms(t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default())
+}
+
+/// `d` in milliseconds, as the metadata stores keep times (`i64::MAX` past it).
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl MetaStore {

@@ -42,7 +42,7 @@ use bytes::Bytes;
 
 use super::{S3Blobs, to_io};
 use crate::blob_store::StoreError;
-use crate::meta::{MetaStore, StillGone, epoch_ms, now_ms};
+use crate::meta::{MetaStore, StillGone, duration_ms as ms, epoch_ms, now_ms};
 use crate::{IoHash, Name};
 
 /// A write that relies on a blob last written longer ago than this records it (and so does an
@@ -79,10 +79,6 @@ pub const METADATA_MARKER: &str = ".tickwire-metadata-store";
 /// Whether `written` is less than `age` ago.
 fn written_lately(written: SystemTime, age: Duration) -> bool {
     written + age > SystemTime::now()
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Ends a claim (a few tries: writes of the blob wait while it stands); if every try fails, the
