@@ -1,8 +1,10 @@
 //! Garbage collection of blobs in S3, through the server's own wiring
 //! ([`Ddc::open_with_stores`], which makes writes record the old blobs they rely on), against a
 //! real S3 protocol server (`s3s-fs`, `common/s3.rs`): what it removes and keeps with SQLite
-//! metadata, and, with two servers on one Postgres database and one bucket, that a write
-//! through one keeps a collection through the other off the blob it relies on.
+//! metadata; with two servers on one Postgres database and one bucket, that a write through
+//! one keeps a collection through the other off the blob it relies on; and what a collection
+//! does when the bucket fails a delete or a listing (the server refuses the requests a test
+//! names).
 
 mod common;
 
@@ -149,4 +151,89 @@ async fn a_write_through_one_server_keeps_another_servers_collection_off_its_blo
     assert!(!in_bucket(&config, &id));
     assert_eq!(put(&b, bytes).await, id);
     assert!(in_bucket(&config, &id), "b sent it again");
+}
+
+/// A delete the bucket fails is counted, and the sweep goes on with the other blobs. The failed
+/// blob's claim stands, since the delete may still land: a write that relies on the blob waits
+/// for it, a second collection leaves the blob alone, and its content id is kept.
+#[tokio::test]
+async fn a_failed_delete_keeps_its_claim_and_the_sweep_goes_on() {
+    let config = s3::bucket();
+    let (_dir, ddc) = server(&config, None).await;
+    let mut buffers = Vec::new();
+    for payload in [&b"first payload"[..], b"second payload", b"third payload"] {
+        let buffer = put(&ddc, &tickwire_ddc::compressed::encode_none(payload)).await;
+        ddc.content.meta.put_content(&ns(), IoHash::of(payload), buffer).await.unwrap();
+        buffers.push((payload, buffer));
+    }
+    s3::fail(&config, "DeleteObjects", 0, 1);
+    let now = SystemTime::now();
+
+    let report = collect(&ddc, now + 3 * HOUR).await;
+    assert_eq!((report.blobs_removed, report.blobs_failed, report.blobs_kept), (2, 1, 0), "{report:?}");
+    let kept: Vec<_> = buffers.iter().filter(|(_, buffer)| in_bucket(&config, buffer)).collect();
+    let [&(payload, buffer)] = kept[..] else { panic!("one blob left, not {}", kept.len()) };
+    for (raw, blob) in &buffers {
+        let content = ddc.content.meta.content_blob(&ns(), IoHash::of(raw)).await.unwrap();
+        assert_eq!(content.is_some(), *blob == buffer, "only the blob left keeps its content id");
+    }
+
+    // The claim stands: a write relying on the blob (old by the bucket's date, so recorded)
+    // waits for it to end rather than upload over a delete that may still land.
+    s3::set_written(&config, &ns(), &buffer, now - 2 * HOUR);
+    let bytes = tickwire_ddc::compressed::encode_none(payload);
+    let write = async { ddc.content.blobs.put(&ns(), None, &bytes[..], u64::MAX).await };
+    assert!(tokio::time::timeout(Duration::from_secs(1), write).await.is_err(), "the write waits");
+    let stale = now_ms() - 15 * 60 * 1000;
+    assert!(!ddc.content.meta.rely_on_blob(&ns(), buffer, now_ms(), stale).await.unwrap(), "still claimed");
+
+    let again = collect(&ddc, now + 3 * HOUR).await;
+    assert_eq!((again.blobs_removed, again.blobs_failed, again.blobs_kept), (0, 0, 1), "{again:?}");
+    assert!(in_bucket(&config, &buffer));
+}
+
+/// A listing that fails part way (its second page, every retry) ends the sweep with the error,
+/// once the blobs of the first page are done: those are removed, with their content ids, and
+/// the blob on the page that failed is kept, with its own. The next collection removes it.
+#[tokio::test]
+async fn a_listing_that_fails_part_way_ends_the_sweep_with_its_error() {
+    let config = s3::bucket();
+    // Written straight into the server's files, so that 1,001 blobs (a page of 1,000 and one)
+    // take no uploads; counted by the server's count at open.
+    let mut blobs: Vec<(IoHash, Vec<u8>)> = (0..1001)
+        .map(|i| {
+            let bytes = format!("unnamed blob {i}").into_bytes();
+            (IoHash::of(&bytes), bytes)
+        })
+        .collect();
+    blobs.sort_by_key(|(id, _)| id.to_hex());
+    for (id, bytes) in &blobs {
+        let hex = id.to_hex();
+        let dir = s3::files_of(&config).join(ns().as_str()).join(&hex[..2]).join(&hex[2..4]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&hex), bytes).unwrap();
+    }
+    let (_dir, ddc) = server(&config, None).await;
+    ddc.content.meta.add_namespace(&ns()).await.unwrap();
+    // The first page's last blob: its content id is forgotten in the sweep's last batch, the
+    // one after the listing failed.
+    let (first, last) = (blobs[999].0, blobs[1000].0);
+    let (first_raw, last_raw) = (IoHash::of(b"raw of the first page's last"), IoHash::of(b"raw of the last"));
+    ddc.content.meta.put_content(&ns(), first_raw, first).await.unwrap();
+    ddc.content.meta.put_content(&ns(), last_raw, last).await.unwrap();
+    // The first page is served; the second, asked 4 times (3 retries), is refused each time.
+    s3::fail(&config, "ListObjects", 1, 4);
+    let later = SystemTime::now() + 3 * HOUR;
+
+    let failed = ddc.collect_garbage(&GcPolicy::default(), later).await;
+    assert!(failed.is_err(), "the listing's error: {failed:?}");
+    assert!(blobs[..1000].iter().all(|(id, _)| !in_bucket(&config, id)), "the first page is removed");
+    assert!(in_bucket(&config, &last));
+    assert_eq!(ddc.content.meta.content_blob(&ns(), first_raw).await.unwrap(), None);
+    assert_eq!(ddc.content.meta.content_blob(&ns(), last_raw).await.unwrap(), Some(last));
+
+    let report = collect(&ddc, later).await;
+    assert_eq!((report.blobs_removed, report.blobs_failed), (1, 0), "{report:?}");
+    assert!(!in_bucket(&config, &last));
+    assert_eq!(ddc.content.meta.content_blob(&ns(), last_raw).await.unwrap(), None);
 }

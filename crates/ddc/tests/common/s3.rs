@@ -22,14 +22,41 @@ struct Server {
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
-/// The requests the server got, as (bucket, what): the method, or `CreateMultipartUpload`. What
-/// a test watches to act while a send is under way, or to count what a call asked.
+/// The requests the server got, as (bucket, what): the method, `CreateMultipartUpload`,
+/// `DeleteObjects` or `ListObjects`. What a test watches to act while a send is under way, or to count what a call
+/// asked.
 static REQUESTS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+/// Requests to refuse, as (bucket, what, after, count): once `after` more requests of `what` to
+/// the bucket have been served, the next `count` are answered 500 without reaching the store.
+static FAULTS: std::sync::Mutex<Vec<(String, String, usize, usize)>> = std::sync::Mutex::new(Vec::new());
 
-/// How many requests of `what` (a method, or `CreateMultipartUpload`) `config`'s bucket got.
+/// How many requests of `what` (as [`REQUESTS`] names them) `config`'s bucket got.
 pub fn requests(config: &S3Config, what: &str) -> usize {
     let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
     REQUESTS.lock().unwrap().iter().filter(|(b, w)| b == bucket && w == what).count()
+}
+
+/// From now on, `config`'s bucket serves the next `after` requests of `what` (as
+/// [`REQUESTS`] names them), then answers the `count` after them with a 500
+/// `InternalError`, storing nothing, as a failing S3 would.
+pub fn fail(config: &S3Config, what: &str, after: usize, count: usize) {
+    let bucket = config.url.strip_prefix("s3://").unwrap().split('/').next().unwrap();
+    FAULTS.lock().unwrap().push((bucket.to_owned(), what.to_owned(), after, count));
+}
+
+/// Whether the request is one a test asked [`fail`] to refuse (counting it down).
+fn refused(bucket: &str, what: &str) -> bool {
+    let mut faults = FAULTS.lock().unwrap();
+    let Some(fault) = faults.iter_mut().find(|(b, w, _, count)| b == bucket && w == what && *count > 0)
+    else {
+        return false;
+    };
+    if fault.2 > 0 {
+        fault.2 -= 1;
+        return false;
+    }
+    fault.3 -= 1;
+    true
 }
 
 /// How many multipart uploads were started in `config`'s bucket.
@@ -114,23 +141,49 @@ fn start() -> Server {
             loop {
                 let Ok((socket, _)) = listener.accept().await else { continue };
                 let service = service.clone();
-                // Notes each request as it arrives; a CreateMultipartUpload is `POST
-                // /bucket/key?uploads`.
+                // Notes each request as it arrives, and refuses those a test asked to fail; a
+                // CreateMultipartUpload is `POST /bucket/key?uploads`, a listing `GET
+                // /bucket?list-type=2&...`, a DeleteObjects (how `object_store` sends even one
+                // delete) `POST /bucket?delete`.
                 let watched =
                     hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let bucket = req.uri().path().trim_start_matches('/').split('/').next().unwrap_or("");
-                        let starts_upload = req.method() == hyper::Method::POST
-                            && req
-                                .uri()
+                        let path = req.uri().path().trim_start_matches('/');
+                        let (bucket, object) = path.split_once('/').unwrap_or((path, ""));
+                        let query = |name: &str| {
+                            req.uri()
                                 .query()
-                                .is_some_and(|q| q.split('&').any(|p| p == "uploads" || p == "uploads="));
-                        let what = if starts_upload {
+                                .is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some(name)))
+                        };
+                        let what = if req.method() == hyper::Method::POST && query("uploads") {
                             "CreateMultipartUpload".into()
+                        } else if req.method() == hyper::Method::POST && object.is_empty() && query("delete")
+                        {
+                            "DeleteObjects".into()
+                        } else if req.method() == hyper::Method::GET
+                            && object.is_empty()
+                            && query("list-type")
+                        {
+                            "ListObjects".into()
                         } else {
                             req.method().to_string()
                         };
+                        let refuse = refused(bucket, &what);
                         REQUESTS.lock().unwrap().push((bucket.to_owned(), what));
-                        hyper::service::Service::call(&service, req)
+                        let answer = (!refuse).then(|| hyper::service::Service::call(&service, req));
+                        async move {
+                            match answer {
+                                Some(answer) => answer.await,
+                                None => Ok(hyper::Response::builder()
+                                    .status(500)
+                                    .header("content-type", "application/xml")
+                                    .body(s3s::Body::from(
+                                        "<Error><Code>InternalError</Code><Message>refused by the \
+                                         test</Message></Error>"
+                                            .to_owned(),
+                                    ))
+                                    .expect("a valid response")),
+                            }
+                        }
                     });
                 tokio::spawn(async move {
                     let http =
