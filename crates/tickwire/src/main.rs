@@ -134,8 +134,10 @@ struct DdcArgs {
     /// Keep refs, content ids and namespaces in PostgreSQL instead of `ROOT/.meta/ddc.sqlite`:
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (or libpq's `key=value` form). Its tables are
     /// created if absent; one server per database, unless every server on it keeps its blobs
-    /// in S3 (--blobs). No TLS to Postgres. A URL with a password belongs in the environment
-    /// variable, not on the command line, where every local user can read it.
+    /// in S3 (--blobs). TLS as libpq's `sslmode` and `sslrootcert` say (default `prefer`; use
+    /// `sslmode=verify-full&sslrootcert=CA.pem` across a network; docs/ddc.md). A URL with a
+    /// password belongs in the environment variable, not on the command line, where every local
+    /// user can read it.
     #[arg(long, value_name = "URL", env = "TICKWIRE_DDC_REFS", hide_env_values = true)]
     refs: Option<String>,
     #[arg(long, default_value = "127.0.0.1:8080")]

@@ -22,20 +22,20 @@
 //! batch, a bucket's or a namespace's delete) can deadlock with each other; Postgres then
 //! aborts one, and it is run again ([`RETRIES`]).
 //!
-//! Connections come from a pool ([`deadpool_postgres`]) with timeouts ([`session::TIMEOUT`]), made with
-//! `NoTls`: `sslmode=require` in the URL is refused when connecting. Reach a remote server over
-//! a tunnel or a private network.
+//! Connections come from a pool ([`deadpool_postgres`]) with timeouts ([`session::TIMEOUT`]),
+//! secured as the connection string's `sslmode` and `sslrootcert` ask, as libpq reads them
+//! (`postgres/tls.rs`).
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
+use tokio_postgres::IsolationLevel;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{IsolationLevel, NoTls};
 use tokio_util::sync::CancellationToken;
 
 mod claims;
 mod session;
+pub mod tls;
 use session::{LOCK_LOST, LockSession, TIMEOUT, take_database};
 
 use super::{MetaError, RefCursor, RefId, RefPage, RefRow, StillGone, Stored, charge, hash_of, now_ms};
@@ -104,11 +104,20 @@ impl Postgres {
     /// Connects to `url` (a libpq URL or key=value string), takes the database for this
     /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
     pub async fn open(url: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
-        let mut config = tokio_postgres::Config::from_str(url)?;
+        let connect = tls::connect(url)?;
+        if connect.unchecked_across_network() {
+            tracing::warn!(
+                sslmode = ?connect.mode,
+                "the Postgres server's certificate is not checked (its connections are encrypted, with \
+                 sslmode=prefer only if it offers TLS): set sslmode=verify-full and sslrootcert to \
+                 authenticate it"
+            );
+        }
+        let tls::Connect { mut config, tls, .. } = connect;
         session::configure(&mut config);
-        let lock = take_database(&config, shared).await?;
+        let lock = take_database(&config, tls.clone(), shared).await?;
         let manager =
-            Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+            Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let timeouts = Timeouts { wait: Some(TIMEOUT), create: Some(TIMEOUT), recycle: Some(TIMEOUT) };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)

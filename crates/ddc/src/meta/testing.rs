@@ -8,6 +8,8 @@ use super::MetaStore;
 #[path = "../../tests/common/postgres.rs"]
 mod server;
 
+pub(crate) use server::{TlsFiles, tls_database};
+
 /// A metadata backend to test against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TestBackend {

@@ -6,6 +6,10 @@
 //! with the test process (the thread that started it asks the kernel to send it SIGQUIT then);
 //! its directory is removed at exit, and by the next run if the process was killed.
 //!
+//! [`tls_database`] starts a second server for the tests of TLS: it listens on a loopback TCP
+//! port as well, takes TCP connections over TLS only (with the certificate the test gives), and
+//! serves databases as the first does.
+//!
 //! Without the server's binaries the tests fail, saying how to install them; set
 //! `TICKWIRE_SKIP_POSTGRES=1` to skip the Postgres tests instead (each prints that it was
 //! skipped, past the test harness's capture, and passes without testing anything).
@@ -30,10 +34,18 @@ struct Server {
     dir: PathBuf,
     bin: PathBuf,
     user: Option<(u32, u32)>,
+    /// The port in the socket's name (`.s.PGSQL.<port>`), and with TLS the TCP port.
+    port: u16,
 }
 
-/// The port in the socket's name (`.s.PGSQL.<port>`); no TCP listener.
-const PORT: &str = "5432";
+/// The port of the server without TLS: only in its socket's name, no TCP listener.
+const PORT: u16 = 5432;
+
+/// What the TLS server presents: its certificate chain and key, PEM.
+pub struct TlsFiles {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
 
 /// Whether the Postgres tests are skipped (`TICKWIRE_SKIP_POSTGRES=1`).
 pub fn skipped() -> bool {
@@ -41,6 +53,7 @@ pub fn skipped() -> bool {
 }
 
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+static TLS_SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 
 /// A new, empty database on the test server, as a URL; `None` (after saying so) when the
@@ -52,24 +65,49 @@ pub fn database() -> Option<String> {
         let _ = std::io::stderr().write_all(b"Postgres test skipped: TICKWIRE_SKIP_POSTGRES=1\n");
         return None;
     }
-    let server = match SERVER.get_or_init(start) {
+    let server = match SERVER.get_or_init(|| start(None)) {
         Ok(server) => server,
         Err(e) => panic!("{e}"),
     };
-    let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
-    let out = server
-        .command("psql")
-        .arg("-h")
-        .arg(&server.dir)
-        .args(["-p", PORT, "-U", "postgres", "-d", "postgres", "-q"])
-        .args(["-v", "ON_ERROR_STOP=1", "-c", &format!("CREATE DATABASE {name}")])
-        .output()
-        .unwrap_or_else(|e| panic!("running psql: {e}"));
-    assert!(out.status.success(), "CREATE DATABASE: {}", String::from_utf8_lossy(&out.stderr));
-    Some(format!("host={} port={PORT} user=postgres dbname={name}", server.dir.display()))
+    Some(format!(
+        "host={} port={PORT} user=postgres dbname={}",
+        server.dir.display(),
+        server.create_database()
+    ))
+}
+
+/// A new, empty database on the TLS server (started on first use with `files`; later calls
+/// get the same server), as its TCP port and its name; `None` when the Postgres tests are
+/// skipped. Connections to it over TCP must use TLS, as user `postgres`, with no password.
+pub fn tls_database(files: impl FnOnce() -> TlsFiles) -> Option<(u16, String)> {
+    if skipped() {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(b"Postgres test skipped: TICKWIRE_SKIP_POSTGRES=1\n");
+        return None;
+    }
+    let server = match TLS_SERVER.get_or_init(|| start(Some(files()))) {
+        Ok(server) => server,
+        Err(e) => panic!("{e}"),
+    };
+    Some((server.port, server.create_database()))
 }
 
 impl Server {
+    /// Creates a database of its own for the caller: its name.
+    fn create_database(&self) -> String {
+        let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
+        let out = self
+            .command("psql")
+            .arg("-h")
+            .arg(&self.dir)
+            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres", "-q"])
+            .args(["-v", "ON_ERROR_STOP=1", "-c", &format!("CREATE DATABASE {name}")])
+            .output()
+            .unwrap_or_else(|e| panic!("running psql: {e}"));
+        assert!(out.status.success(), "CREATE DATABASE: {}", String::from_utf8_lossy(&out.stderr));
+        name
+    }
+
     /// One of the server's programs, run as the server's user.
     fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
@@ -148,35 +186,58 @@ fn remove_stale() {
     for entry in std::fs::read_dir(socket_parent()).into_iter().flatten().flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
+        let pid = pid.strip_prefix("tls-").unwrap_or(pid);
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
 
-/// Removes the server's directory when the process exits (the server is sent SIGQUIT as its
+/// Removes a server's directory when the process exits (the server is sent SIGQUIT as its
 /// thread ends; a file it still has open goes when it does).
 fn remove_at_exit(root: &Path) {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    static ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
     extern "C" fn remove() {
-        if let Some(root) = ROOT.get() {
+        for root in ROOTS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = std::fs::remove_dir_all(root);
         }
     }
-    if ROOT.set(root.to_owned()).is_ok() {
+    let mut roots = ROOTS.lock().unwrap_or_else(|p| p.into_inner());
+    if roots.is_empty() {
         // SAFETY: `remove` is a plain function that stays valid for the life of the process.
         unsafe { libc::atexit(remove) };
     }
+    roots.push(root.to_owned());
 }
 
-fn start() -> Result<Server, String> {
+/// A TCP port on loopback that nothing listens on (as of now).
+fn free_port() -> Result<u16, String> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Writes a file the server reads, owned by its user, readable by it alone (Postgres refuses
+/// a key others can read).
+fn write_private(path: &Path, text: &str, user: Option<(u32, u32)>) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn start(tls: Option<TlsFiles>) -> Result<Server, String> {
     let bin = bin_dir().ok_or(
         "the Postgres tests need PostgreSQL's server (initdb, postgres): `apt-get install postgresql`, \
          or set TICKWIRE_PG_BIN to their directory, or TICKWIRE_SKIP_POSTGRES=1 to skip these tests",
     )?;
     let user = server_user()?;
     remove_stale();
-    let root = socket_parent().join(format!("{PREFIX}{}", std::process::id()));
+    let kind = if tls.is_some() { "tls-" } else { "" };
+    let root = socket_parent().join(format!("{PREFIX}{kind}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
     if let Some((uid, gid)) = user {
@@ -184,7 +245,8 @@ fn start() -> Result<Server, String> {
             .map_err(|e| format!("chown {}: {e}", root.display()))?;
     }
     let data = root.join("data");
-    let server = Server { dir: root.clone(), bin, user };
+    let port = if tls.is_some() { free_port()? } else { PORT };
+    let server = Server { dir: root.clone(), bin, user, port };
     let out = server
         .command("initdb")
         .arg("-D")
@@ -197,12 +259,29 @@ fn start() -> Result<Server, String> {
     }
     let log = std::fs::File::create(root.join("log")).map_err(|e| format!("creating the log: {e}"))?;
     let mut cmd = Command::new(server.bin.join("postgres"));
-    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", PORT]);
+    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", &port.to_string()]);
     // A test server: nothing here needs to survive a crash. Each HTTP test server keeps its
     // pool open to the end of the process, so more connections than the default 100.
-    let settings = ["listen_addresses=", "max_connections=500", "fsync=off", "synchronous_commit=off"];
-    for setting in settings.into_iter().chain(["full_page_writes=off"]) {
+    let settings = ["max_connections=500", "fsync=off", "synchronous_commit=off", "full_page_writes=off"];
+    for setting in settings {
         cmd.args(["-c", setting]);
+    }
+    match tls {
+        None => {
+            cmd.args(["-c", "listen_addresses="]);
+        }
+        Some(files) => {
+            // TCP on loopback, over TLS only: no `host` line, so a connection without TLS is
+            // refused.
+            let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+            write_private(&cert, &files.cert_pem, user)?;
+            write_private(&key, &files.key_pem, user)?;
+            let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+            write_private(&data.join("pg_hba.conf"), hba, user)?;
+            cmd.args(["-c", "listen_addresses=127.0.0.1", "-c", "ssl=on"]);
+            cmd.arg("-c").arg(format!("ssl_cert_file={}", cert.display()));
+            cmd.arg("-c").arg(format!("ssl_key_file={}", key.display()));
+        }
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
     as_user(&mut cmd, user, true);
@@ -235,7 +314,7 @@ fn start() -> Result<Server, String> {
             .arg("-q")
             .arg("-h")
             .arg(&root)
-            .args(["-p", PORT])
+            .args(["-p", &port.to_string()])
             .status()
             .is_ok_and(|s| s.success());
         if ready {

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
 use crate::meta::MetaError;
@@ -173,9 +173,10 @@ pub(super) const LOCAL_BLOBS: &str = "files";
 /// it and logs a check that does not answer.
 pub(super) async fn take_database(
     config: &tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     shared: bool,
 ) -> Result<Arc<LockSession>, MetaError> {
-    let (client, connection) = config.connect(NoTls).await?;
+    let (client, connection) = config.connect(tls).await?;
     let (tx, held) = tokio::sync::oneshot::channel::<std::sync::Weak<LockSession>>();
     tokio::spawn(async move {
         let result = connection.await;
