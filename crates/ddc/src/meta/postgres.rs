@@ -105,12 +105,10 @@ impl Postgres {
     /// server ([`session::SERVER_LOCK`]) and creates the tables if absent; with the namespaces stored.
     pub async fn open(url: &str, shared: bool) -> Result<(Postgres, Vec<Name>), MetaError> {
         let connect = tls::connect(url)?;
-        if connect.unchecked_across_network() {
+        if let Some(weakness) = connect.weakness_across_network() {
             tracing::warn!(
-                sslmode = ?connect.mode,
-                "the Postgres server's certificate is not checked (its connections are encrypted, with \
-                 sslmode=prefer only if it offers TLS): set sslmode=verify-full and sslrootcert to \
-                 authenticate it"
+                "connections to Postgres across a network: {weakness}; set sslmode=verify-full and \
+                 sslrootcert to encrypt them and authenticate the server"
             );
         }
         let tls::Connect { mut config, tls, .. } = connect;

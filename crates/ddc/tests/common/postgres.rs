@@ -2,13 +2,15 @@
 //! process, started on first use from the system's packages (Debian's `postgresql`, which
 //! `scripts/test.sh` installs when it is missing), in a temporary directory, reached only
 //! through a Unix socket in that directory (no TCP port, so test processes running at once
-//! cannot meet each other's server). Each caller gets a database of its own. The server dies
+//! cannot meet each other's server), except the TLS server below. Each caller gets a database
+//! of its own. The server dies
 //! with the test process (the thread that started it asks the kernel to send it SIGQUIT then);
 //! its directory is removed at exit, and by the next run if the process was killed.
 //!
-//! [`tls_database`] starts a second server for the tests of TLS: it listens on a loopback TCP
-//! port as well, takes TCP connections over TLS only (with the certificate the test gives), and
-//! serves databases as the first does.
+//! [`tls_database`] starts a second server for the tests of TLS: it listens on a free loopback
+//! TCP port as well (another is tried if one is taken before the server binds it), takes TCP
+//! connections over TLS only (with the certificate the test gives), and serves databases as the
+//! first does.
 //!
 //! Without the server's binaries the tests fail, saying how to install them; set
 //! `TICKWIRE_SKIP_POSTGRES=1` to skip the Postgres tests instead (each prints that it was
@@ -245,8 +247,7 @@ fn start(tls: Option<TlsFiles>) -> Result<Server, String> {
             .map_err(|e| format!("chown {}: {e}", root.display()))?;
     }
     let data = root.join("data");
-    let port = if tls.is_some() { free_port()? } else { PORT };
-    let server = Server { dir: root.clone(), bin, user, port };
+    let mut server = Server { dir: root.clone(), bin, user, port: PORT };
     let out = server
         .command("initdb")
         .arg("-D")
@@ -257,72 +258,92 @@ fn start(tls: Option<TlsFiles>) -> Result<Server, String> {
     if !out.status.success() {
         return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    let log = std::fs::File::create(root.join("log")).map_err(|e| format!("creating the log: {e}"))?;
-    let mut cmd = Command::new(server.bin.join("postgres"));
-    cmd.arg("-D").arg(&data).arg("-k").arg(&root).args(["-p", &port.to_string()]);
+    remove_at_exit(&root);
     // A test server: nothing here needs to survive a crash. Each HTTP test server keeps its
     // pool open to the end of the process, so more connections than the default 100.
-    let settings = ["max_connections=500", "fsync=off", "synchronous_commit=off", "full_page_writes=off"];
-    for setting in settings {
-        cmd.args(["-c", setting]);
+    let mut settings: Vec<String> =
+        ["max_connections=500", "fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+            .map(String::from)
+            .into();
+    let Some(files) = tls else {
+        settings.push("listen_addresses=".into());
+        server.launch(&data, &settings)?;
+        return Ok(server);
+    };
+    // TCP on loopback, over TLS only: no `host` line, so a connection without TLS is refused.
+    let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+    write_private(&cert, &files.cert_pem, user)?;
+    write_private(&key, &files.key_pem, user)?;
+    write_private(
+        &data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        user,
+    )?;
+    settings.extend(["listen_addresses=127.0.0.1".into(), "ssl=on".into()]);
+    settings.push(format!("ssl_cert_file={}", cert.display()));
+    settings.push(format!("ssl_key_file={}", key.display()));
+    // The port was free when chosen; something else may bind it before the server does.
+    for tries_left in (0..5).rev() {
+        server.port = free_port()?;
+        match server.launch(&data, &settings) {
+            Err(e) if e.contains("Address already in use") && tries_left > 0 => continue,
+            launched => return launched.map(|()| server),
+        }
     }
-    match tls {
-        None => {
-            cmd.args(["-c", "listen_addresses="]);
+    unreachable!("the last try returns")
+}
+
+impl Server {
+    /// Starts `postgres` on `data` with `settings`, on `self.port`, and waits until it takes
+    /// connections; its error and log if it stops first.
+    fn launch(&self, data: &Path, settings: &[String]) -> Result<(), String> {
+        let root = &self.dir;
+        let log = std::fs::File::create(root.join("log")).map_err(|e| format!("creating the log: {e}"))?;
+        let mut cmd = Command::new(self.bin.join("postgres"));
+        cmd.arg("-D").arg(data).arg("-k").arg(root).args(["-p", &self.port.to_string()]);
+        for setting in settings {
+            cmd.arg("-c").arg(setting);
         }
-        Some(files) => {
-            // TCP on loopback, over TLS only: no `host` line, so a connection without TLS is
-            // refused.
-            let (cert, key) = (data.join("server.crt"), data.join("server.key"));
-            write_private(&cert, &files.cert_pem, user)?;
-            write_private(&key, &files.key_pem, user)?;
-            let hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
-            write_private(&data.join("pg_hba.conf"), hba, user)?;
-            cmd.args(["-c", "listen_addresses=127.0.0.1", "-c", "ssl=on"]);
-            cmd.arg("-c").arg(format!("ssl_cert_file={}", cert.display()));
-            cmd.arg("-c").arg(format!("ssl_key_file={}", key.display()));
-        }
-    }
-    cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
-    as_user(&mut cmd, user, true);
-    // The thread that spawns the server lives as long as the process, waiting for it: the
-    // server gets SIGQUIT when this thread ends, that is when the process does.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("test-postgres".into())
-        .spawn(move || match cmd.spawn() {
-            Ok(mut child) => {
-                let _ = tx.send(Ok(()));
-                let status = child.wait();
-                let _ = tx.send(Err(format!("postgres exited: {status:?}")));
+        cmd.stdin(Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
+        as_user(&mut cmd, self.user, true);
+        // The thread that spawns the server lives as long as the process, waiting for it: the
+        // server gets SIGQUIT when this thread ends, that is when the process does.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("test-postgres".into())
+            .spawn(move || match cmd.spawn() {
+                Ok(mut child) => {
+                    let _ = tx.send(Ok(()));
+                    let status = child.wait();
+                    let _ = tx.send(Err(format!("postgres exited: {status:?}")));
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(format!("starting postgres: {e}")));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        rx.recv().map_err(|e| e.to_string())??;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let log = || std::fs::read_to_string(root.join("log")).unwrap_or_default();
+        loop {
+            if let Ok(Err(e)) = rx.try_recv() {
+                return Err(format!("{e}; its log:\n{}", log()));
             }
-            Err(e) => {
-                let _ = tx.send(Err(format!("starting postgres: {e}")));
+            let ready = self
+                .command("pg_isready")
+                .arg("-q")
+                .arg("-h")
+                .arg(root)
+                .args(["-p", &self.port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return Ok(());
             }
-        })
-        .map_err(|e| e.to_string())?;
-    rx.recv().map_err(|e| e.to_string())??;
-    remove_at_exit(&root);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let log = || std::fs::read_to_string(root.join("log")).unwrap_or_default();
-    loop {
-        if let Ok(Err(e)) = rx.try_recv() {
-            return Err(format!("{e}; its log:\n{}", log()));
+            if Instant::now() > deadline {
+                return Err(format!("postgres did not accept connections within 30 s; its log:\n{}", log()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        let ready = server
-            .command("pg_isready")
-            .arg("-q")
-            .arg("-h")
-            .arg(&root)
-            .args(["-p", &port.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        if ready {
-            return Ok(server);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("postgres did not accept connections within 30 s; its log:\n{}", log()));
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }

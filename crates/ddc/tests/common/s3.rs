@@ -169,20 +169,22 @@ fn start() -> Server {
                         };
                         let refuse = refused(bucket, &what);
                         REQUESTS.lock().unwrap().push((bucket.to_owned(), what));
-                        let answer = (!refuse).then(|| hyper::service::Service::call(&service, req));
+                        let service = service.clone();
                         async move {
-                            match answer {
-                                Some(answer) => answer.await,
-                                None => Ok(hyper::Response::builder()
-                                    .status(500)
-                                    .header("content-type", "application/xml")
-                                    .body(s3s::Body::from(
-                                        "<Error><Code>InternalError</Code><Message>refused by the \
-                                         test</Message></Error>"
-                                            .to_owned(),
-                                    ))
-                                    .expect("a valid response")),
+                            if !refuse {
+                                return hyper::service::Service::call(&service, req).await;
                             }
+                            // Read to its end first, so that the connection stays usable.
+                            let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+                            Ok(hyper::Response::builder()
+                                .status(500)
+                                .header("content-type", "application/xml")
+                                .body(s3s::Body::from(
+                                    "<Error><Code>InternalError</Code><Message>refused by the \
+                                     test</Message></Error>"
+                                        .to_owned(),
+                                ))
+                                .expect("a valid response"))
                         }
                     });
                 tokio::spawn(async move {

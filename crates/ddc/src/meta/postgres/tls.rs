@@ -13,10 +13,13 @@
 //! | `verify-ca` | always | signed by a root in `sslrootcert` |
 //! | `verify-full` | always | that, and naming the host connected to |
 //!
-//! `sslrootcert` is a PEM file of trusted roots, or `system` for the machine's. libpq's
+//! `sslrootcert` is a PEM file of trusted roots, or `system` for the machine's, which (as in
+//! libpq 16) makes `verify-full` the default and refuses weaker modes. As in libpq, Unix
+//! sockets never use TLS, and with `hostaddr` alone the address is the name checked. libpq's
 //! `allow` and client certificates (`sslcert`, `sslkey`) are refused, saying so, rather than
 //! half done. Without `sslrootcert`, `prefer` and `require` encrypt but do not authenticate the
-//! server (as libpq without `~/.postgresql/root.crt`): a warning says so at start.
+//! server (as libpq without `~/.postgresql/root.crt`); the server warns at start when a remote
+//! host is reached with less than `verify-full` ([`Connect::weakness_across_network`]).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -30,7 +33,7 @@ use rustls::crypto::{
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use tokio_postgres::config::SslMode;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::meta::MetaError;
@@ -159,19 +162,23 @@ fn pairs(conn: &str) -> Result<Vec<Pair<'_>>, MetaError> {
         if key.is_empty() {
             return match it.peek() {
                 None => Ok(out),
-                Some(&(i, c)) => Err(malformed(format!("`{c}` at byte {i} where a name was expected"))),
+                Some(&(i, _)) => Err(malformed(format!("a name was expected at byte {i}"))),
             };
         }
         skip_ws(&mut it);
         if it.next_if(|&(_, c)| c == '=').is_none() {
-            return Err(malformed(format!("no `=` after `{key}`")));
+            return Err(malformed(format!("no `=` after the name at byte {start}")));
         }
         skip_ws(&mut it);
         let mut value = String::new();
         if it.next_if(|&(_, c)| c == '\'').is_some() {
             loop {
                 match it.next() {
-                    None => return Err(malformed(format!("the value of `{key}` has no closing `'`"))),
+                    None => {
+                        return Err(malformed(format!(
+                            "the value of the name at byte {start} has no closing `'`"
+                        )));
+                    }
                     Some((_, '\'')) => break,
                     Some((_, '\\')) => value.extend(it.next().map(|(_, c)| c)),
                     Some((_, c)) => value.push(c),
@@ -186,7 +193,7 @@ fn pairs(conn: &str) -> Result<Vec<Pair<'_>>, MetaError> {
                 }
             }
             if value.is_empty() {
-                return Err(malformed(format!("`{key}` has no value")));
+                return Err(malformed(format!("the name at byte {start} has no value")));
             }
         }
         out.push(Pair { key, value, text: &conn[start..at(&mut it)] });
@@ -213,19 +220,30 @@ impl std::fmt::Debug for Connect {
 }
 
 impl Connect {
-    /// Whether a server reached over a network (a TCP host not on loopback) is not
-    /// authenticated: TLS without a certificate check. Over a Unix socket there is no TLS.
-    pub fn unchecked_across_network(&self) -> bool {
-        let remote = |host: &tokio_postgres::config::Host| match host {
-            tokio_postgres::config::Host::Tcp(name) => {
+    /// What an attacker on the network between this server and a Postgres server reached
+    /// over it (a TCP host other than `localhost` or a loopback address) could do, unless the
+    /// mode is `verify-full`: for a warning at start.
+    pub fn weakness_across_network(&self) -> Option<&'static str> {
+        let remote = |host: &Host| match host {
+            Host::Tcp(name) => {
                 name != "localhost" && !name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
             }
-            tokio_postgres::config::Host::Unix(_) => false,
+            Host::Unix(_) => false,
         };
         let hostaddr_remote = self.config.get_hostaddrs().iter().any(|ip| !ip.is_loopback());
-        self.mode != Mode::Disable
-            && !self.checked
-            && (self.config.get_hosts().iter().any(remote) || hostaddr_remote)
+        if !(self.config.get_hosts().iter().any(remote) || hostaddr_remote) {
+            return None;
+        }
+        match (self.mode, self.checked) {
+            (Mode::VerifyFull, _) => None,
+            (Mode::Disable, _) => Some("nothing is encrypted (sslmode=disable)"),
+            (Mode::Prefer, _) => Some("a server that does not offer TLS is used without it (sslmode=prefer)"),
+            (Mode::Require, false) => Some("the server's certificate is not checked"),
+            (Mode::Require | Mode::VerifyCa, true) => {
+                Some("the server's certificate is not checked for its name")
+            }
+            (Mode::VerifyCa, false) => unreachable!("refused without roots"),
+        }
     }
 }
 
@@ -233,7 +251,21 @@ impl Connect {
 pub fn connect(conn: &str) -> Result<Connect, MetaError> {
     let Split { rest, taken } = split(conn)?;
     let option = |name: &str| taken.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-    let mode = option("sslmode").map_or(Ok(Mode::Prefer), Mode::from_str)?;
+    let system = option("sslrootcert") == Some("system");
+    let mode = match option("sslmode") {
+        Some(mode) => mode.parse()?,
+        // As libpq: with the machine's roots, the default is the one check they make safe.
+        None if system => Mode::VerifyFull,
+        None => Mode::Prefer,
+    };
+    if system && mode != Mode::VerifyFull {
+        // The machine's roots trust any public certificate: only its name makes it this server's.
+        return Err(MetaError::Config(
+            "sslrootcert=system needs sslmode=verify-full (its default): any publicly trusted \
+             certificate passes a weaker check"
+                .into(),
+        ));
+    }
     let mut config = tokio_postgres::Config::from_str(&rest).map_err(|e| {
         // tokio-postgres says what is wrong in the error's source only.
         let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
@@ -245,11 +277,22 @@ pub fn connect(conn: &str) -> Result<Connect, MetaError> {
             None => MetaError::Config(format!("the Postgres connection string: {why}")),
         }
     })?;
+    let hosts = config.get_hosts();
+    let unix_only = !hosts.is_empty() && hosts.iter().all(|h| matches!(h, Host::Unix(_)));
     config.ssl_mode(match mode {
+        // As libpq: no TLS over Unix sockets, whatever the mode says.
+        _ if unix_only => SslMode::Disable,
         Mode::Disable => SslMode::Disable,
         Mode::Prefer => SslMode::Prefer,
         Mode::Require | Mode::VerifyCa | Mode::VerifyFull => SslMode::Require,
     });
+    // As libpq, addresses alone are the names the certificate is checked for (tokio-postgres
+    // checks `host`, and makes no TLS connection without one).
+    if config.get_hosts().is_empty() {
+        for ip in config.get_hostaddrs().to_vec() {
+            config.host(ip.to_string());
+        }
+    }
     let roots = match option("sslrootcert") {
         None => None,
         Some("system") => Some(system_roots()?),
@@ -273,12 +316,14 @@ pub fn connect(conn: &str) -> Result<Connect, MetaError> {
         ),
     };
     let verifier = Check { webpki, names: mode == Mode::VerifyFull, provider: provider.clone() };
-    let tls = ClientConfig::builder_with_provider(provider)
+    let mut tls = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| MetaError::Config(format!("TLS: {e}")))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
+    // What libpq 17 offers: Postgres 17 requires it of `sslnegotiation=direct`.
+    tls.alpn_protocols = vec![b"postgresql".to_vec()];
     Ok(Connect { config, tls: MakeRustlsConnect::new(tls), mode, checked })
 }
 
@@ -409,10 +454,26 @@ mod tests {
             let e = connect(conn).unwrap_err().to_string();
             assert!(e.contains(says), "{conn}: {e}");
         };
-        let warned = |conn: &str| connect(conn).unwrap().unchecked_across_network();
-        assert!(warned("host=db.example sslmode=require") && warned("postgres://db.example/d"));
-        assert!(!warned("host=/run/postgresql") && !warned("host=localhost,127.0.0.1 sslmode=require"));
-        assert!(!warned("host=db.example sslmode=disable"), "no TLS: nothing to check");
+        let warned = |conn: &str| connect(conn).unwrap().weakness_across_network();
+        assert_eq!(
+            warned("host=db.example sslmode=require"),
+            Some("the server's certificate is not checked")
+        );
+        assert!(warned("postgres://db.example/d").unwrap().contains("sslmode=prefer"));
+        assert!(warned("hostaddr=10.1.2.3 sslmode=disable").unwrap().contains("nothing is encrypted"));
+        assert!(warned("host=/run/postgresql").is_none());
+        assert!(warned("host=localhost,127.0.0.1 sslmode=require").is_none(), "on this machine");
+        // Over a Unix socket, no TLS whatever the mode (as libpq).
+        let unix = connect("host=/run/postgresql sslmode=require").unwrap();
+        assert_eq!(unix.config.get_ssl_mode(), SslMode::Disable);
+        // An address alone is the name checked.
+        let by_address = connect("hostaddr=10.1.2.3 sslmode=require").unwrap();
+        assert_eq!(by_address.config.get_hosts(), [Host::Tcp("10.1.2.3".into())]);
+        refused(
+            "host=h sslrootcert=system sslmode=verify-ca",
+            "sslrootcert=system needs sslmode=verify-full",
+        );
+        refused("host=h sslrootcert=system sslmode=require", "sslrootcert=system needs sslmode=verify-full");
         refused("host=h sslmode=verify-full", "need sslrootcert");
         refused("host=h sslmode=allow", "sslmode=allow is not supported");
         refused("host=h sslmode=sometimes", "is not one of");
@@ -472,7 +533,11 @@ mod tests {
         let Some((port, db)) = crate::meta::testing::tls_database(|| files) else { return };
         let (ca, other) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
         let (ca, other) = (ca.display(), other.display());
-        let conn = |host: &str, tls: &str| format!("host={host} port={port} user=postgres dbname={db} {tls}");
+        // `localhost` by name, reached at 127.0.0.1 whatever the machine resolves it to (the
+        // server listens there only).
+        let conn = |host: &str, tls: &str| {
+            format!("host={host} hostaddr=127.0.0.1 port={port} user=postgres dbname={db} {tls}")
+        };
 
         assert_eq!(over_tls(&conn("127.0.0.1", "")).await, Ok(true), "prefer: TLS, offered");
         assert_eq!(over_tls(&conn("127.0.0.1", "sslmode=require")).await, Ok(true), "no roots: no check");
@@ -490,6 +555,9 @@ mod tests {
             assert!(e.contains(says), "expected {says:?} in: {e}");
         };
         refused(over_tls(&conn("127.0.0.1", &full)).await, "certificate not valid for name");
+        // An address alone is the name checked (as libpq).
+        let by_address = format!("hostaddr=127.0.0.1 port={port} user=postgres dbname={db} {full}");
+        refused(over_tls(&by_address).await, "certificate not valid for name");
         refused(
             over_tls(&conn("localhost", &format!("sslmode=verify-full sslrootcert={other}"))).await,
             "UnknownIssuer",
@@ -505,7 +573,7 @@ mod tests {
             percent_encoding::utf8_percent_encode(path, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
         let url = format!(
-            "postgres://postgres@localhost:{port}/{db}?sslmode=verify-full&sslrootcert={}",
+            "postgres://postgres@localhost:{port}/{db}?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}",
             encoded(&ca.to_string())
         );
         let store = crate::meta::MetaStore::open_postgres(&url).await.unwrap();
@@ -548,6 +616,49 @@ mod tests {
                 .map(|(k, v, _)| ((*k).to_owned(), v.clone()))
                 .collect();
             prop_assert_eq!(kept, others);
+        }
+
+        /// Against tokio-postgres itself: a string of pairs (quoted or not, with escapes) and a
+        /// URL of them (percent-encoded) read, after the split, as the same string without
+        /// the taken pairs reads.
+        #[test]
+        fn the_rest_reads_as_the_string_without_the_taken_pairs(
+            written in proptest::collection::vec(
+                (prop_oneof![Just("sslmode"), Just("sslrootcert"), Just("user"), Just("dbname"),
+                             Just("application_name"), Just("password"), Just("options")],
+                 "[!-~]{1,10}", any::<bool>()),
+                0..7,
+            ),
+        ) {
+            let value = |v: &str, quoted: bool| if quoted { quote(v) } else { v.replace('\\', r"\\").replace('\'', r"\'") };
+            let pairs_of = |keep: &dyn Fn(&str) -> bool| written.iter()
+                .filter(|(k, _, _)| keep(k))
+                .map(|(k, v, quoted)| format!("{k}={}", value(v, *quoted)))
+                .collect::<Vec<_>>().join(" ");
+            let all = format!("host=h {}", pairs_of(&|_| true));
+            let others = format!("host=h {}", pairs_of(&|k| !TAKEN.contains(&k)));
+            let rest = split(&all).unwrap().rest;
+            prop_assert_eq!(
+                tokio_postgres::Config::from_str(&rest).ok(),
+                tokio_postgres::Config::from_str(&others).ok()
+            );
+            let encode = |v: &str| percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string();
+            let query = |keep: &dyn Fn(&str) -> bool| written.iter()
+                .filter(|(k, _, _)| keep(k))
+                .map(|(k, v, _)| format!("{k}={}", encode(v)))
+                .collect::<Vec<_>>().join("&");
+            let all = format!("postgres://u:p%40ss@h:5433/d?{}", query(&|_| true));
+            let others = format!("postgres://u:p%40ss@h:5433/d?{}", query(&|k| !TAKEN.contains(&k)));
+            let split = split(&all).unwrap();
+            prop_assert_eq!(
+                tokio_postgres::Config::from_str(&split.rest).ok(),
+                tokio_postgres::Config::from_str(others.trim_end_matches('?')).ok()
+            );
+            let taken: Vec<(String, String)> = written.iter()
+                .filter(|(k, _, _)| TAKEN.contains(k))
+                .map(|(k, v, _)| ((*k).to_owned(), v.clone()))
+                .collect();
+            prop_assert_eq!(split.taken, taken);
         }
 
         /// Any input: an answer or an error, never a panic.
