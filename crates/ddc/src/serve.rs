@@ -1,15 +1,18 @@
 //! Serving the DDC's routes over HTTP/1.1 and HTTP/2 (the editor's default: prior knowledge
 //! on plain TCP, ALPN `h2` over TLS) with the limits a public cache needs and `axum::serve`
-//! does not set: a cap on open connections, a deadline for each HTTP/1.1 request's headers
+//! does not set: a cap on open connections, in all and from one client address (so one host
+//! cannot take every slot), a deadline for each HTTP/1.1 request's headers
 //! (which also closes keep-alive connections that sit idle), HTTP/2 keep-alive pings that drop
 //! dead peers, a cap on concurrent HTTP/2 streams, and, in `http/body.rs`, a deadline between
 //! body chunks. So idle or trickling sockets cannot hold the server. With TLS settings, every
 //! connection speaks HTTPS; its TLS handshake counts against the header deadline.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -26,6 +29,9 @@ use tokio::sync::Semaphore;
 pub struct ServeLimits {
     /// Connections open at once; a connection past it gets `503` and is closed.
     pub max_connections: usize,
+    /// Connections one client address may hold open at once (an IPv6 address counts with its
+    /// whole /64, which one host may hold); past it, the same.
+    pub max_connections_per_address: usize,
     /// The longest a client may take to send a request's headers, counted from when the
     /// server starts waiting for them: so also how long a keep-alive connection may sit idle.
     pub header_timeout: Duration,
@@ -33,7 +39,11 @@ pub struct ServeLimits {
 
 impl Default for ServeLimits {
     fn default() -> Self {
-        ServeLimits { max_connections: 1024, header_timeout: Duration::from_secs(10) }
+        ServeLimits {
+            max_connections: 1024,
+            max_connections_per_address: 256,
+            header_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -49,19 +59,89 @@ const MAX_STREAMS: u32 = 256;
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
+/// What the server did with connections, since it started: for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Connections {
+    /// Open now.
+    pub open: AtomicU64,
+    /// Turned away because `max_connections` were open.
+    pub refused_total: AtomicU64,
+    /// Turned away because their address had `max_connections_per_address` open.
+    pub refused_per_address: AtomicU64,
+}
+
+/// Open connections per client address, each address bounded.
+#[derive(Debug)]
+struct PerAddress {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place among its address's, given back when dropped.
+struct Place {
+    of: Arc<PerAddress>,
+    address: IpAddr,
+}
+
+impl PerAddress {
+    /// A place for a connection from `ip` ([`tickwire_transport::client_address`]'s).
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
+        let address = tickwire_transport::client_address(ip);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        // Looked up, not inserted: an address refused leaves nothing behind.
+        if open.get(&address).copied().unwrap_or(0) >= self.max {
+            return None;
+        }
+        *open.entry(address).or_insert(0) += 1;
+        Some(Place { of: self.clone(), address })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self.of.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Counts a connection open for as long as it lives.
+struct Counted(Arc<Connections>);
+
+impl Counted {
+    fn new(connections: &Arc<Connections>) -> Counted {
+        connections.open.fetch_add(1, Ordering::Relaxed);
+        Counted(connections.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes; then stops accepting (open
 /// connections finish their current request on their own tasks). With `tls`, over HTTPS.
+/// What it does with connections goes into `connections`.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServeLimits,
     tls: Option<Arc<TlsServer>>,
+    connections: Arc<Connections>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address =
+        Arc::new(PerAddress { max: limits.max_connections_per_address, open: Mutex::new(HashMap::new()) });
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -78,13 +158,26 @@ pub async fn serve(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "setting TCP_NODELAY failed");
         }
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Over TLS, a 503 would need a handshake first: the connection is just closed.
-            if tls.is_none() {
-                tokio::spawn(turn_away(stream));
-            }
-            continue;
+        let admitted = match per_address.take(peer.ip()) {
+            None => Err(&connections.refused_per_address),
+            Some(place) => slots
+                .clone()
+                .try_acquire_owned()
+                .map(|slot| (slot, place))
+                .map_err(|_| &connections.refused_total),
         };
+        let (slot, place) = match admitted {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                refused.fetch_add(1, Ordering::Relaxed);
+                // Over TLS, a 503 would need a handshake first: the connection is just closed.
+                if tls.is_none() {
+                    tokio::spawn(turn_away(stream));
+                }
+                continue;
+            }
+        };
+        let counted = Counted::new(&connections);
         // Set by the first request: until then the connection is on the header deadline
         // (hyper's own applies to HTTP/1.1 heads only, not to the sniffing of the protocol).
         let started = Arc::new(AtomicBool::new(false));
@@ -96,7 +189,7 @@ pub async fn serve(
         });
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _held = (slot, place, counted);
             let mut http = auto::Builder::new(TokioExecutor::new());
             http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
             http.http2()
@@ -168,4 +261,28 @@ async fn turn_away(mut stream: TcpStream) {
         io::Result::Ok(())
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_address_has_its_own_bound_and_an_ipv6_host_its_whole_64() {
+        let per = Arc::new(PerAddress { max: 2, open: Mutex::new(HashMap::new()) });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let first = per.take(ip("10.0.0.1")).unwrap();
+        let _second = per.take(ip("::ffff:10.0.0.1")).expect("the same address, mapped into IPv6");
+        assert!(per.take(ip("10.0.0.1")).is_none(), "its bound");
+        assert!(per.take(ip("10.0.0.2")).is_some(), "another address");
+        drop(first);
+        let _again = per.take(ip("10.0.0.1")).expect("a place given back");
+        let _a = per.take(ip("2001:db8::1")).unwrap();
+        let _b = per.take(ip("2001:db8::ffff:1")).unwrap();
+        assert!(per.take(ip("2001:db8::2")).is_none(), "one /64");
+        assert!(per.take(ip("2001:db8:0:1::1")).is_some(), "the next /64");
+        let refused_only = Arc::new(PerAddress { max: 0, open: Mutex::new(HashMap::new()) });
+        assert!(refused_only.take(ip("10.0.0.3")).is_none());
+        assert!(refused_only.open.lock().unwrap().is_empty(), "a refused address leaves nothing behind");
+    }
 }

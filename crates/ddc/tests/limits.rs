@@ -1,5 +1,5 @@
 //! The HTTP server's limits, tried as an attacker would, over real sockets: idle sockets that
-//! never send a request, more connections than the cap, a body that stalls halfway, and a
+//! never send a request, more connections than the cap, in all and from one address, a body that stalls halfway, and a
 //! non-text `X-Jupiter-IoHash`, a compressed buffer that claims a block larger than the memory
 //! budget, a reader that stops reading a large answer or a batch's reply, answers larger than
 //! the whole budget, a batch PUT payload the budget cannot hold beside its body.
@@ -32,7 +32,8 @@ fn health(s: &common::Server) -> u16 {
 
 #[test]
 fn idle_and_surplus_connections_cannot_hold_the_server() {
-    let limits = ServeLimits { max_connections: 20, header_timeout: Duration::from_secs(2) };
+    let limits =
+        ServeLimits { max_connections: 20, header_timeout: Duration::from_secs(2), ..ServeLimits::default() };
     let s = start_with(limits, Duration::from_secs(30));
     // 30 sockets that never send a request: 20 take every slot and are closed (with nothing
     // sent) once their header deadline passes; the other 10 get 503 at once (a whole answer
@@ -48,6 +49,68 @@ fn idle_and_surplus_connections_cannot_hold_the_server() {
     assert_eq!((busy, reaped), (10, 20), "{answers:?}");
     // The server serves again.
     assert_eq!(health(&s), 200);
+}
+
+/// A connection from `source` (a loopback address) to the server.
+fn connect_from(source: [u8; 4], s: &common::Server) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&std::net::SocketAddr::from((source, 0)).into()).unwrap();
+    socket.connect(&s.addr.into()).unwrap();
+    socket.into()
+}
+
+/// `GET path` on a socket of its own from `source`: the whole answer.
+fn get_from(source: [u8; 4], s: &common::Server, path: &str) -> String {
+    let mut stream = connect_from(source, s);
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    read_until_closed(&mut stream, Duration::from_secs(5)).expect("answered and closed")
+}
+
+/// One address holding its whole share of connections gets 503 for more; another address is
+/// served beside it, and the first again once one of its connections closes. `/metrics` counts
+/// the refusal.
+#[test]
+fn one_address_cannot_take_every_connection() {
+    let limits = ServeLimits {
+        max_connections_per_address: 3,
+        header_timeout: Duration::from_secs(30),
+        ..ServeLimits::default()
+    };
+    let s = start_with(limits, Duration::from_secs(30));
+    let mut held: Vec<TcpStream> = (0..3).map(|_| connect_from([127, 0, 0, 1], &s)).collect();
+    // The server takes connections in order: a request on the last shows all three are in.
+    let mut last = held.pop().unwrap();
+    write!(last, "GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut head = [0u8; 12];
+    last.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    held.push(last);
+
+    let refused = get_from([127, 0, 0, 1], &s, "/health/live");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused:?}");
+    let other = get_from([127, 0, 0, 2], &s, "/health/live");
+    assert!(other.starts_with("HTTP/1.1 200"), "{other:?}");
+    let metrics = get_from([127, 0, 0, 2], &s, "/metrics");
+    assert!(metrics.contains("ddc_connections_refused_total{reason=\"per_address\"} 1"), "{metrics}");
+    let open: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("ddc_connections_open "))
+        .and_then(|n| n.parse().ok())
+        .expect("ddc_connections_open");
+    // Three held and this one; the health check's, closed, may not have ended its task yet.
+    assert!((4.0..=5.0).contains(&open), "{open} open");
+
+    drop(held.pop());
+    // The server sees the close when it next reads that socket: soon, not at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let again = get_from([127, 0, 0, 1], &s, "/health/live");
+        if again.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still refused: {again:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! address, and how many one address may hold open at all, logged in or not. A connection past
 //! any budget is closed at once with `OVERLOADED`, so sockets opened and left silent (up to the
 //! auth timeout each) cannot take every file descriptor and starve the clients that do log in,
-//! and one address cannot hold every session slot. Counting only: nothing here reads a clock
-//! or touches a socket.
+//! and one address cannot hold every session slot. An address is
+//! [`tickwire_transport::client_address`]'s: an IPv6 host counts with its whole /64. Counting
+//! only: nothing here reads a clock or touches a socket.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -64,6 +65,7 @@ impl Admission {
     /// Takes a place for a new connection from `ip` (among those waiting to log in, and among
     /// its address's open ones), or says why there is none.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(Pending, Open), Refused> {
+        let ip = tickwire_transport::client_address(ip);
         let mut counts = self.counts();
         if counts.total >= self.max_total {
             return Err(Refused::Total(counts.total));
@@ -86,6 +88,7 @@ impl Admission {
     /// Takes a place among `ip`'s open connections only: for a connection another worker
     /// process handed over after its handshake started there.
     pub(crate) fn open(self: &Arc<Self>, ip: IpAddr) -> Result<Open, Refused> {
+        let ip = tickwire_transport::client_address(ip);
         let mut counts = self.counts();
         let open = counts.open.get(&ip).copied().unwrap_or(0);
         if open >= self.max_open_per_ip {
@@ -180,5 +183,17 @@ mod tests {
         drop(first);
         let _handed = a.open(ip(1)).unwrap();
         assert_eq!(a.open_from(ip(1)), 2);
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_with_its_whole_64() {
+        let a = Admission::new(10, 10, 2);
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        let _first = a.admit(v6("2001:db8::1")).unwrap();
+        let _second = a.admit(v6("2001:db8::abcd:2")).unwrap();
+        assert!(matches!(a.admit(v6("2001:db8::3")), Err(Refused::Open(..))), "one /64");
+        assert!(a.admit(v6("2001:db8:0:1::1")).is_ok(), "the next /64");
+        let _mapped = a.admit(v6("::ffff:127.0.0.1")).unwrap();
+        assert_eq!(a.open_from(ip(1)), 1, "an IPv4 address mapped into IPv6 is that address");
     }
 }

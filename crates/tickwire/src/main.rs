@@ -163,6 +163,10 @@ struct DdcArgs {
     /// Connections open at once; more get 503 and are closed.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Connections one client address may hold open at once (IPv6: one /64); more get 503
+    /// and are closed. Editors behind one NAT share an address: raise it for a large office.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_address: u32,
     /// The longest a client may take to send a request's headers (and so how long a
     /// keep-alive connection may sit idle).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -542,11 +546,13 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
     ));
     let limits = tickwire_ddc::serve::ServeLimits {
         max_connections: args.max_connections,
+        max_connections_per_address: args.max_connections_per_address as usize,
         header_timeout: args.header_timeout,
     };
     let reload = tls.clone();
     let lost = ddc.content.meta.lost();
-    tickwire_ddc::serve::serve(listener, http::router(ddc.clone()), limits, tls, async move {
+    let connections = ddc.connections.clone();
+    tickwire_ddc::serve::serve(listener, http::router(ddc.clone()), limits, tls, connections, async move {
         tokio::select! {
             _ = wait_for_signal() => {}
             () = reload_on_sighup(hangups, || reload.as_ref().map_or(Ok(()), |tls| tls.reload())) => {}

@@ -27,6 +27,16 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+/// The address a client counts under in per-address connection limits: an IPv4 address as it
+/// is (also when mapped into IPv6), an IPv6 one by its /64, the block one host is given, so
+/// that a host cannot pass a limit by changing the low bits of its address.
+pub fn client_address(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
+
 /// Bytes reserved for each read when the buffer has less room than this.
 const READ_CHUNK: usize = 4096;
 

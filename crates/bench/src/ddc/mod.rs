@@ -260,6 +260,9 @@ impl Target {
             tokens.display().to_string(),
             "--max-connections".into(),
             "4096".into(),
+            // Every connection of the load comes from one address.
+            "--max-connections-per-address".into(),
+            "4096".into(),
         ];
         let (child, rest) = ChildServer::start(&args_list, "http://")?;
         let addr = rest.split('/').next().unwrap_or_default().to_owned();

@@ -73,6 +73,12 @@ impl Metrics {
                 metrics::Unit::Seconds,
                 "How long the last garbage collection took."
             );
+            metrics::describe_gauge!("ddc_connections_open", "HTTP connections open now.");
+            metrics::describe_counter!(
+                "ddc_connections_refused_total",
+                "Connections turned away (503, or closed over TLS), by reason: `total` (--max-connections \
+                 open) or `per_address` (--max-connections-per-address open from its address)."
+            );
             metrics::describe_gauge!("ddc_store_blobs", "Blobs stored (raw and compressed).");
             metrics::describe_gauge!("ddc_store_bytes", "Bytes of blobs stored.");
             metrics::describe_gauge!(
@@ -118,8 +124,16 @@ impl Metrics {
 
     fn render(&self, ddc: &Ddc) -> String {
         let usage = ddc.content.blobs.usage();
+        let connections = &ddc.connections;
         metrics::with_local_recorder(&self.recorder, || {
             self.process.collect();
+            metrics::gauge!("ddc_connections_open").set(connections.open.load(Ordering::Relaxed) as f64);
+            for (reason, count) in
+                [("total", &connections.refused_total), ("per_address", &connections.refused_per_address)]
+            {
+                metrics::counter!("ddc_connections_refused_total", "reason" => reason)
+                    .absolute(count.load(Ordering::Relaxed));
+            }
             metrics::gauge!("ddc_store_blobs").set(usage.blobs.load(Ordering::Relaxed) as f64);
             metrics::gauge!("ddc_store_bytes").set(usage.bytes.load(Ordering::Relaxed) as f64);
             metrics::gauge!("ddc_store_counted").set(if usage.counted.load(Ordering::Relaxed) {

@@ -74,6 +74,8 @@ pub struct Ddc {
     /// Whether a PUT may replace a finalized ref holding another object without
     /// `X-Jupiter-Allow-Overwrite: true` (the reference server's default policy allows it).
     pub allow_overwrite: bool,
+    /// What the HTTP server did with connections ([`crate::serve::serve`] counts into it).
+    pub connections: Arc<crate::serve::Connections>,
     metrics: metrics::Metrics,
 }
 
@@ -120,6 +122,7 @@ impl Ddc {
             auth,
             limits,
             allow_overwrite: true,
+            connections: Arc::default(),
             metrics: metrics::Metrics::new(),
         })
     }

@@ -131,7 +131,8 @@ pub fn start_on(
             let ddc = Arc::new(ddc);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            serve(listener, router(ddc), limits, tls, std::future::pending()).await.unwrap();
+            let connections = ddc.connections.clone();
+            serve(listener, router(ddc), limits, tls, connections, std::future::pending()).await.unwrap();
         });
     });
     Server { addr: rx.recv().unwrap(), _dir: dir }
