@@ -19,7 +19,7 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tickwire_transport::TlsServer;
+use tickwire_transport::{ClientAddress, TlsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -29,9 +29,13 @@ use tokio::sync::Semaphore;
 pub struct ServeLimits {
     /// Connections open at once; a connection past it gets `503` and is closed.
     pub max_connections: usize,
-    /// Connections one client address may hold open at once (an IPv6 address counts with its
-    /// whole /64, which one host may hold); past it, the same.
+    /// Connections one client address may hold open at once; past it, the same. Behind a
+    /// reverse proxy every client has the proxy's address: set it to `max_connections` there.
     pub max_connections_per_address: usize,
+    /// What one client address is for an IPv6 client: its first this many bits (64, the block
+    /// a site is usually given; 128, each address on its own). See
+    /// [`tickwire_transport::ClientAddress`].
+    pub ipv6_prefix: u8,
     /// The longest a client may take to send a request's headers, counted from when the
     /// server starts waiting for them: so also how long a keep-alive connection may sit idle.
     pub header_timeout: Duration,
@@ -42,6 +46,7 @@ impl Default for ServeLimits {
         ServeLimits {
             max_connections: 1024,
             max_connections_per_address: 256,
+            ipv6_prefix: 64,
             header_timeout: Duration::from_secs(10),
         }
     }
@@ -74,19 +79,24 @@ pub struct Connections {
 #[derive(Debug)]
 struct PerAddress {
     max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    ipv6_prefix: u8,
+    open: Mutex<HashMap<ClientAddress, usize>>,
 }
 
 /// A connection's place among its address's, given back when dropped.
 struct Place {
     of: Arc<PerAddress>,
-    address: IpAddr,
+    address: ClientAddress,
 }
 
 impl PerAddress {
-    /// A place for a connection from `ip` ([`tickwire_transport::client_address`]'s).
+    fn new(max: usize, ipv6_prefix: u8) -> Arc<PerAddress> {
+        Arc::new(PerAddress { max, ipv6_prefix, open: Mutex::new(HashMap::new()) })
+    }
+
+    /// A place for a connection from `ip`, counted under its [`ClientAddress`].
     fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
-        let address = tickwire_transport::client_address(ip);
+        let address = ClientAddress::of(ip, self.ipv6_prefix);
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         // Looked up, not inserted: an address refused leaves nothing behind.
         if open.get(&address).copied().unwrap_or(0) >= self.max {
@@ -137,8 +147,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let per_address =
-        Arc::new(PerAddress { max: limits.max_connections_per_address, open: Mutex::new(HashMap::new()) });
+    let per_address = PerAddress::new(limits.max_connections_per_address, limits.ipv6_prefix);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -269,7 +278,7 @@ mod tests {
 
     #[test]
     fn each_address_has_its_own_bound_and_an_ipv6_host_its_whole_64() {
-        let per = Arc::new(PerAddress { max: 2, open: Mutex::new(HashMap::new()) });
+        let per = PerAddress::new(2, 64);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let first = per.take(ip("10.0.0.1")).unwrap();
         let _second = per.take(ip("::ffff:10.0.0.1")).expect("the same address, mapped into IPv6");
@@ -281,7 +290,7 @@ mod tests {
         let _b = per.take(ip("2001:db8::ffff:1")).unwrap();
         assert!(per.take(ip("2001:db8::2")).is_none(), "one /64");
         assert!(per.take(ip("2001:db8:0:1::1")).is_some(), "the next /64");
-        let refused_only = Arc::new(PerAddress { max: 0, open: Mutex::new(HashMap::new()) });
+        let refused_only = PerAddress::new(0, 64);
         assert!(refused_only.take(ip("10.0.0.3")).is_none());
         assert!(refused_only.open.lock().unwrap().is_empty(), "a refused address leaves nothing behind");
     }

@@ -2,13 +2,15 @@
 //! address, and how many one address may hold open at all, logged in or not. A connection past
 //! any budget is closed at once with `OVERLOADED`, so sockets opened and left silent (up to the
 //! auth timeout each) cannot take every file descriptor and starve the clients that do log in,
-//! and one address cannot hold every session slot. An address is
-//! [`tickwire_transport::client_address`]'s: an IPv6 host counts with its whole /64. Counting
-//! only: nothing here reads a clock or touches a socket.
+//! and one address cannot hold every session slot. An address is a
+//! [`ClientAddress`]: an IPv6 client counts with its whole block (`limits.ipv6_prefix`, a /64
+//! by default). Counting only: nothing here reads a clock or touches a socket.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+
+use tickwire_transport::ClientAddress;
 
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -16,17 +18,17 @@ pub(crate) enum Refused {
     #[error("{0} connections are already waiting to log in (limits.max_pending_handshakes)")]
     Total(usize),
     #[error("{1} connections from {0} are already waiting to log in (limits.max_pending_per_ip)")]
-    PerIp(IpAddr, usize),
+    PerIp(ClientAddress, usize),
     #[error("{1} connections from {0} are already open (limits.max_connections_per_ip)")]
-    Open(IpAddr, usize),
+    Open(ClientAddress, usize),
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
-    per_ip: HashMap<IpAddr, usize>,
+    per_ip: HashMap<ClientAddress, usize>,
     /// Open connections per address, logged in or not.
-    open: HashMap<IpAddr, usize>,
+    open: HashMap<ClientAddress, usize>,
 }
 
 /// The connection budgets of one gateway process.
@@ -35,6 +37,8 @@ pub(crate) struct Admission {
     max_total: usize,
     max_per_ip: usize,
     max_open_per_ip: usize,
+    /// What one address is for an IPv6 client: its first this many bits.
+    ipv6_prefix: u8,
     counts: Mutex<Counts>,
 }
 
@@ -43,19 +47,25 @@ pub(crate) struct Admission {
 #[derive(Debug)]
 pub(crate) struct Open {
     admission: Arc<Admission>,
-    ip: IpAddr,
+    ip: ClientAddress,
 }
 
 /// A connection's place in the budget, held until its handshake ends (logged in or not).
 #[derive(Debug)]
 pub(crate) struct Pending {
     admission: Arc<Admission>,
-    ip: IpAddr,
+    ip: ClientAddress,
 }
 
 impl Admission {
-    pub(crate) fn new(max_total: usize, max_per_ip: usize, max_open_per_ip: usize) -> Arc<Admission> {
-        Arc::new(Admission { max_total, max_per_ip, max_open_per_ip, counts: Mutex::new(Counts::default()) })
+    pub(crate) fn new(
+        max_total: usize,
+        max_per_ip: usize,
+        max_open_per_ip: usize,
+        ipv6_prefix: u8,
+    ) -> Arc<Admission> {
+        let counts = Mutex::new(Counts::default());
+        Arc::new(Admission { max_total, max_per_ip, max_open_per_ip, ipv6_prefix, counts })
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
@@ -65,7 +75,7 @@ impl Admission {
     /// Takes a place for a new connection from `ip` (among those waiting to log in, and among
     /// its address's open ones), or says why there is none.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(Pending, Open), Refused> {
-        let ip = tickwire_transport::client_address(ip);
+        let ip = ClientAddress::of(ip, self.ipv6_prefix);
         let mut counts = self.counts();
         if counts.total >= self.max_total {
             return Err(Refused::Total(counts.total));
@@ -88,7 +98,7 @@ impl Admission {
     /// Takes a place among `ip`'s open connections only: for a connection another worker
     /// process handed over after its handshake started there.
     pub(crate) fn open(self: &Arc<Self>, ip: IpAddr) -> Result<Open, Refused> {
-        let ip = tickwire_transport::client_address(ip);
+        let ip = ClientAddress::of(ip, self.ipv6_prefix);
         let mut counts = self.counts();
         let open = counts.open.get(&ip).copied().unwrap_or(0);
         if open >= self.max_open_per_ip {
@@ -101,7 +111,7 @@ impl Admission {
     /// Open connections from `ip` now.
     #[cfg(test)]
     fn open_from(&self, ip: IpAddr) -> usize {
-        self.counts().open.get(&ip).copied().unwrap_or(0)
+        self.counts().open.get(&ClientAddress::of(ip, self.ipv6_prefix)).copied().unwrap_or(0)
     }
 
     /// Connections waiting for their Hello now.
@@ -112,7 +122,7 @@ impl Admission {
 }
 
 /// Takes one off `ip`'s count, forgetting the address at zero.
-fn release(map: &mut HashMap<IpAddr, usize>, ip: &IpAddr) {
+fn release(map: &mut HashMap<ClientAddress, usize>, ip: &ClientAddress) {
     if let Some(n) = map.get_mut(ip) {
         *n -= 1;
         if *n == 0 {
@@ -143,12 +153,17 @@ mod tests {
         IpAddr::from([127, 0, 0, last])
     }
 
+    /// `ip(last)` as the limits count it.
+    fn key(last: u8) -> ClientAddress {
+        ClientAddress::of(ip(last), 64)
+    }
+
     #[test]
     fn budgets_hold_per_address_and_in_all_and_free_on_drop() {
-        let a = Admission::new(3, 2, 100);
+        let a = Admission::new(3, 2, 100, 64);
         let first = a.admit(ip(1)).unwrap();
         let _second = a.admit(ip(1)).unwrap();
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(ip(1), 2));
+        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2));
         let _other = a.admit(ip(2)).unwrap();
         assert_eq!(a.admit(ip(3)).unwrap_err(), Refused::Total(3));
         drop(first);
@@ -159,26 +174,26 @@ mod tests {
 
     #[test]
     fn an_address_with_nothing_pending_is_forgotten() {
-        let a = Admission::new(10, 10, 10);
+        let a = Admission::new(10, 10, 10, 64);
         drop(a.admit(ip(9)).unwrap());
         assert!(a.counts().per_ip.is_empty());
         assert!(a.counts().open.is_empty());
         assert_eq!(a.pending(), 0);
         // A refused address is not remembered either.
-        let none = Admission::new(10, 0, 10);
-        assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(ip(9), 0));
+        let none = Admission::new(10, 0, 10, 64);
+        assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(key(9), 0));
         assert!(none.counts().per_ip.is_empty() && none.counts().open.is_empty());
     }
 
     #[test]
     fn open_connections_outlive_the_login_and_are_capped_per_address() {
-        let a = Admission::new(10, 10, 2);
+        let a = Admission::new(10, 10, 2, 64);
         let (pending, first) = a.admit(ip(1)).unwrap();
         drop(pending);
         let (_, _second) = a.admit(ip(1)).unwrap();
         assert_eq!(a.open_from(ip(1)), 2, "logged in or not, both are open");
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::Open(ip(1), 2));
-        assert_eq!(a.open(ip(1)).unwrap_err(), Refused::Open(ip(1), 2));
+        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::Open(key(1), 2));
+        assert_eq!(a.open(ip(1)).unwrap_err(), Refused::Open(key(1), 2));
         assert!(a.admit(ip(2)).is_ok(), "another address has its own budget");
         drop(first);
         let _handed = a.open(ip(1)).unwrap();
@@ -186,14 +201,22 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_host_counts_with_its_whole_64() {
-        let a = Admission::new(10, 10, 2);
+    fn an_ipv6_client_counts_with_its_whole_block() {
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        let a = Admission::new(10, 10, 2, 64);
         let _first = a.admit(v6("2001:db8::1")).unwrap();
         let _second = a.admit(v6("2001:db8::abcd:2")).unwrap();
-        assert!(matches!(a.admit(v6("2001:db8::3")), Err(Refused::Open(..))), "one /64");
+        let refused = a.admit(v6("2001:db8::3")).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "2 connections from 2001:db8::/64 are already open (limits.max_connections_per_ip)"
+        );
         assert!(a.admit(v6("2001:db8:0:1::1")).is_ok(), "the next /64");
         let _mapped = a.admit(v6("::ffff:127.0.0.1")).unwrap();
         assert_eq!(a.open_from(ip(1)), 1, "an IPv4 address mapped into IPv6 is that address");
+        // With 128, each address on its own.
+        let apart = Admission::new(10, 10, 1, 128);
+        let _one = apart.admit(v6("2001:db8::1")).unwrap();
+        assert!(apart.admit(v6("2001:db8::2")).is_ok());
     }
 }

@@ -130,6 +130,10 @@ pub struct LimitsConfig {
     /// Connections one IP address may hold open at once, logged in or not (a NAT or proxy puts
     /// many players behind one address: size it for that).
     pub max_connections_per_ip: usize,
+    /// What "one IP address" is for an IPv6 client in the two limits above: its first this many
+    /// bits (64, the block a site is usually given, so that a host cannot pass them by changing
+    /// the low bits of its address; 128, each address on its own).
+    pub ipv6_prefix: u8,
 }
 
 /// How clients prove who they are.
@@ -228,6 +232,7 @@ impl Default for LimitsConfig {
             max_pending_handshakes: 4096,
             max_pending_per_ip: 256,
             max_connections_per_ip: 10_000,
+            ipv6_prefix: 64,
         }
     }
 }
@@ -283,6 +288,9 @@ impl GatewayConfig {
         }
         if self.session.ack_every == 0 {
             return invalid("session.ack_every must be above zero");
+        }
+        if self.limits.ipv6_prefix > 128 {
+            return invalid("limits.ipv6_prefix is a prefix length: at most 128");
         }
         let window = &self.channels.update_window;
         if window.max_bytes >= self.session.max_unacked_bytes

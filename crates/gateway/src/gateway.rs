@@ -121,6 +121,7 @@ impl Gateway {
                 self.config.limits.max_pending_handshakes,
                 self.config.limits.max_pending_per_ip,
                 self.config.limits.max_connections_per_ip,
+                self.config.limits.ipv6_prefix,
             ),
             config: self.config,
         });

@@ -160,13 +160,19 @@ struct DdcArgs {
     /// editor retries).
     #[arg(long, default_value_t = 1024)]
     memory_budget_mib: u64,
-    /// Connections open at once; more get 503 and are closed.
-    #[arg(long, default_value_t = 1024)]
-    max_connections: usize,
-    /// Connections one client address may hold open at once (IPv6: one /64); more get 503
-    /// and are closed. Editors behind one NAT share an address: raise it for a large office.
+    /// Connections open at once; more get 503 and are closed (over TLS, closed).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Connections one client address may hold open at once; more get 503 and are closed
+    /// (over TLS, closed). Editors behind one NAT share an address: raise it for a large
+    /// office; behind a reverse proxy every client has the proxy's address: set it to
+    /// --max-connections.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections_per_address: u32,
+    /// What one client address is for an IPv6 client in --max-connections-per-address: its
+    /// first this many bits (64, the block a site is usually given; 128, each address apart).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(0..=128))]
+    ipv6_prefix: u8,
     /// The longest a client may take to send a request's headers (and so how long a
     /// keep-alive connection may sit idle).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -545,8 +551,9 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         ddc.content.meta.backend_name()
     ));
     let limits = tickwire_ddc::serve::ServeLimits {
-        max_connections: args.max_connections,
+        max_connections: args.max_connections as usize,
         max_connections_per_address: args.max_connections_per_address as usize,
+        ipv6_prefix: args.ipv6_prefix,
         header_timeout: args.header_timeout,
     };
     let reload = tls.clone();

@@ -5,6 +5,7 @@
 //! sit in a `select!`), and an idle plain TCP connection holds no read buffer: the loop waits
 //! for readiness before it reserves memory.
 
+mod client_address;
 mod tls;
 pub mod wake_batch;
 mod when_woken;
@@ -14,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+pub use client_address::ClientAddress;
 pub use tls::{TlsClient, TlsError, TlsServer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsStream;
@@ -26,16 +28,6 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-
-/// The address a client counts under in per-address connection limits: an IPv4 address as it
-/// is (also when mapped into IPv6), an IPv6 one by its /64, the block one host is given, so
-/// that a host cannot pass a limit by changing the low bits of its address.
-pub fn client_address(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
-        v4 => v4,
-    }
-}
 
 /// Bytes reserved for each read when the buffer has less room than this.
 const READ_CHUNK: usize = 4096;

@@ -226,11 +226,12 @@ impl Connect {
     pub fn weakness_across_network(&self) -> Option<&'static str> {
         let remote = |host: &Host| match host {
             Host::Tcp(name) => {
-                name != "localhost" && !name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+                name != "localhost"
+                    && !name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.to_canonical().is_loopback())
             }
             Host::Unix(_) => false,
         };
-        let hostaddr_remote = self.config.get_hostaddrs().iter().any(|ip| !ip.is_loopback());
+        let hostaddr_remote = self.config.get_hostaddrs().iter().any(|ip| !ip.to_canonical().is_loopback());
         if !(self.config.get_hosts().iter().any(remote) || hostaddr_remote) {
             return None;
         }
