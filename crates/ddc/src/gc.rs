@@ -15,7 +15,7 @@
 //! looks a last time and removes it, both in the metadata store (`blob_store/s3/collect.rs`).
 //! docs/ddc.md, "Garbage collection" and "Blobs in S3", say all of it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -151,7 +151,7 @@ impl Content {
         for shard in 0..=u8::MAX {
             let mut gone = Vec::new();
             for (id, modified) in local.list_shard(ns, shard).await? {
-                if live.blobs.contains(&id) || modified >= young {
+                if live.keeps(&id) || modified >= young {
                     report.blobs_kept += 1;
                     continue;
                 }
@@ -190,7 +190,7 @@ impl Content {
                     Ok(listed) => listed,
                     Err(e) => return Swept::Unlisted(e),
                 };
-                if live.blobs.contains(&id) || written >= young {
+                if live.keeps(&id) || written >= young {
                     return Swept::Kept;
                 }
                 match s3.delete_older(&self.meta, ns, &id, young).await {
@@ -267,7 +267,7 @@ impl Content {
     ) -> Result<(), ContentError> {
         let mut objects = Vec::new();
         let binaries = live.add(attachments, &mut objects);
-        live.blobs.extend(self.meta.content_blobs(ns, binaries).await?);
+        live.keep_all(self.meta.content_blobs(ns, binaries).await?);
         // Object attachments name more, one object read at a time, charged as a presence
         // check's reads are; a chain of them is followed by this loop, not by recursion.
         while let Some(object) = objects.pop() {
@@ -277,23 +277,35 @@ impl Content {
             let named = attachment_hashes(&bytes).collect();
             drop(bytes);
             let binaries = live.add(named, &mut objects);
-            live.blobs.extend(self.meta.content_blobs(ns, binaries).await?);
+            live.keep_all(self.meta.content_blobs(ns, binaries).await?);
         }
         Ok(())
     }
 }
 
-/// The blobs a namespace's refs name, found so far.
+/// The blobs a namespace's refs name, found so far, each with how it was named: one map entry
+/// per hash (20 bytes and a byte of flags), which is what a run's memory grows with. A hash
+/// named as a binary attachment and as an object attachment (a compressed buffer whose payload
+/// is the object) is followed both ways.
 #[derive(Default)]
-struct Live {
-    /// Blobs to keep.
-    blobs: HashSet<IoHash>,
-    /// Each hash as it was named: one named as a binary attachment and as an object
-    /// attachment (a compressed buffer whose payload is the object) is followed both ways.
-    seen: HashSet<(bool, IoHash)>,
-}
+struct Live(HashMap<IoHash, u8>);
+
+/// Flags of a hash in [`Live`] (none: kept, as a compressed buffer found through a content id).
+const NAMED_AS_BINARY: u8 = 1;
+const NAMED_AS_OBJECT: u8 = 2;
 
 impl Live {
+    fn keeps(&self, id: &IoHash) -> bool {
+        self.0.contains_key(id)
+    }
+
+    /// Keeps these blobs (compressed buffers found through content ids).
+    fn keep_all(&mut self, ids: impl IntoIterator<Item = IoHash>) {
+        for id in ids {
+            self.0.entry(id).or_default();
+        }
+    }
+
     /// Keeps what `named` names; pushes the object attachments not followed yet onto
     /// `objects`, and returns the binary attachments not looked up yet (their compressed
     /// buffers are kept too).
@@ -301,10 +313,12 @@ impl Live {
         let mut binaries = Vec::new();
         for (ty, hash) in named {
             let object = ty == CbType::ObjectAttachment;
-            if !self.seen.insert((object, hash)) {
+            let how = if object { NAMED_AS_OBJECT } else { NAMED_AS_BINARY };
+            let flags = self.0.entry(hash).or_default();
+            if *flags & how != 0 {
                 continue;
             }
-            self.blobs.insert(hash);
+            *flags |= how;
             if object {
                 objects.push(hash);
             } else {
