@@ -507,6 +507,27 @@ mod tests {
         assert!(has(&content, child).await);
     }
 
+    /// The live set follows each hash once per way it is named, whatever was kept before: a
+    /// hash kept as a compressed buffer (through a content id) and then named is still
+    /// followed, and one named both ways is followed both ways.
+    #[test]
+    fn the_live_set_follows_each_way_a_hash_is_named_once() {
+        let (a, b) = (IoHash::of(b"a"), IoHash::of(b"b"));
+        let mut live = Live::default();
+        live.keep_all([a, b]);
+        assert!(live.keeps(&a) && !live.keeps(&IoHash::of(b"c")));
+        let mut objects = Vec::new();
+        let binaries =
+            live.add(vec![(CbType::ObjectAttachment, a), (CbType::BinaryAttachment, b)], &mut objects);
+        assert_eq!((objects.clone(), binaries), (vec![a], vec![b]), "kept before, followed now");
+        let again =
+            live.add(vec![(CbType::ObjectAttachment, a), (CbType::BinaryAttachment, b)], &mut objects);
+        assert_eq!((objects.len(), again.len()), (1, 0), "each way once");
+        let other_way =
+            live.add(vec![(CbType::BinaryAttachment, a), (CbType::ObjectAttachment, b)], &mut objects);
+        assert_eq!((objects, other_way), (vec![a, b], vec![a]), "the other way too");
+    }
+
     /// From the first run on, an upload of a blob already stored (not written again) that is
     /// older than half the grace restarts its grace.
     async fn a_reupload_restarts_the_grace(backend: TestBackend) {

@@ -27,10 +27,12 @@ use tokio::sync::Semaphore;
 /// Connection limits of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
-    /// Connections open at once; a connection past it gets `503` and is closed.
+    /// Connections open at once; a connection past it gets `503` and is closed (0 refuses
+    /// every connection).
     pub max_connections: usize,
-    /// Connections one client address may hold open at once; past it, the same. Behind a
-    /// reverse proxy every client has the proxy's address: set it to `max_connections` there.
+    /// Connections one client address may hold open at once; past it, the same (0 refuses
+    /// every connection). Behind a reverse proxy every client has the proxy's address: set it
+    /// to `max_connections` there.
     pub max_connections_per_address: usize,
     /// What one client address is for an IPv6 client: its first this many bits (64, the block
     /// a site is usually given; 128, each address on its own). See

@@ -38,9 +38,10 @@ async fn server(config: &S3Config, meta: Option<&str>) -> (tempfile::TempDir, Dd
     (dir, ddc)
 }
 
-/// Waits for the count of the bucket made at open (a collection sweeps only once it is done).
+/// Waits for the count of the bucket made at open (a collection sweeps only once it is done),
+/// up to 30 s (1,001 objects on a loaded machine).
 async fn counted(ddc: &Ddc) {
-    for _ in 0..500 {
+    for _ in 0..3000 {
         if ddc.content.blobs.usage().counted.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
