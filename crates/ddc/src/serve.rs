@@ -7,7 +7,6 @@
 //! body chunks. So idle or trickling sockets cannot hold the server. With TLS settings, every
 //! connection speaks HTTPS; its TLS handshake counts against the header deadline.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
@@ -19,7 +18,7 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tickwire_transport::{ClientAddress, TlsServer};
+use tickwire_transport::{AddressCounts, ClientAddress, TlsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -82,7 +81,7 @@ pub struct Connections {
 struct PerAddress {
     max: usize,
     ipv6_prefix: u8,
-    open: Mutex<HashMap<ClientAddress, usize>>,
+    open: Mutex<AddressCounts>,
 }
 
 /// A connection's place among its address's, given back when dropped.
@@ -93,31 +92,24 @@ struct Place {
 
 impl PerAddress {
     fn new(max: usize, ipv6_prefix: u8) -> Arc<PerAddress> {
-        Arc::new(PerAddress { max, ipv6_prefix, open: Mutex::new(HashMap::new()) })
+        Arc::new(PerAddress { max, ipv6_prefix, open: Mutex::default() })
     }
 
     /// A place for a connection from `ip`, counted under its [`ClientAddress`].
     fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
         let address = ClientAddress::of(ip, self.ipv6_prefix);
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        // Looked up, not inserted: an address refused leaves nothing behind.
-        if open.get(&address).copied().unwrap_or(0) >= self.max {
+        if open.get(&address) >= self.max {
             return None;
         }
-        *open.entry(address).or_insert(0) += 1;
+        open.add(address);
         Some(Place { of: self.clone(), address })
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut open = self.of.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.address) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.address);
-            }
-        }
+        self.of.open.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.address);
     }
 }
 

@@ -6,11 +6,10 @@
 //! [`ClientAddress`]: an IPv6 client counts with its whole block (`limits.ipv6_prefix`, a /64
 //! by default). Counting only: nothing here reads a clock or touches a socket.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use tickwire_transport::ClientAddress;
+use tickwire_transport::{AddressCounts, ClientAddress};
 
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -26,9 +25,9 @@ pub(crate) enum Refused {
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
-    per_ip: HashMap<ClientAddress, usize>,
+    per_ip: AddressCounts,
     /// Open connections per address, logged in or not.
-    open: HashMap<ClientAddress, usize>,
+    open: AddressCounts,
 }
 
 /// The connection budgets of one gateway process.
@@ -80,17 +79,16 @@ impl Admission {
         if counts.total >= self.max_total {
             return Err(Refused::Total(counts.total));
         }
-        // Looked up, not inserted: a refused address leaves nothing behind in the maps.
-        let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
+        let from_ip = counts.per_ip.get(&ip);
         if from_ip >= self.max_per_ip {
             return Err(Refused::PerIp(ip, from_ip));
         }
-        let open = counts.open.get(&ip).copied().unwrap_or(0);
+        let open = counts.open.get(&ip);
         if open >= self.max_open_per_ip {
             return Err(Refused::Open(ip, open));
         }
-        *counts.per_ip.entry(ip).or_insert(0) += 1;
-        *counts.open.entry(ip).or_insert(0) += 1;
+        counts.per_ip.add(ip);
+        counts.open.add(ip);
         counts.total += 1;
         Ok((Pending { admission: self.clone(), ip }, Open { admission: self.clone(), ip }))
     }
@@ -100,18 +98,18 @@ impl Admission {
     pub(crate) fn open(self: &Arc<Self>, ip: IpAddr) -> Result<Open, Refused> {
         let ip = ClientAddress::of(ip, self.ipv6_prefix);
         let mut counts = self.counts();
-        let open = counts.open.get(&ip).copied().unwrap_or(0);
+        let open = counts.open.get(&ip);
         if open >= self.max_open_per_ip {
             return Err(Refused::Open(ip, open));
         }
-        *counts.open.entry(ip).or_insert(0) += 1;
+        counts.open.add(ip);
         Ok(Open { admission: self.clone(), ip })
     }
 
     /// Open connections from `ip` now.
     #[cfg(test)]
     fn open_from(&self, ip: IpAddr) -> usize {
-        self.counts().open.get(&ClientAddress::of(ip, self.ipv6_prefix)).copied().unwrap_or(0)
+        self.counts().open.get(&ClientAddress::of(ip, self.ipv6_prefix))
     }
 
     /// Connections waiting for their Hello now.
@@ -121,27 +119,17 @@ impl Admission {
     }
 }
 
-/// Takes one off `ip`'s count, forgetting the address at zero.
-fn release(map: &mut HashMap<ClientAddress, usize>, ip: &ClientAddress) {
-    if let Some(n) = map.get_mut(ip) {
-        *n -= 1;
-        if *n == 0 {
-            map.remove(ip);
-        }
-    }
-}
-
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut counts = self.admission.counts();
         counts.total -= 1;
-        release(&mut counts.per_ip, &self.ip);
+        counts.per_ip.remove(&self.ip);
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        release(&mut self.admission.counts().open, &self.ip);
+        self.admission.counts().open.remove(&self.ip);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Which clients count as one in per-address connection limits (the gateway's admission, the
 //! DDC's HTTP server): one IPv4 address, or one IPv6 block, so that a host cannot pass a limit
-//! by changing the low bits of its IPv6 address.
+//! by changing the low bits of its IPv6 address; and the counts those limits keep.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The address a client counts under in per-address connection limits: an IPv4 address as it
@@ -46,6 +47,39 @@ impl std::fmt::Display for ClientAddress {
     }
 }
 
+/// Connections counted per [`ClientAddress`], an address forgotten when its count falls to
+/// zero, so the map holds only addresses with something counted.
+#[derive(Debug, Default)]
+pub struct AddressCounts(HashMap<ClientAddress, usize>);
+
+impl AddressCounts {
+    /// `address`'s count (0 if none): looked up, not inserted, so an address refused on it
+    /// leaves nothing behind.
+    pub fn get(&self, address: &ClientAddress) -> usize {
+        self.0.get(address).copied().unwrap_or(0)
+    }
+
+    /// Counts one more for `address`.
+    pub fn add(&mut self, address: ClientAddress) {
+        *self.0.entry(address).or_insert(0) += 1;
+    }
+
+    /// Counts one less for `address`, forgetting it at zero.
+    pub fn remove(&mut self, address: &ClientAddress) {
+        if let Some(n) = self.0.get_mut(address) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(address);
+            }
+        }
+    }
+
+    /// Whether no address has anything counted.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +104,22 @@ mod tests {
         assert!(one("2001:db8::1", "2001:db8::ffff:1"));
         assert!(!one("2001:db8::1", "2001:db8:0:1::1"));
         assert!(!one("10.0.0.1", "10.0.0.2"));
+    }
+
+    #[test]
+    fn counts_forget_an_address_at_zero() {
+        let a = ClientAddress::of("10.0.0.1".parse().unwrap(), 64);
+        let mut counts = AddressCounts::default();
+        assert_eq!(counts.get(&a), 0);
+        assert!(counts.is_empty(), "a look-up inserts nothing");
+        counts.add(a);
+        counts.add(a);
+        assert_eq!(counts.get(&a), 2);
+        counts.remove(&a);
+        assert_eq!(counts.get(&a), 1);
+        counts.remove(&a);
+        assert!(counts.is_empty());
+        counts.remove(&a);
+        assert!(counts.is_empty(), "a remove past zero does nothing");
     }
 }
