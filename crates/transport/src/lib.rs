@@ -15,8 +15,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-pub use client_address::ClientAddress;
-pub use tls::{TlsClient, TlsError, TlsServer};
+pub use client_address::{AddressCounts, ClientAddress};
+pub use tls::{TlsClient, TlsError, TlsServer, root_store_from_file};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsStream;
 pub use when_woken::{WhenWoken, when_woken};

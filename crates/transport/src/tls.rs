@@ -153,14 +153,7 @@ impl TlsClient {
     /// Trusts the certificates in `roots_pem` (PEM text) and expects `server_name` (a DNS name
     /// or an IP address).
     pub fn new(roots_pem: &[u8], server_name: &str) -> Result<TlsClient, TlsError> {
-        let mut roots = RootCertStore::empty();
-        let read = |source| TlsError::Read { path: PathBuf::from("(roots)"), source };
-        for cert in CertificateDer::pem_slice_iter(roots_pem) {
-            roots.add(cert.map_err(read)?)?;
-        }
-        if roots.is_empty() {
-            return Err(TlsError::NoCertificate { path: PathBuf::from("(roots)") });
-        }
+        let roots = root_store(roots_pem, Path::new("(roots)"))?;
         let config = ClientConfig::builder_with_provider(Arc::new(default_provider()))
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
@@ -172,12 +165,31 @@ impl TlsClient {
 
     /// [`TlsClient::new`] with the roots read from a PEM file.
     pub fn from_file(roots: &Path, server_name: &str) -> Result<TlsClient, TlsError> {
-        let pem = std::fs::read(roots).map_err(|e| TlsError::Read {
-            path: roots.to_owned(),
-            source: rustls_pki_types::pem::Error::Io(e),
-        })?;
-        TlsClient::new(&pem, server_name)
+        TlsClient::new(&read_pem(roots)?, server_name)
     }
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path)
+        .map_err(|e| TlsError::Read { path: path.to_owned(), source: rustls_pki_types::pem::Error::Io(e) })
+}
+
+/// The roots in `pem` (PEM text, one certificate or more; `label` names it in errors).
+fn root_store(pem: &[u8], label: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    let read = |source| TlsError::Read { path: label.to_owned(), source };
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        roots.add(cert.map_err(read)?)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate { path: label.to_owned() });
+    }
+    Ok(roots)
+}
+
+/// The roots in the PEM file at `path`, to trust as a client.
+pub fn root_store_from_file(path: &Path) -> Result<RootCertStore, TlsError> {
+    root_store(&read_pem(path)?, path)
 }
 
 /// Maps a TLS handshake failure to an I/O error, as the rest of the transport reports them.

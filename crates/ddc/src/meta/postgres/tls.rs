@@ -31,7 +31,6 @@ use rustls::crypto::{
     CryptoProvider, ring::default_provider, verify_tls12_signature, verify_tls13_signature,
 };
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -329,16 +328,7 @@ pub fn connect(conn: &str) -> Result<Connect, MetaError> {
 }
 
 fn file_roots(path: &Path) -> Result<RootCertStore, MetaError> {
-    let unreadable =
-        |e: &dyn std::fmt::Display| MetaError::Config(format!("sslrootcert {}: {e}", path.display()));
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
-        roots.add(cert.map_err(|e| unreadable(&e))?).map_err(|e| unreadable(&e))?;
-    }
-    if roots.is_empty() {
-        return Err(unreadable(&"no PEM certificate in it"));
-    }
-    Ok(roots)
+    tickwire_transport::root_store_from_file(path).map_err(|e| MetaError::Config(format!("sslrootcert: {e}")))
 }
 
 fn system_roots() -> Result<RootCertStore, MetaError> {
@@ -479,7 +469,10 @@ mod tests {
         refused("host=h sslmode=allow", "sslmode=allow is not supported");
         refused("host=h sslmode=sometimes", "is not one of");
         refused("host=h sslcert=/c.pem", "client certificates are not supported");
-        refused("host=h sslrootcert=/no/such/file.pem sslmode=verify-ca", "sslrootcert /no/such/file.pem");
+        refused(
+            "host=h sslrootcert=/no/such/file.pem sslmode=verify-ca",
+            "sslrootcert: reading /no/such/file.pem",
+        );
         refused("host=h colour=blue", "the Postgres connection string: unknown option `colour`");
     }
 
