@@ -61,16 +61,7 @@ static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 /// A new, empty database on the test server, as a URL; `None` (after saying so) when the
 /// Postgres tests are skipped. Panics when the server cannot be started.
 pub fn database() -> Option<String> {
-    if skipped() {
-        // Not `eprintln!`, which the test harness captures and drops for a passing test.
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(b"Postgres test skipped: TICKWIRE_SKIP_POSTGRES=1\n");
-        return None;
-    }
-    let server = match SERVER.get_or_init(|| start(None)) {
-        Ok(server) => server,
-        Err(e) => panic!("{e}"),
-    };
+    let server = running(&SERVER, || start(None))?;
     Some(format!(
         "host={} port={PORT} user=postgres dbname={}",
         server.dir.display(),
@@ -82,16 +73,26 @@ pub fn database() -> Option<String> {
 /// get the same server), as its TCP port and its name; `None` when the Postgres tests are
 /// skipped. Connections to it over TCP must use TLS, as user `postgres`, with no password.
 pub fn tls_database(files: impl FnOnce() -> TlsFiles) -> Option<(u16, String)> {
+    let server = running(&TLS_SERVER, || start(Some(files())))?;
+    Some((server.port, server.create_database()))
+}
+
+/// The server in `cell`, started with `start` on first use; `None` (after saying so) when the
+/// Postgres tests are skipped. Panics when the server cannot be started.
+fn running(
+    cell: &'static OnceLock<Result<Server, String>>,
+    start: impl FnOnce() -> Result<Server, String>,
+) -> Option<&'static Server> {
     if skipped() {
+        // Not `eprintln!`, which the test harness captures and drops for a passing test.
         use std::io::Write;
         let _ = std::io::stderr().write_all(b"Postgres test skipped: TICKWIRE_SKIP_POSTGRES=1\n");
         return None;
     }
-    let server = match TLS_SERVER.get_or_init(|| start(Some(files()))) {
-        Ok(server) => server,
+    match cell.get_or_init(start) {
+        Ok(server) => Some(server),
         Err(e) => panic!("{e}"),
-    };
-    Some((server.port, server.create_database()))
+    }
 }
 
 impl Server {
