@@ -20,6 +20,7 @@ mod hash;
 pub mod http;
 pub mod meta;
 mod names;
+pub mod pace;
 pub mod refs;
 pub mod serve;
 pub mod storage;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tickwire_ddc::pace::MinRate;
 use tickwire_gateway::LISTENING_PREFIX;
 use tickwire_gateway::{Gateway, GatewayConfig, WorkerSet};
 
@@ -173,13 +174,23 @@ struct DdcArgs {
     /// first this many bits (64, the block a site is usually given; 128, each address apart).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(0..=128))]
     ipv6_prefix: u8,
-    /// The longest a client may take to send a request's headers (and so how long a
-    /// keep-alive connection may sit idle).
+    /// The longest a client may take to send a request's headers, and how long a connection
+    /// (HTTP/1.1 or HTTP/2) may sit with no request in flight before it is closed.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     header_timeout: std::time::Duration,
-    /// The longest wait for the next piece of a request body; longer gets 408.
+    /// How long a request body may stall outright; beyond it, the body must keep up
+    /// --min-rate on average or get 408.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     body_timeout: std::time::Duration,
+    /// How long a client may stop taking an answer outright; beyond it, it must keep up
+    /// --min-rate on average or its connection is dropped.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    send_timeout: std::time::Duration,
+    /// The slowest rate, in bytes a second, at which a client may send a request body or take
+    /// an answer once its --body-timeout or --send-timeout is spent (time the server spends on
+    /// its own work is not counted); 0 sets no rate, only those timeouts between pieces.
+    #[arg(long, default_value_t = 1024)]
+    min_rate: u64,
     /// A PUT may not replace a finalized ref holding another object unless it sends
     /// `X-Jupiter-Allow-Overwrite: true`: it gets 409 with the stored object, which the editor
     /// adopts. By default overwrites are allowed, as on the reference server.
@@ -460,7 +471,7 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         max_buffered_bytes: args.max_buffered_mib << 20,
         memory_budget: u32::try_from(args.memory_budget_mib << 20)
             .context("--memory-budget-mib must be below 4096")?,
-        body_timeout: args.body_timeout,
+        body: MinRate { bytes_per_s: args.min_rate, allowance: args.body_timeout },
     };
     // The metadata first: a server refused the database (another holds it) must not touch
     // the root or the bucket (a restart overlapping the old process's last seconds).
@@ -555,6 +566,7 @@ async fn ddc(args: DdcArgs) -> anyhow::Result<()> {
         max_connections_per_address: args.max_connections_per_address as usize,
         ipv6_prefix: args.ipv6_prefix,
         header_timeout: args.header_timeout,
+        send: MinRate { bytes_per_s: args.min_rate, allowance: args.send_timeout },
     };
     let reload = tls.clone();
     let lost = ddc.content.meta.lost();

@@ -158,8 +158,7 @@ pub async fn batch(
         Some(CB) => {}
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),
     }
-    let body =
-        read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
+    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body, &ddc.content.budget).await?;
     let (bytes, body_held) = body.into_parts();
     let request = cb::parse(&bytes)?;
     let ops = request

@@ -103,7 +103,7 @@ pub(super) async fn store_raw(
     expected: Option<IoHash>,
     body: Body,
 ) -> Result<(IoHash, u64), ApiError> {
-    let reader = body_reader(body, ddc.limits.body_timeout);
+    let reader = body_reader(body, ddc.limits.body);
     let limit = ddc.limits.max_blob_bytes;
     let checked = std::time::Instant::now();
     let stored = match expected {
@@ -222,7 +222,7 @@ fn query_ids(query: Option<String>) -> Result<Vec<IoHash>, ApiError> {
 
 /// The ids of a JSON array body.
 async fn body_ids(ddc: &Ddc, body: Body) -> Result<Vec<IoHash>, ApiError> {
-    let body = read_body(body, 16 << 20, ddc.limits.body_timeout, &ddc.content.budget).await?;
+    let body = read_body(body, 16 << 20, ddc.limits.body, &ddc.content.budget).await?;
     let ids: Vec<String> = serde_json::from_slice(&body.bytes)
         .map_err(|e| ApiError::Invalid(format!("expected a JSON array of ids: {e}")))?;
     ids.iter().map(|s| s.parse().map_err(ApiError::from)).collect()
@@ -271,8 +271,7 @@ async fn exist<const ANY: bool>(
 
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
 async fn store_compressed(ddc: &Ddc, ns: &Name, id: Option<IoHash>, body: Body) -> Result<IoHash, ApiError> {
-    let body =
-        read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget).await?;
+    let body = read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body, &ddc.content.budget).await?;
     let scratch = scratch_budget(ddc, &body.bytes, body.bytes.capacity())?;
     let (bytes, held) = body.into_parts();
     Ok(ddc.content.put_compressed(ns, id, bytes.into(), (held, scratch)).await?)

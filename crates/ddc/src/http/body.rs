@@ -1,41 +1,69 @@
-//! Request bodies: streamed to disk through [`body_reader`] (with a deadline between chunks),
+//! Request bodies: streamed to disk through [`body_reader`] (at a minimum rate: [`crate::pace`]),
 //! or, for bodies that must be checked whole (compact binary, compressed buffers, packages,
 //! batches), read into memory by [`read_body`] against both a per-request cap and a
 //! server-wide memory budget. A request that would overdraw the budget gets 429, which the
 //! editor retries, instead of the server running out of memory. Responses served from memory
 //! keep their share while they are sent: `sending.rs`.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use futures_util::{StreamExt, TryStreamExt};
+use tokio::time::Instant;
 use tokio_util::io::StreamReader;
 
 use super::ApiError;
 pub use crate::budget::{Held, MemoryBudget};
+use crate::pace::{MinRate, Pace};
 
 /// The request body as a reader. A body that breaks off (the client stopped sending) reads as
-/// `UnexpectedEof`, and one whose next piece takes longer than `timeout` as `TimedOut`: both
-/// the client's fault (400 and 408), not the disk's.
-pub fn body_reader(body: Body, timeout: Duration) -> impl tokio::io::AsyncRead + Unpin {
+/// `UnexpectedEof`, and one slower than `rate` allows as `TimedOut`: both the client's fault
+/// (400 and 408), not the disk's.
+pub fn body_reader(body: Body, rate: MinRate) -> impl tokio::io::AsyncRead + Unpin {
     let chunks =
         body.into_data_stream().map_err(|e| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e));
-    let paced = futures_util::stream::unfold(Some(chunks), move |chunks| async move {
-        let mut chunks = chunks?;
-        match tokio::time::timeout(timeout, chunks.next()).await {
-            Ok(Some(chunk)) => Some((chunk, Some(chunks))),
+    let paced = futures_util::stream::unfold(Some((chunks, Pace::new(rate))), move |state| async move {
+        let (mut chunks, mut pace) = state?;
+        match next_chunk(&mut chunks, &mut pace).await {
+            Ok(Some(chunk)) => Some((chunk, Some((chunks, pace)))),
             Ok(None) => None,
-            Err(_) => {
-                let stalled = std::io::Error::new(
+            Err(()) => {
+                let slow = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("no body data for {} ms", timeout.as_millis()),
+                    ApiError::BodyTooSlow(rate).to_string(),
                 );
                 // End the stream after the error.
-                Some((Err(stalled), None))
+                Some((Err(slow), None))
             }
         }
     });
     StreamReader::new(Box::pin(paced))
+}
+
+/// The next chunk of `chunks` (`Ok(None)` at the end), or `Err` if the client ran out of its
+/// allowance first.
+async fn next_chunk<S, T>(chunks: &mut S, pace: &mut Pace) -> Result<Option<T>, ()>
+where
+    S: futures_util::Stream<Item = T> + Unpin,
+    T: ChunkLen,
+{
+    let until = pace.wait(Instant::now());
+    match tokio::time::timeout_at(until, chunks.next()).await {
+        Err(_) => Err(()),
+        Ok(next) => {
+            pace.moved(Instant::now(), next.as_ref().map_or(0, ChunkLen::len));
+            Ok(next)
+        }
+    }
+}
+
+/// The bytes a body's item carries (none for an error).
+trait ChunkLen {
+    fn len(&self) -> u64;
+}
+
+impl<E> ChunkLen for Result<bytes::Bytes, E> {
+    fn len(&self) -> u64 {
+        self.as_ref().map_or(0, |chunk| chunk.len() as u64)
+    }
 }
 
 /// A body read whole, and its share of the memory budget (returned when dropped).
@@ -57,17 +85,18 @@ impl Buffered {
 pub async fn read_body(
     body: Body,
     limit: u64,
-    timeout: Duration,
+    rate: MinRate,
     budget: &MemoryBudget,
 ) -> Result<Buffered, ApiError> {
     let mut chunks = body.into_data_stream();
+    let mut pace = Pace::new(rate);
     let mut bytes = Vec::new();
     let mut held = Held::default();
     // What `held` holds: the buffer's capacity.
     let mut charged = 0usize;
     loop {
-        let chunk = match tokio::time::timeout(timeout, chunks.next()).await {
-            Err(_) => return Err(ApiError::BodyStalled(timeout)),
+        let chunk = match next_chunk(&mut chunks, &mut pace).await {
+            Err(()) => return Err(ApiError::BodyTooSlow(rate)),
             Ok(None) => break,
             Ok(Some(Err(e))) => return Err(ApiError::BodyBroken(e.to_string())),
             Ok(Some(Ok(chunk))) => chunk,
@@ -92,7 +121,11 @@ pub async fn read_body(
 mod tests {
     use std::convert::Infallible;
 
+    use std::time::Duration;
+
     use super::*;
+
+    const RATE: MinRate = MinRate { bytes_per_s: 1024, allowance: Duration::from_secs(5) };
 
     /// A body in one-byte chunks is charged what its buffer holds, in one permit, and gives it
     /// all back when dropped; one the budget cannot hold is refused.
@@ -101,9 +134,7 @@ mod tests {
         let budget = MemoryBudget::new(100);
         let chunks = (0..60u8).map(|i| Ok::<_, Infallible>(bytes::Bytes::from(vec![i])));
         let body = Body::from_stream(futures_util::stream::iter(chunks));
-        let Ok(read) = read_body(body, 1000, Duration::from_secs(5), &budget).await else {
-            panic!("not read")
-        };
+        let Ok(read) = read_body(body, 1000, RATE, &budget).await else { panic!("not read") };
         assert_eq!(read.bytes, (0..60).collect::<Vec<u8>>());
         // Doubling from one byte: 64.
         assert_eq!(budget.available(), 100 - 64);
@@ -112,7 +143,7 @@ mod tests {
 
         let chunks = (0..120u8).map(|i| Ok::<_, Infallible>(bytes::Bytes::from(vec![i])));
         let body = Body::from_stream(futures_util::stream::iter(chunks));
-        let refused = read_body(body, 1000, Duration::from_secs(5), &budget).await;
+        let refused = read_body(body, 1000, RATE, &budget).await;
         assert!(matches!(refused, Err(ApiError::Busy)));
         assert_eq!(budget.available(), 100, "nothing kept");
     }

@@ -79,6 +79,12 @@ impl Metrics {
                 "Connections turned away (503, or closed over TLS), by reason: `total` (--max-connections \
                  open) or `per_address` (--max-connections-per-address open from its address)."
             );
+            metrics::describe_counter!(
+                "ddc_connections_closed_total",
+                "Connections the server closed for what the client did not do, by reason: `idle` (no \
+                 request in flight for --header-timeout; shut down gracefully) or `slow` (an answer \
+                 taken slower than --min-rate once --send-timeout was spent; dropped)."
+            );
             metrics::describe_gauge!("ddc_store_blobs", "Blobs stored (raw and compressed).");
             metrics::describe_gauge!("ddc_store_bytes", "Bytes of blobs stored.");
             metrics::describe_gauge!(
@@ -132,6 +138,10 @@ impl Metrics {
                 [("total", &connections.refused_total), ("per_address", &connections.refused_per_address)]
             {
                 metrics::counter!("ddc_connections_refused_total", "reason" => reason)
+                    .absolute(count.load(Ordering::Relaxed));
+            }
+            for (reason, count) in [("idle", &connections.closed_idle), ("slow", &connections.closed_slow)] {
+                metrics::counter!("ddc_connections_closed_total", "reason" => reason)
                     .absolute(count.load(Ordering::Relaxed));
             }
             metrics::gauge!("ddc_store_blobs").set(usage.blobs.load(Ordering::Relaxed) as f64);

@@ -26,6 +26,7 @@ use crate::budget::{MemoryBudget, NoRoom};
 use crate::cb::{CbError, PackageError};
 use crate::compressed::CompressedError;
 use crate::meta::{MetaError, MetaStore};
+use crate::pace::MinRate;
 use crate::storage::{Content, ContentError};
 use crate::{BlobStore, IoHash, Name, StoreError};
 
@@ -50,9 +51,9 @@ pub struct Limits {
     /// they read from storage into memory (refs' objects, object attachments); past it,
     /// requests get 429 (`crate::budget`).
     pub memory_budget: u32,
-    /// The longest wait for the next piece of a request body; a body that stalls longer gets
-    /// 408 and is stored nowhere.
-    pub body_timeout: Duration,
+    /// How slow a request body may come ([`crate::pace`]); a slower one gets 408 and is
+    /// stored nowhere.
+    pub body: MinRate,
 }
 
 impl Default for Limits {
@@ -61,7 +62,7 @@ impl Default for Limits {
             max_blob_bytes: 1 << 30,
             max_buffered_bytes: 256 << 20,
             memory_budget: 1 << 30,
-            body_timeout: Duration::from_secs(30),
+            body: MinRate { bytes_per_s: 1024, allowance: Duration::from_secs(30) },
         }
     }
 }
@@ -183,8 +184,12 @@ pub enum ApiError {
     Invalid(String),
     #[error("the body is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
-    #[error("no body data for {} ms", .0.as_millis())]
-    BodyStalled(Duration),
+    #[error(
+        "the body came slower than {} bytes/s once its {} ms allowance ran out",
+        .0.bytes_per_s,
+        .0.allowance.as_millis()
+    )]
+    BodyTooSlow(MinRate),
     #[error("the body broke off: {0}")]
     BodyBroken(String),
     #[error("the server is busy; retry")]
@@ -243,7 +248,7 @@ impl ApiError {
             | ApiError::Content(ContentError::Store(StoreError::TooLarge { .. })) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
-            ApiError::BodyStalled(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::BodyTooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Content(c) => match c {

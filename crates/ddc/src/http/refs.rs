@@ -90,8 +90,7 @@ pub async fn put_ref(
         Some(CB) => {
             let claimed = required_hash(&headers)?;
             let body =
-                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget)
-                    .await?;
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body, &ddc.content.budget).await?;
             cb::parse(&body.bytes)?;
             let actual = IoHash::of(&body.bytes);
             if actual != claimed {
@@ -109,8 +108,7 @@ pub async fn put_ref(
         }
         Some(CBPKG) => {
             let body =
-                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body_timeout, &ddc.content.budget)
-                    .await?;
+                read_body(body, ddc.limits.max_buffered_bytes, ddc.limits.body, &ddc.content.budget).await?;
             let (bytes, held) = body.into_parts();
             let held = Arc::new(held);
             (store_package(&ddc, &addr.ns, bytes.into(), &held).await?, Some(held))

@@ -46,17 +46,20 @@ pub fn start() -> Server {
 }
 
 /// A server on its own thread and runtime, so the tests can use a blocking client.
-pub fn start_with(limits: ServeLimits, body_timeout: Duration) -> Server {
-    start_full(limits, body_timeout, None)
+/// A request body may stall for `body_allowance` (at the default minimum rate).
+pub fn start_with(limits: ServeLimits, body_allowance: Duration) -> Server {
+    start_full(limits, body_allowance, None)
 }
 
 /// [`start_with`], serving HTTPS with `tls`.
 pub fn start_full(
     limits: ServeLimits,
-    body_timeout: Duration,
+    body_allowance: Duration,
     tls: Option<Arc<tickwire_transport::TlsServer>>,
 ) -> Server {
-    start_api(limits, Limits { max_blob_bytes: 1 << 20, body_timeout, ..Limits::default() }, tls)
+    let defaults = Limits::default();
+    let body = tickwire_ddc::pace::MinRate { allowance: body_allowance, ..defaults.body };
+    start_api(limits, Limits { max_blob_bytes: 1 << 20, body, ..defaults }, tls)
 }
 
 /// A server with the API's limits as given.

@@ -1,16 +1,20 @@
 //! Serving the DDC's routes over HTTP/1.1 and HTTP/2 (the editor's default: prior knowledge
 //! on plain TCP, ALPN `h2` over TLS) with the limits a public cache needs and `axum::serve`
 //! does not set: a cap on open connections, in all and from one client address (so one host
-//! cannot take every slot), a deadline for each HTTP/1.1 request's headers
-//! (which also closes keep-alive connections that sit idle), HTTP/2 keep-alive pings that drop
-//! dead peers, a cap on concurrent HTTP/2 streams, and, in `http/body.rs`, a deadline between
-//! body chunks. So idle or trickling sockets cannot hold the server. With TLS settings, every
-//! connection speaks HTTPS; its TLS handshake counts against the header deadline.
+//! cannot take every slot), a deadline for each HTTP/1.1 request's headers, an idle deadline
+//! for every connection and a minimum rate for taking answers (`watch.rs`), HTTP/2 keep-alive
+//! pings that drop dead peers, a cap on concurrent HTTP/2 streams, and, in `http/body.rs`, a
+//! minimum rate for request bodies. So idle, trickling or stopped sockets cannot hold the
+//! server. With TLS settings, every connection speaks HTTPS; its TLS handshake counts against
+//! the idle deadline.
+
+mod paced;
+mod watch;
 
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +26,11 @@ use tickwire_transport::{AddressCounts, ClientAddress, TlsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::pace::MinRate;
+use paced::{InFlight, PacedBody, Watched};
+use watch::{Close, Watch};
 
 /// Connection limits of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +47,12 @@ pub struct ServeLimits {
     /// [`tickwire_transport::ClientAddress`].
     pub ipv6_prefix: u8,
     /// The longest a client may take to send a request's headers, counted from when the
-    /// server starts waiting for them: so also how long a keep-alive connection may sit idle.
+    /// server starts waiting for them; and how long a connection may sit with no request in
+    /// flight (from its opening or its last answer) before it is shut down gracefully.
     pub header_timeout: Duration,
+    /// How slow a client may take an answer before its connection is dropped
+    /// ([`crate::pace`]).
+    pub send: MinRate,
 }
 
 impl Default for ServeLimits {
@@ -49,6 +62,7 @@ impl Default for ServeLimits {
             max_connections_per_address: 256,
             ipv6_prefix: 64,
             header_timeout: Duration::from_secs(10),
+            send: MinRate { bytes_per_s: 1024, allowance: Duration::from_secs(30) },
         }
     }
 }
@@ -74,6 +88,10 @@ pub struct Connections {
     pub refused_total: AtomicU64,
     /// Turned away because their address had `max_connections_per_address` open.
     pub refused_per_address: AtomicU64,
+    /// Shut down with no request in flight for the idle timeout (`header_timeout`).
+    pub closed_idle: AtomicU64,
+    /// Dropped because a client took an answer slower than `send` allows.
+    pub closed_slow: AtomicU64,
 }
 
 /// Open connections per client address, each address bounded.
@@ -181,16 +199,24 @@ pub async fn serve(
             }
         };
         let counted = Counted::new(&connections);
-        // Set by the first request: until then the connection is on the header deadline
-        // (hyper's own applies to HTTP/1.1 heads only, not to the sniffing of the protocol).
-        let started = Arc::new(AtomicBool::new(false));
-        let flag = started.clone();
+        let watched = Watched::new(Watch::new(Instant::now(), limits.header_timeout));
         let inner = TowerToHyperService::new(app.clone());
-        let service = hyper::service::service_fn(move |request| {
-            flag.store(true, Ordering::Relaxed);
-            hyper::service::Service::call(&inner, request)
-        });
+        let service = {
+            let watched = watched.clone();
+            hyper::service::service_fn(move |request| {
+                let in_flight = InFlight::begin(&watched);
+                let call = hyper::service::Service::call(&inner, request);
+                async move {
+                    let response = call.await?;
+                    Ok::<_, std::convert::Infallible>(
+                        response
+                            .map(|body| axum::body::Body::new(PacedBody::new(body, limits.send, in_flight))),
+                    )
+                }
+            })
+        };
         let tls = tls.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
             let _held = (slot, place, counted);
             let mut http = auto::Builder::new(TokioExecutor::new());
@@ -200,50 +226,79 @@ pub async fn serve(
                 .max_concurrent_streams(MAX_STREAMS)
                 .keep_alive_interval(Some(limits.header_timeout))
                 .keep_alive_timeout(limits.header_timeout);
-            let deadline = tokio::time::Instant::now() + limits.header_timeout;
-            let result = match tls {
-                None => {
-                    let conn = http.serve_connection(TokioIo::new(stream), service);
-                    until_first_request(conn, &started, deadline).await
-                }
+            let closed = match tls {
+                None => watch_over(http.serve_connection(TokioIo::new(stream), service), &watched).await,
                 Some(tls) => {
+                    let deadline = Instant::now() + limits.header_timeout;
                     let handshake = tickwire_transport::accept_tls(stream, &tls);
                     match tokio::time::timeout_at(deadline, handshake).await {
                         Ok(Ok(stream)) => {
-                            let conn = http.serve_connection(TokioIo::new(stream), service);
-                            until_first_request(conn, &started, deadline).await
+                            watch_over(http.serve_connection(TokioIo::new(stream), service), &watched).await
                         }
                         Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => return tracing::debug!("TLS handshake timed out"),
                     }
                 }
             };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
+            match closed {
+                Ok(None) => {}
+                Ok(Some(Close::Idle)) => {
+                    connections.closed_idle.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(Close::Slow)) => {
+                    connections.closed_slow.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("a client took an answer too slowly: connection dropped");
+                }
+                Err(e) => tracing::debug!(error = %e, "connection ended with an error"),
             }
         });
     }
 }
 
-/// Runs a connection, but drops it at `deadline` if no request has started by then.
-async fn until_first_request<F, E>(
-    conn: F,
-    started: &AtomicBool,
-    deadline: tokio::time::Instant,
-) -> Result<(), E>
+/// Runs a connection under its watch (`watch.rs`): shut down gracefully once idle, dropped
+/// when still open an idle timeout after that or when a client is too slow. Why it was closed,
+/// if the server closed it.
+async fn watch_over<I, S, B>(
+    conn: auto::Connection<'_, I, S, TokioExecutor>,
+    watched: &Watched,
+) -> Result<Option<Close>, Box<dyn std::error::Error + Send + Sync>>
 where
-    F: Future<Output = Result<(), E>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = hyper::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     tokio::pin!(conn);
-    tokio::select! {
-        result = &mut conn => return result,
-        () = tokio::time::sleep_until(deadline) => {}
+    let mut shut_down = false;
+    loop {
+        let check = watched.lock().arm();
+        let due = async {
+            match check {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ended = conn.as_mut() => return ended.map(|()| shut_down.then_some(Close::Idle)),
+            () = watched.wake.notified() => continue,
+            () = due => {}
+        }
+        let now = Instant::now();
+        let verdict = watched.lock().verdict(now);
+        match verdict {
+            None => {}
+            Some(Close::Idle) if !shut_down => {
+                tracing::debug!("no request in flight for the idle timeout: shutting down");
+                conn.as_mut().graceful_shutdown();
+                watched.lock().shut_down(now);
+                shut_down = true;
+            }
+            Some(close) => return Ok(Some(close)),
+        }
     }
-    if !started.load(Ordering::Relaxed) {
-        tracing::debug!("no request before the header deadline");
-        return Ok(());
-    }
-    conn.await
 }
 
 /// Answers 503 and closes gracefully: the client's request is read and dropped (up to a

@@ -1,0 +1,216 @@
+//! Clients that hold a connection by doing too little, over real sockets: an HTTP/2 client
+//! that sits idle between requests while it answers keep-alive pings, readers that stop taking
+//! an answer (HTTP/1.1 with the socket full, HTTP/2 with no flow-control credit), and a body
+//! that trickles in, each piece well within the allowance but the whole below the minimum rate.
+//! Each is cut off and counted; a reader and a body that are slow but above the rate are not,
+//! however long they take.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tickwire_ddc::IoHash;
+use tickwire_ddc::http::Limits;
+use tickwire_ddc::pace::MinRate;
+use tickwire_ddc::serve::ServeLimits;
+
+use common::{status, url};
+
+/// The blob the readers download: more than the kernel's buffers hold on loopback (Linux's
+/// default send buffer grows to 4 MiB) beside hyper's, so a reader that stops makes the server
+/// wait.
+const BLOB_BYTES: usize = 10 << 20;
+
+/// A server whose connections go idle after 1 s, whose answers may stall for 1 s and must
+/// then come at `send_rate` bytes a second, and whose bodies may stall for 1 s and must then
+/// come at 1 KiB/s.
+fn server(send_rate: u64) -> common::Server {
+    let limits = ServeLimits {
+        header_timeout: Duration::from_secs(1),
+        send: MinRate { bytes_per_s: send_rate, allowance: Duration::from_secs(1) },
+        ..ServeLimits::default()
+    };
+    let api = Limits {
+        max_blob_bytes: 16 << 20,
+        body: MinRate { bytes_per_s: 1024, allowance: Duration::from_secs(1) },
+        ..Limits::default()
+    };
+    common::start_api(limits, api, None)
+}
+
+/// Stores a blob of `len` bytes: its path.
+fn put_blob(s: &common::Server, len: usize) -> (String, Vec<u8>) {
+    let blob: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let path = format!("/api/v1/blobs/ue.ddc/{}", IoHash::of(&blob).to_hex());
+    let put = ureq::put(&url(s, &path)).set("Authorization", "Bearer writer").send_bytes(&blob);
+    assert_eq!(status(put), 200);
+    (path, blob)
+}
+
+/// `ddc_connections_closed_total{reason}`.
+fn closed(s: &common::Server, reason: &str) -> u64 {
+    let metrics =
+        ureq::get(&url(s, "/metrics")).set("Connection", "close").call().unwrap().into_string().unwrap();
+    let prefix = format!("ddc_connections_closed_total{{reason=\"{reason}\"}} ");
+    metrics.lines().find_map(|line| line.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+/// Waits up to 10 s for `closed(reason)` to reach `count`.
+fn await_closed(s: &common::Server, reason: &str, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while closed(s, reason) < count {
+        assert!(Instant::now() < deadline, "no connection closed as {reason}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A socket to `s` whose receive buffer is small, so that a reader that stops fills it soon.
+fn small_buffered(s: &common::Server) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    socket.connect(&s.addr.into()).unwrap();
+    socket.into()
+}
+
+fn get_request(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer reader\r\n\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_with_no_request_in_flight_is_shut_down() {
+    let s = server(1024);
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
+    let driver = tokio::spawn(conn);
+    let request = Request::get(url(&s, "/health/live")).body(Full::<Bytes>::default()).unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.unwrap();
+    // hyper's client answers the server's keep-alive pings: only the idle deadline ends this.
+    let idle_from = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(ended.is_ok(), "the idle connection is still open");
+    assert!(idle_from.elapsed() >= Duration::from_millis(900), "closed before its idle deadline");
+    let counted =
+        tokio::task::spawn_blocking(move || (closed(&s, "idle"), closed(&s, "slow"))).await.unwrap();
+    assert!(counted.0 >= 1 && counted.1 == 0, "{counted:?}");
+}
+
+#[test]
+fn a_reader_that_stops_is_dropped_and_a_slow_one_above_the_rate_is_not() {
+    let s = server(64 << 10);
+    let (path, blob) = put_blob(&s, BLOB_BYTES);
+
+    // Stops after the status line: the kernel's buffers fill and the server waits on it.
+    let mut stopped = small_buffered(&s);
+    stopped.write_all(get_request(&path).as_bytes()).unwrap();
+    let mut first = [0u8; 12];
+    stopped.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    await_closed(&s, "slow", 1);
+    stopped.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let read = stopped.read_to_end(&mut rest);
+    assert!(read.is_ok() || rest.len() < BLOB_BYTES, "the connection was closed: {read:?}");
+    assert!(rest.len() < BLOB_BYTES, "the whole answer was sent to a reader that stopped");
+
+    // At most 128 KiB (the socket's buffer) every 50 ms: under 2.7 MB/s, 40 times the rate,
+    // for about 4 s: longer than the allowance and the idle timeout, each several times over.
+    let mut slow = small_buffered(&s);
+    slow.write_all(get_request(&path).as_bytes()).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut piece = vec![0u8; 128 << 10];
+    loop {
+        let n = slow.read(&mut piece).unwrap();
+        got.extend_from_slice(&piece[..n]);
+        if n == 0 || got.ends_with(&blob[blob.len() - 1024..]) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(got.ends_with(&blob), "the slow reader got the whole blob ({} bytes)", got.len());
+    assert!(started.elapsed() > Duration::from_secs(2), "it was not slow: {:?}", started.elapsed());
+    assert_eq!(closed(&s, "slow"), 1, "only the stopped reader was dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_reader_that_gives_no_flow_control_credit_is_dropped() {
+    let s = Arc::new(server(1024));
+    let (path, _) = tokio::task::spawn_blocking({
+        let s = s.clone();
+        move || put_blob(&s, 1 << 20)
+    })
+    .await
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let request = Request::get(url(&s, &path))
+        .header("authorization", "Bearer reader")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The body is never read, so no WINDOW_UPDATE goes out; pings are still answered.
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(ended.is_ok(), "the stalled connection is still open");
+    drop(response);
+    let slow = tokio::task::spawn_blocking(move || closed(&s, "slow")).await.unwrap();
+    assert_eq!(slow, 1);
+}
+
+/// PUTs `len` bytes in pieces of `piece` bytes every 100 ms: the answer's status line.
+fn trickle_put(s: &common::Server, len: usize, piece: usize) -> (String, Duration) {
+    let blob: Vec<u8> = (0..len).map(|i| (i % 7) as u8).collect();
+    let id = IoHash::of(&blob).to_hex();
+    let mut stream = TcpStream::connect(s.addr).unwrap();
+    let head = format!(
+        "PUT /api/v1/blobs/ue.ddc/{id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let started = Instant::now();
+    let trickle = std::thread::spawn(move || {
+        for chunk in blob.chunks(piece) {
+            if writer.write_all(chunk).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let took = started.elapsed();
+    trickle.join().unwrap();
+    (answer.lines().next().unwrap_or_default().to_owned(), took)
+}
+
+#[test]
+fn a_body_below_the_minimum_rate_gets_408_though_no_piece_is_late() {
+    let s = server(1024);
+    // 20 bytes every 100 ms: 200 B/s, a fifth of the rate; no gap near the 1 s allowance. The
+    // bank drains 0.8 s a second: cut off after about 1.25 s.
+    let (status, took) = trickle_put(&s, 10_000, 20);
+    assert_eq!(status, "HTTP/1.1 408 Request Timeout");
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(5), "{took:?}");
+    // 500 bytes every 100 ms (5 KB/s) for 2 s: slow, longer than the allowance, above the rate.
+    let (status, took) = trickle_put(&s, 10_000, 500);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(took >= Duration::from_millis(1900), "{took:?}");
+}
