@@ -216,15 +216,8 @@ fn a_stopped_reader_keeps_its_share_and_a_head_is_charged_too() {
         ..tickwire_ddc::http::Limits::default()
     };
     let s = common::start_api(ServeLimits::default(), api, None);
-    let field = tickwire_ddc::cb::Value::Binary(vec![5u8; 12 << 20]);
-    let object = tickwire_ddc::cb::Value::Object(vec![("Payload".into(), field)]).to_bytes();
-    let path = "/api/v1/refs/ue.ddc/bucket/0123456789abcdef0123456789abcdef01234567";
-    let put = ureq::put(&url(&s, path))
-        .set("Authorization", "Bearer writer")
-        .set("Content-Type", "application/x-ue-cb")
-        .set("X-Jupiter-IoHash", &IoHash::of(&object).to_hex())
-        .send_bytes(&object);
-    assert_eq!(status(put), 200);
+    let (path, object) = common::put_large_object(&s, 12 << 20);
+    let path = path.as_str();
     let head = || status(ureq::head(&url(&s, path)).set("Authorization", "Bearer writer").call());
     assert_eq!(head(), 200, "alone, the object fits");
     // A `.raw` GET of it (no attachment: the object itself) is charged for it once, not twice.

@@ -174,6 +174,33 @@ async fn an_http2_reader_that_gives_no_flow_control_credit_is_dropped() {
     assert_eq!(slow, 1);
 }
 
+/// An answer served from memory keeps its share of the memory budget while it is sent; a
+/// reader that stops has its connection dropped after the send allowance, and the share comes
+/// back though the reader never closes its socket.
+#[test]
+fn a_stopped_reader_of_an_answer_from_memory_gives_its_share_back() {
+    let limits = ServeLimits {
+        send: MinRate { bytes_per_s: 64 << 10, allowance: Duration::from_secs(1) },
+        ..ServeLimits::default()
+    };
+    let api = Limits { memory_budget: 20 << 20, max_buffered_bytes: 16 << 20, ..Limits::default() };
+    let s = common::start_api(limits, api, None);
+    let (path, _) = common::put_large_object(&s, 12 << 20);
+    let head = || status(ureq::head(&url(&s, &path)).set("Authorization", "Bearer writer").call());
+    let mut stopped = small_buffered(&s);
+    let get = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer writer\r\nAccept: application/x-ue-cb\r\n\r\n"
+    );
+    stopped.write_all(get.as_bytes()).unwrap();
+    let mut first = [0u8; 12];
+    stopped.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert_eq!(head(), 429, "the stopped reader's answer holds its share");
+    await_closed(&s, "slow", 1);
+    assert_eq!(head(), 200, "its connection dropped, the share came back");
+    drop(stopped);
+}
+
 /// PUTs `len` bytes in pieces of `piece` bytes every 100 ms: the answer's status line.
 fn trickle_put(s: &common::Server, len: usize, piece: usize) -> (String, Duration) {
     let blob: Vec<u8> = (0..len).map(|i| (i % 7) as u8).collect();

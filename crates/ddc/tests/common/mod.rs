@@ -153,6 +153,21 @@ pub fn status(r: Result<ureq::Response, ureq::Error>) -> u16 {
     }
 }
 
+/// Puts a ref whose object is one binary field of `bytes` bytes (read whole into memory by
+/// every read of the ref): its path, and the object.
+pub fn put_large_object(s: &Server, bytes: usize) -> (String, Vec<u8>) {
+    let field = tickwire_ddc::cb::Value::Binary(vec![5u8; bytes]);
+    let object = tickwire_ddc::cb::Value::Object(vec![("Payload".into(), field)]).to_bytes();
+    let path = "/api/v1/refs/ue.ddc/bucket/0123456789abcdef0123456789abcdef01234567";
+    let put = ureq::put(&url(s, path))
+        .set("Authorization", "Bearer writer")
+        .set("Content-Type", "application/x-ue-cb")
+        .set("X-Jupiter-IoHash", &tickwire_ddc::IoHash::of(&object).to_hex())
+        .send_bytes(&object);
+    assert_eq!(status(put), 200);
+    (path.to_owned(), object)
+}
+
 /// A batch PUT op `id`: `object` under `bucket/key`, with its hash.
 pub fn put_op(id: i128, bucket: &str, key: &str, object: &[u8]) -> tickwire_ddc::cb::Value {
     use tickwire_ddc::cb::Value;
