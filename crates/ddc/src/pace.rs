@@ -28,6 +28,17 @@ pub struct MinRate {
     pub allowance: Duration,
 }
 
+impl std::fmt::Display for MinRate {
+    /// As a client breaking it is told: "slower than ...".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let allowance = self.allowance.as_millis();
+        match self.bytes_per_s {
+            0 => write!(f, "stalled for {allowance} ms"),
+            rate => write!(f, "slower than {rate} bytes/s once its {allowance} ms allowance ran out"),
+        }
+    }
+}
+
 impl MinRate {
     /// The waiting time `bytes` pay back.
     fn earned(&self, bytes: u64) -> Duration {
@@ -41,7 +52,7 @@ impl MinRate {
 
 /// `since + wait`, or about thirty years on if that is past what an `Instant` holds (an
 /// allowance of "forever").
-fn after(since: Instant, wait: Duration) -> Instant {
+pub(crate) fn after(since: Instant, wait: Duration) -> Instant {
     since.checked_add(wait).unwrap_or_else(|| since + Duration::from_secs(30 * 365 * 86_400))
 }
 
@@ -66,6 +77,11 @@ impl Pace {
     pub fn wait(&mut self, now: Instant) -> Instant {
         let since = *self.waiting_since.get_or_insert(now);
         after(since, self.banked)
+    }
+
+    /// The rule it keeps.
+    pub fn rate(&self) -> MinRate {
+        self.rate
     }
 
     /// When the wait under way runs out; `None` when the server is not waiting.

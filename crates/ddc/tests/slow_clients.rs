@@ -1,9 +1,10 @@
-//! Clients that hold a connection by doing too little, over real sockets: an HTTP/2 client
-//! that sits idle between requests while it answers keep-alive pings, readers that stop taking
-//! an answer (HTTP/1.1 with the socket full, HTTP/2 with no flow-control credit), and a body
-//! that trickles in, each piece well within the allowance but the whole below the minimum rate.
-//! Each is cut off and counted; a reader and a body that are slow but above the rate are not,
-//! however long they take.
+//! Clients that hold a connection by doing too little, over real sockets: a socket that never
+//! sends a byte, an HTTP/2 client that sits idle between requests while it answers keep-alive
+//! pings, readers that stop taking an answer (HTTP/1.1 with the socket full, HTTP/2 with no
+//! flow-control credit for the connection or for one stream), and a body that trickles in,
+//! each piece well within the allowance but the whole below the minimum rate. Each is cut off
+//! and counted; readers and a body that are slow but above the rate are not, however long they
+//! take, nor is the rest of an HTTP/2 connection when one of its streams is cut.
 
 mod common;
 
@@ -28,13 +29,13 @@ use common::{status, url};
 /// wait.
 const BLOB_BYTES: usize = 10 << 20;
 
-/// A server whose connections go idle after 1 s, whose answers may stall for 1 s and must
-/// then come at `send_rate` bytes a second, and whose bodies may stall for 1 s and must then
-/// come at 1 KiB/s.
-fn server(send_rate: u64) -> common::Server {
+/// A server whose connections go idle after 1 s, whose answers may stall for `allowance` and
+/// must then be taken at `send_rate` bytes a second, and whose bodies may stall for 1 s and
+/// must then come at 1 KiB/s.
+fn server_with(send_rate: u64, allowance: Duration) -> common::Server {
     let limits = ServeLimits {
         header_timeout: Duration::from_secs(1),
-        send: MinRate { bytes_per_s: send_rate, allowance: Duration::from_secs(1) },
+        send: MinRate { bytes_per_s: send_rate, allowance },
         ..ServeLimits::default()
     };
     let api = Limits {
@@ -43,6 +44,11 @@ fn server(send_rate: u64) -> common::Server {
         ..Limits::default()
     };
     common::start_api(limits, api, None)
+}
+
+/// [`server_with`] an allowance of 1 s.
+fn server(send_rate: u64) -> common::Server {
+    server_with(send_rate, Duration::from_secs(1))
 }
 
 /// Stores a blob of `len` bytes: its path.
@@ -77,6 +83,24 @@ fn small_buffered(s: &common::Server) -> TcpStream {
     socket.set_recv_buffer_size(64 << 10).unwrap();
     socket.connect(&s.addr.into()).unwrap();
     socket.into()
+}
+
+/// Reads an HTTP/1.1 answer whose body is `body_len` bytes, at most 128 KiB at a time with
+/// `pause` after each read: the whole answer, head included. Panics if the server closes first.
+fn read_answer(socket: &mut TcpStream, body_len: usize, pause: Duration) -> Vec<u8> {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut piece = vec![0u8; 128 << 10];
+    loop {
+        let head = got.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
+        if head.is_some_and(|head| got.len() >= head + body_len) {
+            return got;
+        }
+        let n = socket.read(&mut piece).unwrap();
+        assert!(n > 0, "closed after {} bytes, at {:?}", got.len(), started.elapsed());
+        got.extend_from_slice(&piece[..n]);
+        std::thread::sleep(pause);
+    }
 }
 
 fn get_request(path: &str) -> String {
@@ -128,16 +152,7 @@ fn a_reader_that_stops_is_dropped_and_a_slow_one_above_the_rate_is_not() {
     slow.write_all(get_request(&path).as_bytes()).unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let started = Instant::now();
-    let mut got = Vec::new();
-    let mut piece = vec![0u8; 128 << 10];
-    loop {
-        let n = slow.read(&mut piece).unwrap();
-        got.extend_from_slice(&piece[..n]);
-        if n == 0 || got.ends_with(&blob[blob.len() - 1024..]) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let got = read_answer(&mut slow, blob.len(), Duration::from_millis(50));
     assert!(got.ends_with(&blob), "the slow reader got the whole blob ({} bytes)", got.len());
     assert!(started.elapsed() > Duration::from_secs(2), "it was not slow: {:?}", started.elapsed());
     assert_eq!(closed(&s, "slow"), 1, "only the stopped reader was dropped");
@@ -199,6 +214,92 @@ fn a_stopped_reader_of_an_answer_from_memory_gives_its_share_back() {
     await_closed(&s, "slow", 1);
     assert_eq!(head(), 200, "its connection dropped, the share came back");
     drop(stopped);
+}
+
+#[test]
+fn a_socket_that_never_sends_a_byte_is_closed_and_counted_idle() {
+    let s = server(1024);
+    let mut silent = TcpStream::connect(s.addr).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let read = silent.read_to_end(&mut got);
+    assert!(read.is_ok() && got.is_empty(), "closed, nothing sent: {read:?} {got:?}");
+    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    await_closed(&s, "idle", 1);
+}
+
+/// A reader at about two and a half times the rate, for five times the idle timeout: the bytes
+/// its socket takes keep the connection's bank full (without them it runs out: checked by
+/// mutation), and it is served whole.
+#[test]
+fn a_reader_near_the_rate_is_served_whole() {
+    let s = server_with(512 << 10, Duration::from_secs(3));
+    let (path, blob) = put_blob(&s, 6 << 20);
+    let mut reader = small_buffered(&s);
+    reader.write_all(get_request(&path).as_bytes()).unwrap();
+    reader.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    // At most 128 KiB every 100 ms: about 1.3 MB/s, for about 5 s.
+    let got = read_answer(&mut reader, blob.len(), Duration::from_millis(100));
+    assert!(got.ends_with(&blob));
+    assert!(started.elapsed() > Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(closed(&s, "slow"), 0);
+}
+
+/// Two answers on one HTTP/2 connection: the client gives one's stream no flow-control credit
+/// and reads the other slowly. The first is cut after the allowance (3 s); the second is not,
+/// and comes whole. Then nothing on the connection moves, and it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_given_no_credit_is_cut_and_the_others_go_on() {
+    let s = Arc::new(server_with(1024, Duration::from_secs(3)));
+    let (path, blob) = tokio::task::spawn_blocking({
+        let s = s.clone();
+        move || put_blob(&s, 1 << 20)
+    })
+    .await
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(16 << 20)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let get = || {
+        Request::get(url(&s, &path))
+            .header("authorization", "Bearer reader")
+            .body(Full::<Bytes>::default())
+            .unwrap()
+    };
+    let stalled = sender.send_request(get()).await.unwrap();
+    let moving = sender.send_request(get()).await.unwrap();
+    assert_eq!((stalled.status().as_u16(), moving.status().as_u16()), (200, 200));
+    // A frame (at most 16 KiB) every 50 ms: 1 MiB in about 5 to 7 s.
+    let started = Instant::now();
+    let mut body = moving.into_body();
+    let mut got = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("the moving answer was not cut");
+        if let Some(data) = frame.data_ref() {
+            got.extend_from_slice(data);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, blob);
+    assert!(started.elapsed() > Duration::from_secs(3), "it outlasted the cut: {:?}", started.elapsed());
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(ended.is_ok(), "the connection is still open with nothing moving");
+    drop(stalled);
+    let counted = tokio::task::spawn_blocking(move || {
+        let metrics = ureq::get(&url(&s, "/metrics")).call().unwrap().into_string().unwrap();
+        let cut = metrics.lines().find_map(|l| l.strip_prefix("ddc_answers_cut_total ")?.parse::<u64>().ok());
+        (cut, closed(&s, "slow"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(counted, (Some(1), 1));
 }
 
 /// PUTs `len` bytes in pieces of `piece` bytes every 100 ms: the answer's status line.

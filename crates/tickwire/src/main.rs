@@ -176,15 +176,15 @@ struct DdcArgs {
     ipv6_prefix: u8,
     /// The longest a client may take to send a request's headers, and how long a connection
     /// (HTTP/1.1 or HTTP/2) may sit with no request in flight before it is closed.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = client_timeout)]
     header_timeout: std::time::Duration,
     /// How long a request body may stall outright; beyond it, the body must keep up
     /// --min-rate on average or get 408.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = client_timeout)]
     body_timeout: std::time::Duration,
     /// How long a client may stop taking an answer outright; beyond it, it must keep up
     /// --min-rate on average or its connection is dropped.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = client_timeout)]
     send_timeout: std::time::Duration,
     /// The slowest rate, in bytes a second, at which a client may send a request body or take
     /// an answer once its --body-timeout or --send-timeout is spent (time the server spends on
@@ -249,6 +249,16 @@ enum Bench {
 
 /// Errors end the process with one line (the error and its causes), never a backtrace, even
 /// with RUST_BACKTRACE set.
+/// A deadline on what a client does (`--header-timeout`, `--body-timeout`, `--send-timeout`):
+/// more than zero (zero would cut off every client at once) and at most a day.
+fn client_timeout(s: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if timeout.is_zero() || timeout > Duration::from_secs(86_400) {
+        return Err(format!("{s} is not between 1 ms and 1 day"));
+    }
+    Ok(timeout)
+}
+
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -653,3 +663,17 @@ pub(crate) async fn wait_for_signal() -> anyhow::Result<()> {
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(test)]
+mod client_timeouts {
+    use super::client_timeout;
+
+    #[test]
+    fn zero_and_past_a_day_are_refused() {
+        assert_eq!(client_timeout("30s"), Ok(std::time::Duration::from_secs(30)));
+        assert_eq!(client_timeout("1ms"), Ok(std::time::Duration::from_millis(1)));
+        assert!(client_timeout("0s").unwrap_err().contains("not between"));
+        assert!(client_timeout("25h").is_err());
+        assert!(client_timeout("soon").is_err());
+    }
+}

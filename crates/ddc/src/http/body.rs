@@ -20,16 +20,13 @@ use crate::pace::{MinRate, Pace};
 pub fn body_reader(body: Body, rate: MinRate) -> impl tokio::io::AsyncRead + Unpin {
     let chunks =
         body.into_data_stream().map_err(|e| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e));
-    let paced = futures_util::stream::unfold(Some((chunks, Pace::new(rate))), move |state| async move {
+    let paced = futures_util::stream::unfold(Some((chunks, Pace::new(rate))), |state| async move {
         let (mut chunks, mut pace) = state?;
         match next_chunk(&mut chunks, &mut pace).await {
             Ok(Some(chunk)) => Some((chunk, Some((chunks, pace)))),
             Ok(None) => None,
-            Err(()) => {
-                let slow = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    ApiError::BodyTooSlow(rate).to_string(),
-                );
+            Err(too_slow) => {
+                let slow = std::io::Error::new(std::io::ErrorKind::TimedOut, too_slow.to_string());
                 // End the stream after the error.
                 Some((Err(slow), None))
             }
@@ -38,16 +35,16 @@ pub fn body_reader(body: Body, rate: MinRate) -> impl tokio::io::AsyncRead + Unp
     StreamReader::new(Box::pin(paced))
 }
 
-/// The next chunk of `chunks` (`Ok(None)` at the end), or `Err` if the client ran out of its
-/// allowance first.
-async fn next_chunk<S, T>(chunks: &mut S, pace: &mut Pace) -> Result<Option<T>, ()>
+/// The next chunk of `chunks` (`Ok(None)` at the end), or [`ApiError::BodyTooSlow`] if the
+/// client ran out of its allowance first.
+async fn next_chunk<S, T>(chunks: &mut S, pace: &mut Pace) -> Result<Option<T>, ApiError>
 where
     S: futures_util::Stream<Item = T> + Unpin,
     T: ChunkLen,
 {
     let until = pace.wait(Instant::now());
     match tokio::time::timeout_at(until, chunks.next()).await {
-        Err(_) => Err(()),
+        Err(_) => Err(ApiError::BodyTooSlow(pace.rate())),
         Ok(next) => {
             pace.moved(Instant::now(), next.as_ref().map_or(0, ChunkLen::len));
             Ok(next)
@@ -96,7 +93,7 @@ pub async fn read_body(
     let mut charged = 0usize;
     loop {
         let chunk = match next_chunk(&mut chunks, &mut pace).await {
-            Err(()) => return Err(ApiError::BodyTooSlow(rate)),
+            Err(too_slow) => return Err(too_slow),
             Ok(None) => break,
             Ok(Some(Err(e))) => return Err(ApiError::BodyBroken(e.to_string())),
             Ok(Some(Ok(chunk))) => chunk,

@@ -83,7 +83,14 @@ impl Metrics {
                 "ddc_connections_closed_total",
                 "Connections the server closed for what the client did not do, by reason: `idle` (no \
                  request in flight for --header-timeout; shut down gracefully) or `slow` (an answer \
-                 taken slower than --min-rate once --send-timeout was spent; dropped)."
+                 taken slower than --min-rate once --send-timeout was spent, or nothing of any answer in \
+                 flight; dropped)."
+            );
+            metrics::describe_counter!(
+                "ddc_answers_cut_total",
+                "Answers given up because their client took nothing of them for --send-timeout while \
+                 its connection took other data (an HTTP/2 stream given no flow-control credit); the \
+                 connection lives on."
             );
             metrics::describe_gauge!("ddc_store_blobs", "Blobs stored (raw and compressed).");
             metrics::describe_gauge!("ddc_store_bytes", "Bytes of blobs stored.");
@@ -144,6 +151,8 @@ impl Metrics {
                 metrics::counter!("ddc_connections_closed_total", "reason" => reason)
                     .absolute(count.load(Ordering::Relaxed));
             }
+            metrics::counter!("ddc_answers_cut_total")
+                .absolute(connections.answers_cut.load(Ordering::Relaxed));
             metrics::gauge!("ddc_store_blobs").set(usage.blobs.load(Ordering::Relaxed) as f64);
             metrics::gauge!("ddc_store_bytes").set(usage.bytes.load(Ordering::Relaxed) as f64);
             metrics::gauge!("ddc_store_counted").set(if usage.counted.load(Ordering::Relaxed) {

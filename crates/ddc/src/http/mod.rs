@@ -8,7 +8,7 @@ mod blobs;
 pub mod body;
 mod metrics;
 mod refs;
-mod sending;
+pub(crate) mod sending;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -184,11 +184,7 @@ pub enum ApiError {
     Invalid(String),
     #[error("the body is larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
-    #[error(
-        "the body came slower than {} bytes/s once its {} ms allowance ran out",
-        .0.bytes_per_s,
-        .0.allowance.as_millis()
-    )]
+    #[error("the body {0}")]
     BodyTooSlow(MinRate),
     #[error("the body broke off: {0}")]
     BodyBroken(String),

@@ -4,11 +4,11 @@
 //! Counted only until the handler returns, the bytes of answers waiting on slow readers would
 //! be memory the budget does not see. Counted until sent, a reader that stops reading
 //! (HTTP/1.1 with its socket full, HTTP/2 with no flow-control credit left, while it still
-//! answers keep-alive pings) pins them for as long as its connection lives: its connection's
-//! watch drops it once the reader is slower than `--min-rate` past `--send-timeout`
-//! (`serve/watch.rs`), and this body and its share go with it. The bytes reach the connection
-//! in copies of [`CHUNK`] bytes, so what the connection itself holds of a stopped reader's
-//! answer (hyper queues a few chunks, h2 one or two per stream) stays small and is not
+//! answers keep-alive pings) pins them until its connection's watch gives up on it
+//! (`serve/watch.rs`: the connection dropped, or this answer cut, after `--send-timeout`), and
+//! this body and its share go with it. The bytes reach the connection in copies of [`CHUNK`]
+//! bytes, so what the connection itself holds of a stopped reader's answer (an HTTP/2 stream
+//! queues one, `max_send_buf_size`; HTTP/1.1, hyper's write buffer) stays small and is not
 //! counted.
 
 use std::pin::Pin;

@@ -2,7 +2,8 @@
 //! on plain TCP, ALPN `h2` over TLS) with the limits a public cache needs and `axum::serve`
 //! does not set: a cap on open connections, in all and from one client address (so one host
 //! cannot take every slot), a deadline for each HTTP/1.1 request's headers, an idle deadline
-//! for every connection and a minimum rate for taking answers (`watch.rs`), HTTP/2 keep-alive
+//! for every connection, a minimum rate for taking what it is sent, and a cut for an answer
+//! its client takes nothing of (`watch.rs`, told by `paced.rs`), HTTP/2 keep-alive
 //! pings that drop dead peers, a cap on concurrent HTTP/2 streams, and, in `http/body.rs`, a
 //! minimum rate for request bodies. So idle, trickling or stopped sockets cannot hold the
 //! server. With TLS settings, every connection speaks HTTPS; its TLS handshake counts against
@@ -29,8 +30,8 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::pace::MinRate;
-use paced::{InFlight, PacedBody, Watched};
-use watch::{Close, Watch};
+use paced::{InFlight, PacedBody, PacedIo, Watched};
+use watch::{Action, Close, Watch};
 
 /// Connection limits of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,8 +91,12 @@ pub struct Connections {
     pub refused_per_address: AtomicU64,
     /// Shut down with no request in flight for the idle timeout (`header_timeout`).
     pub closed_idle: AtomicU64,
-    /// Dropped because a client took an answer slower than `send` allows.
+    /// Dropped because a client took what it was sent slower than `send` allows, or nothing
+    /// of any answer in flight.
     pub closed_slow: AtomicU64,
+    /// Answers given up because their client took nothing of them for `send.allowance` while
+    /// their connection's socket took data (an HTTP/2 stream given no flow-control credit).
+    pub answers_cut: AtomicU64,
 }
 
 /// Open connections per client address, each address bounded.
@@ -199,7 +204,7 @@ pub async fn serve(
             }
         };
         let counted = Counted::new(&connections);
-        let watched = Watched::new(Watch::new(Instant::now(), limits.header_timeout));
+        let watched = Watched::new(Watch::new(Instant::now(), limits.header_timeout, limits.send));
         let inner = TowerToHyperService::new(app.clone());
         let service = {
             let watched = watched.clone();
@@ -209,8 +214,7 @@ pub async fn serve(
                 async move {
                     let response = call.await?;
                     Ok::<_, std::convert::Infallible>(
-                        response
-                            .map(|body| axum::body::Body::new(PacedBody::new(body, limits.send, in_flight))),
+                        response.map(|body| axum::body::Body::new(PacedBody::new(body, in_flight))),
                     )
                 }
             })
@@ -224,16 +228,23 @@ pub async fn serve(
             http.http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(MAX_STREAMS)
+                // What a stream may queue beyond what its client has taken: one piece of an
+                // answer from memory (hyper's default is 400 KiB a stream, outside the budget).
+                .max_send_buf_size(crate::http::sending::CHUNK)
                 .keep_alive_interval(Some(limits.header_timeout))
                 .keep_alive_timeout(limits.header_timeout);
             let closed = match tls {
-                None => watch_over(http.serve_connection(TokioIo::new(stream), service), &watched).await,
+                None => {
+                    let io = TokioIo::new(PacedIo::new(stream, watched.clone()));
+                    watch_over(http.serve_connection(io, service), &watched, &connections).await
+                }
                 Some(tls) => {
                     let deadline = Instant::now() + limits.header_timeout;
                     let handshake = tickwire_transport::accept_tls(stream, &tls);
                     match tokio::time::timeout_at(deadline, handshake).await {
                         Ok(Ok(stream)) => {
-                            watch_over(http.serve_connection(TokioIo::new(stream), service), &watched).await
+                            let io = TokioIo::new(PacedIo::new(stream, watched.clone()));
+                            watch_over(http.serve_connection(io, service), &watched, &connections).await
                         }
                         Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => return tracing::debug!("TLS handshake timed out"),
@@ -247,7 +258,7 @@ pub async fn serve(
                 }
                 Ok(Some(Close::Slow)) => {
                     connections.closed_slow.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("a client took an answer too slowly: connection dropped");
+                    tracing::debug!("a client took what it was sent too slowly: connection dropped");
                 }
                 Err(e) => tracing::debug!(error = %e, "connection ended with an error"),
             }
@@ -255,12 +266,19 @@ pub async fn serve(
     }
 }
 
-/// Runs a connection under its watch (`watch.rs`): shut down gracefully once idle, dropped
-/// when still open an idle timeout after that or when a client is too slow. Why it was closed,
-/// if the server closed it.
+/// Whether a connection's error is hyper's own header deadline (HTTP/1.1), which closes an
+/// idle keep-alive connection or a slow head.
+fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout)
+}
+
+/// Runs a connection under its watch (`watch.rs`), doing what the watch says: cutting
+/// answers, shutting down gracefully, dropping the connection. Why the server closed it, if it
+/// did.
 async fn watch_over<I, S, B>(
     conn: auto::Connection<'_, I, S, TokioExecutor>,
     watched: &Watched,
+    connections: &Connections,
 ) -> Result<Option<Close>, Box<dyn std::error::Error + Send + Sync>>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -272,9 +290,8 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     tokio::pin!(conn);
-    let mut shut_down = false;
     loop {
-        let check = watched.lock().arm();
+        let check = watched.lock(Instant::now()).arm();
         let due = async {
             match check {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -282,21 +299,34 @@ where
             }
         };
         tokio::select! {
-            ended = conn.as_mut() => return ended.map(|()| shut_down.then_some(Close::Idle)),
+            ended = conn.as_mut() => {
+                // After a graceful shutdown, or at hyper's own header deadline, the connection
+                // was closed for idling: a connection that never sent a byte ends its
+                // protocol sniffing with an error ("Cancelled").
+                let idle = watched.lock(Instant::now()).was_shut_down()
+                    || ended.as_ref().is_err_and(|e| is_header_timeout(e.as_ref()));
+                return match ended {
+                    Err(_) if idle => Ok(Some(Close::Idle)),
+                    Err(e) => Err(e),
+                    Ok(()) => Ok(idle.then_some(Close::Idle)),
+                };
+            }
             () = watched.wake.notified() => continue,
             () = due => {}
         }
-        let now = Instant::now();
-        let verdict = watched.lock().verdict(now);
+        let verdict = watched.lock(Instant::now()).verdict(Instant::now());
         match verdict {
             None => {}
-            Some(Close::Idle) if !shut_down => {
+            Some(Action::Cut(keys)) => {
+                connections.answers_cut.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                tracing::debug!(answers = keys.len(), "answers untaken for the send allowance: cut");
+                watched.cut(&keys);
+            }
+            Some(Action::ShutDown) => {
                 tracing::debug!("no request in flight for the idle timeout: shutting down");
                 conn.as_mut().graceful_shutdown();
-                watched.lock().shut_down(now);
-                shut_down = true;
             }
-            Some(close) => return Ok(Some(close)),
+            Some(Action::Drop(close)) => return Ok(Some(close)),
         }
     }
 }

@@ -1,86 +1,221 @@
-//! When a connection is closed for what its client does not do. hyper closes an HTTP/1.1
-//! connection that is slow to send a request's headers, but not one whose client stops
-//! reading the answer, and it has no idle deadline for HTTP/2 at all: a client that answers
+//! When a connection, or one answer on it, is given up for what its client does not do. hyper
+//! closes an HTTP/1.1 connection that is slow to send a request's headers, but not one whose
+//! client stops reading, and it has no idle deadline for HTTP/2 at all: a client that answers
 //! keep-alive pings holds an HTTP/2 connection for good. Each would let a few clients hold
-//! every connection slot. So each connection has a [`Watch`]:
-//! - **idle**: with no request in flight for the idle timeout (from its opening, or from its
-//!   last answer), the connection is shut down gracefully (HTTP/2 GOAWAY, HTTP/1.1 close);
-//!   still open an idle timeout later (its client not taking the last bytes), it is dropped;
-//! - **slow**: a response whose client takes its bytes slower than the minimum rate for longer
-//!   than the send allowance ([`crate::pace`], one bank per response) drops the connection.
+//! every connection slot, or the memory of the answers they do not take. So each connection has
+//! a [`Watch`], told by `paced.rs` what its socket and its answers wait for:
+//! - **slow**: the connection *waits on its client* while its socket refuses data or an answer
+//!   has handed hyper a piece and not been asked for the next. While it waits, its bank of
+//!   waiting time drains; every byte the socket takes pays back ([`crate::pace`]: one bank for
+//!   the whole connection, so a slow link carrying many HTTP/2 streams is judged on what it
+//!   carries in all). An empty bank drops the connection.
+//! - **cut**: an answer whose client has taken nothing of it for the send allowance, counted
+//!   only while the socket itself takes data (an HTTP/2 client that gives that stream no
+//!   flow-control credit while others move), is cut: its body, and the memory it holds, go,
+//!   and the rest of the connection lives. Its stream stays open (hyper resets it only when
+//!   the client gives it credit again), so the connection keeps waiting on its client until
+//!   that request ends: the client must keep the connection moving with something else.
+//! - **idle**: with no request in flight and nothing waiting to be sent, for the idle timeout
+//!   (from its opening or its last answer), the connection is shut down gracefully (HTTP/2
+//!   GOAWAY, HTTP/1.1 close); still open an idle timeout later, it is dropped.
 //!
 //! Sans-IO: every method takes `now`; the connection's task in `serve/mod.rs` sleeps until
-//! [`Watch::arm`] says and asks [`Watch::verdict`], and `serve/paced.rs` reports each request
-//! and its waits.
+//! [`Watch::arm`] says and acts on what [`Watch::verdict`] returns.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Why a connection is closed.
+use crate::pace::{MinRate, Pace, after};
+
+/// Why a connection is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Close {
-    /// No request in flight for the idle timeout.
+    /// No request in flight, and shut down gracefully, for an idle timeout each.
     Idle,
-    /// A response's client ran out of its allowance.
+    /// Its client took what it was sent too slowly, or nothing of any answer in flight.
     Slow,
 }
 
-/// One connection's requests in flight and their responses' waits on the client.
+/// What the connection's task does.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Give up these answers: drop their bodies.
+    Cut(Vec<u64>),
+    /// Shut down gracefully.
+    ShutDown,
+    /// Drop the connection.
+    Drop(Close),
+}
+
+/// A request in flight.
+#[derive(Debug, Default)]
+struct Request {
+    /// While its answer waits on the client: since when, and the socket's blocked time then.
+    waiting: Option<(Instant, Duration)>,
+    cut: bool,
+}
+
+/// One connection's requests in flight and what they wait for (see the module's comment).
 #[derive(Debug)]
 pub(crate) struct Watch {
     idle_timeout: Duration,
-    in_flight: usize,
-    /// When the connection opened or its last request ended; the idle timeout runs from here
-    /// while no request is in flight.
-    idle_since: Instant,
-    /// The responses waiting on their client now, by request: when each wait runs out.
-    waits: HashMap<u64, Instant>,
+    /// How long an answer may go untaken (its stream's own allowance; the rate is the
+    /// connection's).
+    answer_allowance: Duration,
+    pace: Pace,
+    requests: HashMap<u64, Request>,
     next_key: u64,
+    /// When the connection opened, its last request ended, its socket last took data with no
+    /// request in flight, or it was shut down.
+    idle_since: Instant,
+    /// Since when the socket refuses data, if it does.
+    blocked_since: Option<Instant>,
+    /// How long the socket refused data before that.
+    blocked_before: Duration,
+    shut_down: bool,
     /// The check the connection's task sleeps until.
     armed: Option<Instant>,
 }
 
 impl Watch {
-    /// A connection opened at `now`.
-    pub fn new(now: Instant, idle_timeout: Duration) -> Watch {
-        Watch { idle_timeout, in_flight: 0, idle_since: now, waits: HashMap::new(), next_key: 0, armed: None }
+    /// A connection opened at `now`, whose client must take answers at `send` (the rate for
+    /// the whole connection, the allowance also for each answer).
+    pub fn new(now: Instant, idle_timeout: Duration, send: MinRate) -> Watch {
+        Watch {
+            idle_timeout,
+            answer_allowance: send.allowance,
+            pace: Pace::new(send),
+            requests: HashMap::new(),
+            next_key: 0,
+            idle_since: now,
+            blocked_since: None,
+            blocked_before: Duration::ZERO,
+            shut_down: false,
+            armed: None,
+        }
     }
 
     /// A request starts: its key.
     pub fn begin(&mut self) -> u64 {
-        self.in_flight += 1;
         self.next_key += 1;
+        self.requests.insert(self.next_key, Request::default());
         self.next_key
     }
 
-    /// Request `key` ended at `now` (its answer sent, or dropped). Whether the connection's
-    /// task must wake to re-arm.
+    /// Request `key` ended at `now` (its answer's body dropped, sent or not). Whether the
+    /// connection's task must wake to re-arm.
     pub fn end(&mut self, key: u64, now: Instant) -> bool {
-        self.waits.remove(&key);
-        self.in_flight = self.in_flight.saturating_sub(1);
-        if self.in_flight == 0 {
+        self.requests.remove(&key);
+        if self.requests.is_empty() {
             self.idle_since = now;
         }
+        self.settle(now);
         self.wakes()
     }
 
-    /// Request `key`'s answer waits on the client until `until`, or (`None`) no longer waits.
-    /// Whether the connection's task must wake to re-arm.
-    pub fn waiting(&mut self, key: u64, until: Option<Instant>) -> bool {
-        match until {
-            Some(until) => self.waits.insert(key, until),
-            None => self.waits.remove(&key),
-        };
+    /// Request `key`'s answer handed hyper a piece at `now`: it waits for the client to take
+    /// it. Whether the connection's task must wake.
+    pub fn handed(&mut self, key: u64, now: Instant) -> bool {
+        let blocked = self.blocked_at(now);
+        if let Some(request) = self.requests.get_mut(&key) {
+            request.waiting = Some((now, blocked));
+        }
+        self.settle(now);
         self.wakes()
     }
 
-    /// When the next check is due: the earliest wait's end, or the idle deadline if no request
-    /// is in flight.
+    /// Request `key`'s answer was asked for more at `now`: its client took what it was handed
+    /// (the bytes are counted as the socket takes them: [`Watch::took`]). Whether the
+    /// connection's task must wake.
+    pub fn asked(&mut self, key: u64, now: Instant) -> bool {
+        if let Some(request) = self.requests.get_mut(&key) {
+            request.waiting = None;
+        }
+        self.settle(now);
+        self.wakes()
+    }
+
+    /// The socket refused data at `now`. Whether the connection's task must wake.
+    pub fn blocked(&mut self, now: Instant) -> bool {
+        self.blocked_since.get_or_insert(now);
+        self.settle(now);
+        self.wakes()
+    }
+
+    /// The socket took data at `now` after refusing it. Whether the connection's task must
+    /// wake.
+    pub fn unblocked(&mut self, now: Instant) -> bool {
+        if let Some(since) = self.blocked_since.take() {
+            self.blocked_before += now.saturating_duration_since(since);
+        }
+        if self.requests.is_empty() {
+            // What was left to send went out: the idle time starts now.
+            self.idle_since = now;
+        }
+        self.settle(now);
+        self.wakes()
+    }
+
+    /// The socket took `bytes` by `now` (counted since the last call): they pay back the bank.
+    pub fn took(&mut self, now: Instant, bytes: u64) {
+        if bytes > 0 {
+            self.pace.moved(now, bytes);
+            self.settle(now);
+        }
+    }
+
+    /// How long the socket has refused data, in all, by `now`.
+    fn blocked_at(&self, now: Instant) -> Duration {
+        self.blocked_before
+            + self.blocked_since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+
+    /// Whether the connection waits on its client: its socket refuses data, or an answer waits
+    /// to be taken (a cut one waits for good: its stream is still open, and the client must
+    /// keep the connection moving with something else).
+    fn waits_on_client(&self) -> bool {
+        self.blocked_since.is_some() || self.requests.values().any(|r| r.waiting.is_some() || r.cut)
+    }
+
+    /// Starts or ends the bank's wait, as the connection waits on its client or not.
+    fn settle(&mut self, now: Instant) {
+        match (self.waits_on_client(), self.pace.deadline().is_some()) {
+            (true, false) => {
+                self.pace.wait(now);
+            }
+            (false, true) => self.pace.moved(now, 0),
+            // Waiting still, after some bytes moved: the wait goes on from now.
+            (true, true) => {
+                self.pace.moved(now, 0);
+                self.pace.wait(now);
+            }
+            (false, false) => {}
+        }
+    }
+
+    /// When request `request`'s answer has gone untaken for the allowance; `None` while the
+    /// socket refuses data (that time is the connection's, not the answer's) or it does not wait.
+    fn cut_at(&self, request: &Request) -> Option<Instant> {
+        if self.blocked_since.is_some() || request.cut {
+            return None;
+        }
+        let (since, blocked) = request.waiting?;
+        // The socket's blocked time since the wait began is not the answer's.
+        let paused = self.blocked_before.saturating_sub(blocked);
+        Some(after(after(since, self.answer_allowance), paused))
+    }
+
+    fn idle_at(&self) -> Option<Instant> {
+        (self.requests.is_empty() && self.blocked_since.is_none())
+            .then(|| after(self.idle_since, self.idle_timeout))
+    }
+
+    /// When the next check is due.
     fn next(&self) -> Option<Instant> {
-        let idle = (self.in_flight == 0).then(|| self.idle_since + self.idle_timeout);
-        self.waits.values().copied().chain(idle).min()
+        let cuts = self.requests.values().filter_map(|r| self.cut_at(r));
+        cuts.chain(self.pace.deadline()).chain(self.idle_at()).min()
     }
 
     /// Whether a change made the next check earlier than the one armed.
@@ -98,18 +233,41 @@ impl Watch {
         self.armed
     }
 
-    /// Whether the connection must close at `now`, and why.
-    pub fn verdict(&self, now: Instant) -> Option<Close> {
-        if self.waits.values().any(|until| *until <= now) {
-            return Some(Close::Slow);
+    /// What the connection's task must do at `now`, if anything.
+    pub fn verdict(&mut self, now: Instant) -> Option<Action> {
+        if self.pace.is_late(now) {
+            return Some(Action::Drop(Close::Slow));
         }
-        (self.in_flight == 0 && now >= self.idle_since + self.idle_timeout).then_some(Close::Idle)
+        let late: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| self.cut_at(r).is_some_and(|at| at <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        if !late.is_empty() {
+            for key in &late {
+                if let Some(request) = self.requests.get_mut(key) {
+                    request.cut = true;
+                    request.waiting = None;
+                }
+            }
+            self.settle(now);
+            return Some(Action::Cut(late));
+        }
+        if self.idle_at().is_some_and(|at| at <= now) {
+            if self.shut_down {
+                return Some(Action::Drop(Close::Idle));
+            }
+            self.shut_down = true;
+            self.idle_since = now;
+            return Some(Action::ShutDown);
+        }
+        None
     }
 
-    /// The connection was shut down gracefully at `now`: the idle timeout runs again, and its
-    /// next expiry drops the connection.
-    pub fn shut_down(&mut self, now: Instant) {
-        self.idle_since = now;
+    /// Whether the connection was shut down for being idle.
+    pub fn was_shut_down(&self) -> bool {
+        self.shut_down
     }
 }
 
@@ -118,70 +276,170 @@ mod tests {
     use super::*;
 
     const IDLE: Duration = Duration::from_secs(10);
+    /// 1,000 bytes a second after 30 s.
+    const SEND: MinRate = MinRate { bytes_per_s: 1000, allowance: Duration::from_secs(30) };
 
     fn s(secs: u64) -> Duration {
         Duration::from_secs(secs)
     }
 
+    fn watch(t0: Instant) -> Watch {
+        Watch::new(t0, IDLE, SEND)
+    }
+
     #[test]
-    fn a_connection_with_no_request_is_idle_from_its_opening() {
+    fn an_idle_connection_is_shut_down_then_dropped() {
         let t0 = Instant::now();
-        let mut watch = Watch::new(t0, IDLE);
-        assert_eq!(watch.arm(), Some(t0 + IDLE));
+        let mut watch = watch(t0);
+        assert_eq!(watch.arm(), Some(t0 + IDLE), "idle from its opening");
         assert_eq!(watch.verdict(t0 + s(9)), None);
-        assert_eq!(watch.verdict(t0 + IDLE), Some(Close::Idle));
+        assert_eq!(watch.verdict(t0 + IDLE), Some(Action::ShutDown));
+        assert!(watch.was_shut_down());
+        assert_eq!(watch.arm(), Some(t0 + IDLE + IDLE), "one more idle timeout");
+        assert_eq!(watch.verdict(t0 + IDLE + s(9)), None);
+        assert_eq!(watch.verdict(t0 + IDLE + IDLE), Some(Action::Drop(Close::Idle)));
     }
 
     #[test]
     fn a_request_in_flight_keeps_it_open_however_long_and_its_end_restarts_the_idle_time() {
         let t0 = Instant::now();
-        let mut watch = Watch::new(t0, IDLE);
+        let mut watch = watch(t0);
         watch.arm();
         let first = watch.begin();
         let second = watch.begin();
         assert_eq!(watch.arm(), None, "nothing to check while requests run and wait on nobody");
         assert_eq!(watch.verdict(t0 + s(3600)), None);
         assert!(!watch.end(first, t0 + s(3600)), "one still in flight: nothing to arm");
-        assert_eq!(watch.verdict(t0 + s(3601)), None);
         assert!(watch.end(second, t0 + s(3700)), "idle now: the task must arm");
         assert_eq!(watch.arm(), Some(t0 + s(3710)));
         assert_eq!(watch.verdict(t0 + s(3709)), None);
-        assert_eq!(watch.verdict(t0 + s(3710)), Some(Close::Idle));
+        assert_eq!(watch.verdict(t0 + s(3710)), Some(Action::ShutDown));
     }
 
     #[test]
-    fn a_response_past_its_wait_closes_it_and_the_earliest_wait_is_armed() {
+    fn a_socket_that_refuses_data_keeps_it_from_idling_and_drains_the_bank() {
         let t0 = Instant::now();
-        let mut watch = Watch::new(t0, IDLE);
-        watch.arm();
-        let a = watch.begin();
-        let b = watch.begin();
-        assert!(!watch.waiting(a, Some(t0 + s(30))), "the idle check armed comes first");
-        assert_eq!(watch.arm(), Some(t0 + s(30)), "the task found no verdict then and re-armed");
-        assert!(!watch.waiting(a, None));
-        assert_eq!(watch.arm(), None);
-        assert!(watch.waiting(a, Some(t0 + s(30))), "with nothing armed, the first wait wakes");
-        assert_eq!(watch.arm(), Some(t0 + s(30)));
-        assert!(!watch.waiting(b, Some(t0 + s(40))), "a later one need not wake the task");
-        assert!(watch.waiting(b, Some(t0 + s(20))), "an earlier one must");
-        assert_eq!(watch.arm(), Some(t0 + s(20)));
+        let mut watch = watch(t0);
+        let key = watch.begin();
+        watch.end(key, t0 + s(1));
+        // The answer's last bytes sit in the socket's buffers, which the client does not read.
+        assert!(watch.blocked(t0 + s(1)), "the bank's deadline comes before the idle one");
+        assert_eq!(watch.arm(), Some(t0 + s(31)), "the bank's, not the idle deadline");
+        assert_eq!(watch.verdict(t0 + s(30)), None);
+        // It takes 5,000 bytes at 21 s: 20 s drawn, 5 s paid back; then refuses again.
+        watch.unblocked(t0 + s(21));
+        watch.took(t0 + s(21), 5000);
+        assert_eq!(watch.arm(), Some(t0 + s(31)), "idle from when the socket took the last bytes");
+        watch.blocked(t0 + s(21));
+        assert_eq!(watch.arm(), Some(t0 + s(21) + s(15)));
+        assert_eq!(watch.verdict(t0 + s(36)), Some(Action::Drop(Close::Slow)));
+    }
+
+    #[test]
+    fn the_bank_is_the_connections_so_answers_moving_together_pay_it_back_together() {
+        let t0 = Instant::now();
+        let mut watch = watch(t0);
+        let keys: Vec<u64> = (0..64).map(|_| watch.begin()).collect();
+        // 64 answers on a slow link whose socket refuses data but for the instants it takes
+        // 1,000 bytes, once a second: each answer is asked for more every 64 s (each far below
+        // the rate, and far past the allowance), the link carries the rate in all.
+        for key in &keys {
+            watch.handed(*key, t0);
+        }
+        watch.blocked(t0);
+        for second in 1..=640u64 {
+            let key = keys[(second % 64) as usize];
+            let now = t0 + s(second);
+            watch.unblocked(now);
+            watch.took(now, 1000);
+            watch.asked(key, now);
+            watch.handed(key, now);
+            watch.blocked(now);
+            assert_eq!(watch.verdict(now), None, "at {second} s");
+        }
+        // The link stops: 30 s later the connection is dropped.
+        assert_eq!(watch.arm(), Some(t0 + s(670)));
+        assert_eq!(watch.verdict(t0 + s(670)), Some(Action::Drop(Close::Slow)));
+    }
+
+    #[test]
+    fn an_answer_untaken_while_the_socket_moves_is_cut_alone_then_the_connection_if_all_are() {
+        let t0 = Instant::now();
+        let mut watch = watch(t0);
+        let stalled = watch.begin();
+        let moving = watch.begin();
+        watch.handed(stalled, t0);
+        // The socket refuses data from 10 s to 20 s: those 10 s are not the answer's.
+        watch.blocked(t0 + s(10));
         assert_eq!(watch.verdict(t0 + s(19)), None);
-        assert!(!watch.waiting(b, None), "b's client moved");
-        assert_eq!(watch.verdict(t0 + s(29)), None);
-        assert_eq!(watch.verdict(t0 + s(30)), Some(Close::Slow), "a's did not");
-        watch.end(a, t0 + s(25));
-        watch.end(b, t0 + s(25));
-        assert_eq!(watch.verdict(t0 + s(34)), None, "an ended request's wait goes with it");
+        watch.unblocked(t0 + s(20));
+        // The other answer moves all along, paying the connection's bank.
+        for second in 20..40 {
+            watch.handed(moving, t0 + s(second));
+            let taken = t0 + s(second) + Duration::from_millis(500);
+            watch.took(taken, 2000);
+            watch.asked(moving, taken);
+        }
+        assert_eq!(watch.arm(), Some(t0 + s(40)), "30 s untaken, blocked time aside");
+        assert_eq!(watch.verdict(t0 + s(39)), None);
+        assert_eq!(watch.verdict(t0 + s(40)), Some(Action::Cut(vec![stalled])));
+        assert_eq!(watch.verdict(t0 + s(40)), None, "cut once");
+        // The moving answer then stalls too: the connection's bank, full at 40 s, runs out.
+        watch.handed(moving, t0 + s(40));
+        assert_eq!(watch.verdict(t0 + s(69)), None);
+        assert_eq!(watch.verdict(t0 + s(70)), Some(Action::Drop(Close::Slow)));
     }
 
     #[test]
-    fn a_graceful_shutdown_gets_one_more_idle_timeout() {
+    fn a_cut_answer_keeps_its_connection_waiting_until_its_request_ends() {
         let t0 = Instant::now();
-        let mut watch = Watch::new(t0, IDLE);
-        assert_eq!(watch.verdict(t0 + IDLE), Some(Close::Idle));
-        watch.shut_down(t0 + IDLE);
-        assert_eq!(watch.arm(), Some(t0 + IDLE + IDLE));
-        assert_eq!(watch.verdict(t0 + IDLE + s(5)), None);
-        assert_eq!(watch.verdict(t0 + IDLE + IDLE), Some(Close::Idle));
+        let mut watch = watch(t0);
+        let stalled = watch.begin();
+        let moving = watch.begin();
+        watch.handed(stalled, t0);
+        watch.took(t0 + s(20), 20_000);
+        assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
+        // The other answer ends: what is left of it on its way out pays back as it goes.
+        watch.end(moving, t0 + s(31));
+        watch.took(t0 + s(32), 5000);
+        // The bank: full (30 s) at 20 s; 10 s drawn by 30 s, 2 more by 32 s, 5 paid back: 23.
+        assert_eq!(watch.arm(), Some(t0 + s(55)), "the bank, not an idle deadline");
+        assert_eq!(watch.verdict(t0 + s(54)), None);
+        assert_eq!(watch.verdict(t0 + s(55)), Some(Action::Drop(Close::Slow)));
+        // Had the cut request ended (the client reset its stream), the connection would idle.
+        let mut watch = self::watch(t0);
+        let stalled = watch.begin();
+        watch.handed(stalled, t0);
+        watch.took(t0 + s(20), 20_000);
+        watch.verdict(t0 + s(30));
+        watch.end(stalled, t0 + s(31));
+        assert_eq!(watch.arm(), Some(t0 + s(41)));
+    }
+
+    #[test]
+    fn an_ended_request_takes_its_wait_with_it() {
+        let t0 = Instant::now();
+        let mut watch = watch(t0);
+        let key = watch.begin();
+        watch.handed(key, t0);
+        watch.end(key, t0 + s(5));
+        assert_eq!(watch.arm(), Some(t0 + s(15)), "idle, nothing waiting");
+        assert_eq!(watch.verdict(t0 + s(14)), None);
+    }
+
+    #[test]
+    fn deadlines_past_what_an_instant_holds_do_not_panic() {
+        let t0 = Instant::now();
+        let forever = MinRate { bytes_per_s: 0, allowance: Duration::MAX };
+        let mut watch = Watch::new(t0, Duration::MAX, forever);
+        let key = watch.begin();
+        watch.handed(key, t0);
+        watch.blocked(t0);
+        assert!(watch.arm().is_some());
+        assert_eq!(watch.verdict(t0 + s(1)), None);
+        watch.end(key, t0 + s(1));
+        watch.unblocked(t0 + s(1));
+        watch.took(t0 + s(1), 1);
+        assert!(watch.arm().is_some());
     }
 }
