@@ -24,10 +24,14 @@ use tickwire_ddc::serve::ServeLimits;
 
 use common::{status, url};
 
-/// The blob the readers download: more than the kernel's buffers hold on loopback (Linux's
-/// default send buffer grows to 4 MiB) beside hyper's, so a reader that stops makes the server
-/// wait.
-const BLOB_BYTES: usize = 10 << 20;
+/// The size of the blob a reader stops reading: more than the kernel's send buffer may grow to
+/// on this machine (`tcp_wmem`'s maximum, 4 MiB by default) twice over, so that the server is
+/// left waiting on it.
+fn stopped_blob_bytes() -> usize {
+    let wmem = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem").unwrap_or_default();
+    let max = wmem.split_whitespace().nth(2).and_then(|m| m.parse::<usize>().ok()).unwrap_or(4 << 20);
+    (2 * max + (2 << 20)).max(10 << 20)
+}
 
 /// A server whose connections go idle after 1 s, whose answers may stall for `allowance` and
 /// must then be taken at `send_rate` bytes a second, and whose bodies may stall for 1 s and
@@ -39,7 +43,7 @@ fn server_with(send_rate: u64, allowance: Duration) -> common::Server {
         ..ServeLimits::default()
     };
     let api = Limits {
-        max_blob_bytes: 16 << 20,
+        max_blob_bytes: 256 << 20,
         body: MinRate { bytes_per_s: 1024, allowance: Duration::from_secs(1) },
         ..Limits::default()
     };
@@ -68,6 +72,13 @@ fn closed(s: &common::Server, reason: &str) -> u64 {
     metrics.lines().find_map(|line| line.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
 }
 
+/// `ddc_answers_cut_total`.
+fn answers_cut(s: &common::Server) -> u64 {
+    let metrics =
+        ureq::get(&url(s, "/metrics")).set("Connection", "close").call().unwrap().into_string().unwrap();
+    metrics.lines().find_map(|line| line.strip_prefix("ddc_answers_cut_total ")?.parse().ok()).unwrap_or(0)
+}
+
 /// Waits up to 10 s for `closed(reason)` to reach `count`.
 fn await_closed(s: &common::Server, reason: &str, count: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -85,12 +96,14 @@ fn small_buffered(s: &common::Server) -> TcpStream {
     socket.into()
 }
 
-/// Reads an HTTP/1.1 answer whose body is `body_len` bytes, at most 128 KiB at a time with
-/// `pause` after each read: the whole answer, head included. Panics if the server closes first.
+/// Reads an HTTP/1.1 answer whose body is `body_len` bytes, 128 KiB (or what is left) and then
+/// a pause of `pause`, over and over: the whole answer, head included. Panics if the server
+/// closes first.
 fn read_answer(socket: &mut TcpStream, body_len: usize, pause: Duration) -> Vec<u8> {
     let started = Instant::now();
     let mut got = Vec::new();
-    let mut piece = vec![0u8; 128 << 10];
+    let mut piece = vec![0u8; 16 << 10];
+    let mut this_period = 0;
     loop {
         let head = got.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
         if head.is_some_and(|head| got.len() >= head + body_len) {
@@ -99,7 +112,11 @@ fn read_answer(socket: &mut TcpStream, body_len: usize, pause: Duration) -> Vec<
         let n = socket.read(&mut piece).unwrap();
         assert!(n > 0, "closed after {} bytes, at {:?}", got.len(), started.elapsed());
         got.extend_from_slice(&piece[..n]);
-        std::thread::sleep(pause);
+        this_period += n;
+        if this_period >= 128 << 10 {
+            this_period = 0;
+            std::thread::sleep(pause);
+        }
     }
 }
 
@@ -131,7 +148,8 @@ async fn an_http2_connection_with_no_request_in_flight_is_shut_down() {
 #[test]
 fn a_reader_that_stops_is_dropped_and_a_slow_one_above_the_rate_is_not() {
     let s = server(64 << 10);
-    let (path, blob) = put_blob(&s, BLOB_BYTES);
+    let blob_bytes = stopped_blob_bytes();
+    let (path, blob) = put_blob(&s, blob_bytes);
 
     // Stops after the status line: the kernel's buffers fill and the server waits on it.
     let mut stopped = small_buffered(&s);
@@ -143,8 +161,8 @@ fn a_reader_that_stops_is_dropped_and_a_slow_one_above_the_rate_is_not() {
     stopped.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut rest = Vec::new();
     let read = stopped.read_to_end(&mut rest);
-    assert!(read.is_ok() || rest.len() < BLOB_BYTES, "the connection was closed: {read:?}");
-    assert!(rest.len() < BLOB_BYTES, "the whole answer was sent to a reader that stopped");
+    assert!(read.is_ok() || rest.len() < blob_bytes, "the connection was closed: {read:?}");
+    assert!(rest.len() < blob_bytes, "the whole answer was sent to a reader that stopped");
 
     // At most 128 KiB (the socket's buffer) every 50 ms: under 2.7 MB/s, 40 times the rate,
     // for about 4 s: longer than the allowance and the idle timeout, each several times over.
@@ -234,7 +252,7 @@ fn a_socket_that_never_sends_a_byte_is_closed_and_counted_idle() {
 /// mutation), and it is served whole.
 #[test]
 fn a_reader_near_the_rate_is_served_whole() {
-    let s = server_with(512 << 10, Duration::from_secs(3));
+    let s = server_with(512 << 10, Duration::from_secs(5));
     let (path, blob) = put_blob(&s, 6 << 20);
     let mut reader = small_buffered(&s);
     reader.write_all(get_request(&path).as_bytes()).unwrap();
@@ -276,8 +294,19 @@ async fn an_http2_stream_given_no_credit_is_cut_and_the_others_go_on() {
     let stalled = sender.send_request(get()).await.unwrap();
     let moving = sender.send_request(get()).await.unwrap();
     assert_eq!((stalled.status().as_u16(), moving.status().as_u16()), (200, 200));
+    // The cut, seen from outside while the moving answer is read.
+    let cut_seen = tokio::task::spawn_blocking({
+        let s = s.clone();
+        move || {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while answers_cut(&s) < 1 {
+                assert!(Instant::now() < deadline, "no answer was cut");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Instant::now()
+        }
+    });
     // A frame (at most 16 KiB) every 50 ms: 1 MiB in about 5 to 7 s.
-    let started = Instant::now();
     let mut body = moving.into_body();
     let mut got = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -287,19 +316,14 @@ async fn an_http2_stream_given_no_credit_is_cut_and_the_others_go_on() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let moving_ended = Instant::now();
     assert_eq!(got, blob);
-    assert!(started.elapsed() > Duration::from_secs(3), "it outlasted the cut: {:?}", started.elapsed());
+    assert!(cut_seen.await.unwrap() < moving_ended, "the stalled answer was cut while the other moved");
     let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
     assert!(ended.is_ok(), "the connection is still open with nothing moving");
     drop(stalled);
-    let counted = tokio::task::spawn_blocking(move || {
-        let metrics = ureq::get(&url(&s, "/metrics")).call().unwrap().into_string().unwrap();
-        let cut = metrics.lines().find_map(|l| l.strip_prefix("ddc_answers_cut_total ")?.parse::<u64>().ok());
-        (cut, closed(&s, "slow"))
-    })
-    .await
-    .unwrap();
-    assert_eq!(counted, (Some(1), 1));
+    let counted = tokio::task::spawn_blocking(move || (answers_cut(&s), closed(&s, "slow"))).await.unwrap();
+    assert_eq!(counted, (1, 1), "one answer cut; the connection dropped with the cut stream left open");
 }
 
 /// PUTs `len` bytes in pieces of `piece` bytes every 100 ms: the answer's status line.

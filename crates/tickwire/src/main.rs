@@ -174,8 +174,10 @@ struct DdcArgs {
     /// first this many bits (64, the block a site is usually given; 128, each address apart).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u8).range(0..=128))]
     ipv6_prefix: u8,
-    /// The longest a client may take to send a request's headers, and how long a connection
-    /// (HTTP/1.1 or HTTP/2) may sit with no request in flight before it is closed.
+    /// How long a connection (HTTP/1.1 or HTTP/2) may sit with no request in flight and
+    /// nothing left to send before it is shut down gracefully (dropped one more later; so a
+    /// client has at most twice this to send a request's headers). Also the HTTP/2 keep-alive
+    /// ping interval.
     #[arg(long, default_value = "10s", value_parser = client_timeout)]
     header_timeout: std::time::Duration,
     /// How long a request body may stall outright; beyond it, the body must keep up
@@ -247,18 +249,18 @@ enum Bench {
     },
 }
 
-/// Errors end the process with one line (the error and its causes), never a backtrace, even
-/// with RUST_BACKTRACE set.
 /// A deadline on what a client does (`--header-timeout`, `--body-timeout`, `--send-timeout`):
-/// more than zero (zero would cut off every client at once) and at most a day.
+/// at least a millisecond (zero would cut off every client at once) and at most a day.
 fn client_timeout(s: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if timeout.is_zero() || timeout > Duration::from_secs(86_400) {
+    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(86_400) {
         return Err(format!("{s} is not between 1 ms and 1 day"));
     }
     Ok(timeout)
 }
 
+/// Errors end the process with one line (the error and its causes), never a backtrace, even
+/// with RUST_BACKTRACE set.
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -674,6 +676,7 @@ mod client_timeouts {
         assert_eq!(client_timeout("1ms"), Ok(std::time::Duration::from_millis(1)));
         assert!(client_timeout("0s").unwrap_err().contains("not between"));
         assert!(client_timeout("25h").is_err());
+        assert!(client_timeout("999us").is_err());
         assert!(client_timeout("soon").is_err());
     }
 }

@@ -7,9 +7,10 @@
 //! answers keep-alive pings) pins them until its connection's watch gives up on it
 //! (`serve/watch.rs`: the connection dropped, or this answer cut, after `--send-timeout`), and
 //! this body and its share go with it. The bytes reach the connection in copies of [`CHUNK`]
-//! bytes, so what the connection itself holds of a stopped reader's answer (an HTTP/2 stream
-//! queues one, `max_send_buf_size`; HTTP/1.1, hyper's write buffer) stays small and is not
-//! counted.
+//! bytes, so what the connection itself holds of a stopped reader's answer stays small and is
+//! not counted: over HTTP/2, up to three chunks a stream (one hyper holds, and h2's queue of
+//! `max_send_buf_size`, which takes a whole chunk when it has room for a byte); over HTTP/1.1,
+//! hyper's write buffer (about 400 KiB).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,8 +1,8 @@
 //! Serving the DDC's routes over HTTP/1.1 and HTTP/2 (the editor's default: prior knowledge
 //! on plain TCP, ALPN `h2` over TLS) with the limits a public cache needs and `axum::serve`
 //! does not set: a cap on open connections, in all and from one client address (so one host
-//! cannot take every slot), a deadline for each HTTP/1.1 request's headers, an idle deadline
-//! for every connection, a minimum rate for taking what it is sent, and a cut for an answer
+//! cannot take every slot), an idle deadline for every connection (which also bounds the time
+//! to send a request's headers), a minimum rate for taking what it is sent, and a cut for an answer
 //! its client takes nothing of (`watch.rs`, told by `paced.rs`), HTTP/2 keep-alive
 //! pings that drop dead peers, a cap on concurrent HTTP/2 streams, and, in `http/body.rs`, a
 //! minimum rate for request bodies. So idle, trickling or stopped sockets cannot hold the
@@ -47,9 +47,10 @@ pub struct ServeLimits {
     /// a site is usually given; 128, each address on its own). See
     /// [`tickwire_transport::ClientAddress`].
     pub ipv6_prefix: u8,
-    /// The longest a client may take to send a request's headers, counted from when the
-    /// server starts waiting for them; and how long a connection may sit with no request in
-    /// flight (from its opening or its last answer) before it is shut down gracefully.
+    /// How long a connection may sit with no request in flight and nothing left to send (from
+    /// its opening or its last answer) before it is shut down gracefully; it is dropped if still
+    /// open one more of it later. So a client has at most twice this to send a request's
+    /// headers. Also the HTTP/2 keep-alive ping interval.
     pub header_timeout: Duration,
     /// How slow a client may take an answer before its connection is dropped
     /// ([`crate::pace`]).
@@ -224,15 +225,22 @@ pub async fn serve(
         tokio::spawn(async move {
             let _held = (slot, place, counted);
             let mut http = auto::Builder::new(TokioExecutor::new());
-            http.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+            // No header deadline of hyper's own: it would start when an answer's last piece is
+            // buffered, not sent, and cut the answer's tail short on a slow link. The watch's
+            // idle rule covers a slow head (shut down after one header timeout, dropped after
+            // two), and waits for what is left to send.
+            http.http1().timer(TokioTimer::new()).header_read_timeout(None);
             http.http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(MAX_STREAMS)
-                // What a stream may queue beyond what its client has taken: one piece of an
-                // answer from memory (hyper's default is 400 KiB a stream, outside the budget).
+                // What h2 queues for a stream beyond what its client has taken: one piece (it
+                // takes a whole piece when it has room for a byte, so up to two; hyper holds a
+                // third). hyper's default is 400 KiB a stream, all outside the memory budget.
                 .max_send_buf_size(crate::http::sending::CHUNK)
                 .keep_alive_interval(Some(limits.header_timeout))
-                .keep_alive_timeout(limits.header_timeout);
+                // A ping's answer may queue behind a socket full of answers: as long as the
+                // client may take to make room.
+                .keep_alive_timeout(limits.header_timeout.max(limits.send.allowance));
             let closed = match tls {
                 None => {
                     let io = TokioIo::new(PacedIo::new(stream, watched.clone()));
@@ -266,12 +274,6 @@ pub async fn serve(
     }
 }
 
-/// Whether a connection's error is hyper's own header deadline (HTTP/1.1), which closes an
-/// idle keep-alive connection or a slow head.
-fn is_header_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout)
-}
-
 /// Runs a connection under its watch (`watch.rs`), doing what the watch says: cutting
 /// answers, shutting down gracefully, dropping the connection. Why the server closed it, if it
 /// did.
@@ -300,11 +302,9 @@ where
         };
         tokio::select! {
             ended = conn.as_mut() => {
-                // After a graceful shutdown, or at hyper's own header deadline, the connection
-                // was closed for idling: a connection that never sent a byte ends its
-                // protocol sniffing with an error ("Cancelled").
-                let idle = watched.lock(Instant::now()).was_shut_down()
-                    || ended.as_ref().is_err_and(|e| is_header_timeout(e.as_ref()));
+                // After a graceful shutdown for idling, the connection was closed for idling: one
+                // that never sent a byte ends its protocol sniffing with an error ("Cancelled").
+                let idle = watched.lock(Instant::now()).was_shut_down();
                 return match ended {
                     Err(_) if idle => Ok(Some(Close::Idle)),
                     Err(e) => Err(e),
@@ -321,6 +321,8 @@ where
                 connections.answers_cut.fetch_add(keys.len() as u64, Ordering::Relaxed);
                 tracing::debug!(answers = keys.len(), "answers untaken for the send allowance: cut");
                 watched.cut(&keys);
+                // No new request on a connection whose client leaves an answer untaken.
+                conn.as_mut().graceful_shutdown();
             }
             Some(Action::ShutDown) => {
                 tracing::debug!("no request in flight for the idle timeout: shutting down");

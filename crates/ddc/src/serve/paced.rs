@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
@@ -106,9 +106,11 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.watched.bodies).remove(&self.key);
-        let key = self.key;
-        self.watched.change(Instant::now(), |watch| watch.end(key, Instant::now()));
+        let slot = lock(&self.watched.bodies).remove(&self.key);
+        // Dropped outside the lock: it may hold the answer's body.
+        drop(slot);
+        let (key, now) = (self.key, Instant::now());
+        self.watched.change(now, |watch| watch.end(key, now));
     }
 }
 
@@ -123,10 +125,15 @@ pub(crate) struct PacedBody {
 }
 
 impl PacedBody {
+    /// `inner` as the answer of `in_flight`. It waits on the client from now until hyper first
+    /// asks for it: an answer hyper never asks for (its stream given no credit, with a hyper
+    /// that asks for credit before it asks the body) is cut like one that stopped.
     pub fn new(inner: Body, in_flight: InFlight) -> PacedBody {
         let slot = Arc::new(Mutex::new(Some(Answer { body: inner, rest: Bytes::new() })));
         lock(&in_flight.watched.bodies).insert(in_flight.key, slot.clone());
-        PacedBody { slot, handed: false, done: false, in_flight }
+        let (key, now) = (in_flight.key, Instant::now());
+        in_flight.watched.change(now, |watch| watch.handed(key, now));
+        PacedBody { slot, handed: true, done: false, in_flight }
     }
 }
 
@@ -195,7 +202,13 @@ impl Answer {
                 other => return Poll::Ready(other),
             }
         }
-        let piece = self.rest.split_to(self.rest.len().min(PIECE));
+        if self.rest.len() <= PIECE {
+            return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut self.rest)))));
+        }
+        // A copy, not a slice: a slice would keep the body's whole read buffer alive for as long
+        // as hyper holds the piece.
+        let piece = Bytes::copy_from_slice(&self.rest[..PIECE]);
+        self.rest.advance(PIECE);
         Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 }
@@ -309,7 +322,7 @@ mod tests {
         let (watched, mut body) =
             answer(vec![Bytes::from(vec![1u8; 2 * PIECE + 10]), Bytes::from_static(b"end")]);
         let t0 = Instant::now();
-        assert_eq!(watched.lock(t0).arm(), None, "in flight, waiting on nobody");
+        assert_eq!(watched.lock(t0).arm(), Some(t0 + SEND.allowance), "waiting until hyper first asks");
         let mut sizes = Vec::new();
         // The bank: 30 s, less each second waited, plus a second for each 1,000 bytes taken.
         let mut bank = SEND.allowance;

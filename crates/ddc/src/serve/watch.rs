@@ -9,12 +9,15 @@
 //!   waiting time drains; every byte the socket takes pays back ([`crate::pace`]: one bank for
 //!   the whole connection, so a slow link carrying many HTTP/2 streams is judged on what it
 //!   carries in all). An empty bank drops the connection.
-//! - **cut**: an answer whose client has taken nothing of it for the send allowance, counted
-//!   only while the socket itself takes data (an HTTP/2 client that gives that stream no
-//!   flow-control credit while others move), is cut: its body, and the memory it holds, go,
-//!   and the rest of the connection lives. Its stream stays open (hyper resets it only when
-//!   the client gives it credit again), so the connection keeps waiting on its client until
-//!   that request ends: the client must keep the connection moving with something else.
+//! - **cut**: an answer whose client takes nothing of it for the send allowance while the
+//!   socket takes data (an HTTP/2 client that gives that stream no flow-control credit while
+//!   others move), or for ten allowances whatever the socket does (so a client cannot keep an
+//!   answer uncut by keeping its socket full), is cut: its body, and the memory it holds, go,
+//!   and the connection is shut down gracefully (HTTP/2 GOAWAY: its other answers finish, no
+//!   new request starts). A cut answer's stream stays open until its client gives it credit
+//!   or resets it, so the connection keeps waiting on its client; once every request left in
+//!   flight is a cut one, it is dropped an allowance later (time for the last other answer's
+//!   tail to go out), whatever the bank holds.
 //! - **idle**: with no request in flight and nothing waiting to be sent, for the idle timeout
 //!   (from its opening or its last answer), the connection is shut down gracefully (HTTP/2
 //!   GOAWAY, HTTP/1.1 close); still open an idle timeout later, it is dropped.
@@ -41,7 +44,7 @@ pub(crate) enum Close {
 /// What the connection's task does.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Action {
-    /// Give up these answers: drop their bodies.
+    /// Give up these answers (drop their bodies) and shut down gracefully.
     Cut(Vec<u64>),
     /// Shut down gracefully.
     ShutDown,
@@ -49,12 +52,16 @@ pub(crate) enum Action {
     Drop(Close),
 }
 
+/// An answer cut after waiting this many allowances, whatever its socket did.
+const CUT_OUTRIGHT: u32 = 10;
+
 /// A request in flight.
 #[derive(Debug, Default)]
 struct Request {
     /// While its answer waits on the client: since when, and the socket's blocked time then.
     waiting: Option<(Instant, Duration)>,
-    cut: bool,
+    /// When its answer was cut.
+    cut: Option<Instant>,
 }
 
 /// One connection's requests in flight and what they wait for (see the module's comment).
@@ -66,6 +73,10 @@ pub(crate) struct Watch {
     answer_allowance: Duration,
     pace: Pace,
     requests: HashMap<u64, Request>,
+    /// How many of `requests` wait, and how many were cut (so that whether the connection
+    /// waits on its client is known without going through them).
+    waiting: usize,
+    cut: usize,
     next_key: u64,
     /// When the connection opened, its last request ended, its socket last took data with no
     /// request in flight, or it was shut down.
@@ -75,6 +86,8 @@ pub(crate) struct Watch {
     /// How long the socket refused data before that.
     blocked_before: Duration,
     shut_down: bool,
+    /// Since when every request in flight is one whose answer was cut.
+    all_cut_since: Option<Instant>,
     /// The check the connection's task sleeps until.
     armed: Option<Instant>,
 }
@@ -88,11 +101,14 @@ impl Watch {
             answer_allowance: send.allowance,
             pace: Pace::new(send),
             requests: HashMap::new(),
+            waiting: 0,
+            cut: 0,
             next_key: 0,
             idle_since: now,
             blocked_since: None,
             blocked_before: Duration::ZERO,
             shut_down: false,
+            all_cut_since: None,
             armed: None,
         }
     }
@@ -101,16 +117,21 @@ impl Watch {
     pub fn begin(&mut self) -> u64 {
         self.next_key += 1;
         self.requests.insert(self.next_key, Request::default());
+        self.all_cut_since = None;
         self.next_key
     }
 
     /// Request `key` ended at `now` (its answer's body dropped, sent or not). Whether the
     /// connection's task must wake to re-arm.
     pub fn end(&mut self, key: u64, now: Instant) -> bool {
-        self.requests.remove(&key);
+        if let Some(request) = self.requests.remove(&key) {
+            self.waiting -= usize::from(request.waiting.is_some());
+            self.cut -= usize::from(request.cut.is_some());
+        }
         if self.requests.is_empty() {
             self.idle_since = now;
         }
+        self.note_all_cut(now);
         self.settle(now);
         self.wakes()
     }
@@ -119,7 +140,10 @@ impl Watch {
     /// it. Whether the connection's task must wake.
     pub fn handed(&mut self, key: u64, now: Instant) -> bool {
         let blocked = self.blocked_at(now);
-        if let Some(request) = self.requests.get_mut(&key) {
+        if let Some(request) = self.requests.get_mut(&key)
+            && request.cut.is_none()
+        {
+            self.waiting += usize::from(request.waiting.is_none());
             request.waiting = Some((now, blocked));
         }
         self.settle(now);
@@ -131,7 +155,7 @@ impl Watch {
     /// connection's task must wake.
     pub fn asked(&mut self, key: u64, now: Instant) -> bool {
         if let Some(request) = self.requests.get_mut(&key) {
-            request.waiting = None;
+            self.waiting -= usize::from(request.waiting.take().is_some());
         }
         self.settle(now);
         self.wakes()
@@ -176,7 +200,7 @@ impl Watch {
     /// to be taken (a cut one waits for good: its stream is still open, and the client must
     /// keep the connection moving with something else).
     fn waits_on_client(&self) -> bool {
-        self.blocked_since.is_some() || self.requests.values().any(|r| r.waiting.is_some() || r.cut)
+        self.blocked_since.is_some() || self.waiting > 0 || self.cut > 0
     }
 
     /// Starts or ends the bank's wait, as the connection waits on its client or not.
@@ -195,16 +219,31 @@ impl Watch {
         }
     }
 
-    /// When request `request`'s answer has gone untaken for the allowance; `None` while the
-    /// socket refuses data (that time is the connection's, not the answer's) or it does not wait.
+    /// When request `request`'s answer is to be cut: once it has gone untaken for the allowance
+    /// while the socket took data (time the socket refused data is the connection's, not the
+    /// answer's), or for [`CUT_OUTRIGHT`] allowances in all. `None` if it does not wait.
     fn cut_at(&self, request: &Request) -> Option<Instant> {
-        if self.blocked_since.is_some() || request.cut {
-            return None;
-        }
         let (since, blocked) = request.waiting?;
-        // The socket's blocked time since the wait began is not the answer's.
+        let outright = after(since, self.answer_allowance.saturating_mul(CUT_OUTRIGHT));
+        if self.blocked_since.is_some() {
+            return Some(outright);
+        }
         let paused = self.blocked_before.saturating_sub(blocked);
-        Some(after(after(since, self.answer_allowance), paused))
+        Some(after(after(since, self.answer_allowance), paused).min(outright))
+    }
+
+    /// Notes whether every request in flight is a cut one, and since when.
+    fn note_all_cut(&mut self, now: Instant) {
+        if self.cut > 0 && self.cut == self.requests.len() {
+            self.all_cut_since.get_or_insert(now);
+        } else {
+            self.all_cut_since = None;
+        }
+    }
+
+    /// When the connection is dropped for having nothing in flight but cut answers.
+    fn all_cut_until(&self) -> Option<Instant> {
+        self.all_cut_since.map(|since| after(since, self.answer_allowance))
     }
 
     fn idle_at(&self) -> Option<Instant> {
@@ -215,7 +254,7 @@ impl Watch {
     /// When the next check is due.
     fn next(&self) -> Option<Instant> {
         let cuts = self.requests.values().filter_map(|r| self.cut_at(r));
-        cuts.chain(self.pace.deadline()).chain(self.idle_at()).min()
+        cuts.chain(self.pace.deadline()).chain(self.idle_at()).chain(self.all_cut_until()).min()
     }
 
     /// Whether a change made the next check earlier than the one armed.
@@ -235,7 +274,7 @@ impl Watch {
 
     /// What the connection's task must do at `now`, if anything.
     pub fn verdict(&mut self, now: Instant) -> Option<Action> {
-        if self.pace.is_late(now) {
+        if self.pace.is_late(now) || self.all_cut_until().is_some_and(|at| at <= now) {
             return Some(Action::Drop(Close::Slow));
         }
         let late: Vec<u64> = self
@@ -247,10 +286,11 @@ impl Watch {
         if !late.is_empty() {
             for key in &late {
                 if let Some(request) = self.requests.get_mut(key) {
-                    request.cut = true;
-                    request.waiting = None;
+                    self.waiting -= usize::from(request.waiting.take().is_some());
+                    self.cut += usize::from(request.cut.replace(now).is_none());
                 }
             }
+            self.note_all_cut(now);
             self.settle(now);
             return Some(Action::Cut(late));
         }
@@ -414,6 +454,37 @@ mod tests {
         watch.verdict(t0 + s(30));
         watch.end(stalled, t0 + s(31));
         assert_eq!(watch.arm(), Some(t0 + s(41)));
+    }
+
+    #[test]
+    fn a_socket_kept_full_does_not_keep_an_answer_uncut_and_a_cut_stream_left_open_drops_it() {
+        let t0 = Instant::now();
+        let mut watch = watch(t0);
+        let stalled = watch.begin();
+        let moving = watch.begin();
+        watch.handed(stalled, t0);
+        watch.blocked(t0);
+        // The socket stays full, taking 1,000 bytes a second of the other answer: the bank stays
+        // full, and the stalled answer's own clock is paused, but not for more than 10 allowances.
+        for second in 1..300u64 {
+            watch.unblocked(t0 + s(second));
+            watch.took(t0 + s(second), 1000);
+            watch.blocked(t0 + s(second));
+            assert_eq!(watch.verdict(t0 + s(second)), None, "at {second} s");
+        }
+        assert_eq!(watch.arm(), Some(t0 + s(300)));
+        assert_eq!(watch.verdict(t0 + s(300)), Some(Action::Cut(vec![stalled])));
+        // The cut stream stays open (no credit, no reset), the bank kept full (by pings'
+        // answers, say), after the other answer ends at 310 s.
+        watch.end(moving, t0 + s(310));
+        for second in 311..340u64 {
+            watch.unblocked(t0 + s(second));
+            watch.took(t0 + s(second), 1000);
+            watch.blocked(t0 + s(second));
+            assert_eq!(watch.verdict(t0 + s(second)), None, "at {second} s");
+        }
+        assert_eq!(watch.arm(), Some(t0 + s(340)));
+        assert_eq!(watch.verdict(t0 + s(340)), Some(Action::Drop(Close::Slow)), "an allowance after");
     }
 
     #[test]
