@@ -120,6 +120,34 @@ fn read_answer(socket: &mut TcpStream, body_len: usize, pause: Duration) -> Vec<
     }
 }
 
+/// A blob of 1 MiB stored on `s`, and an HTTP/2 connection to it whose streams get 64 KiB of
+/// flow-control credit each and `connection_window` in all, taken only as the client reads:
+/// the connection's sender, its driver's task, the blob's path and the blob.
+async fn h2_with_blob(
+    s: &Arc<common::Server>,
+    connection_window: u32,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+    String,
+    Vec<u8>,
+) {
+    let (path, blob) = tokio::task::spawn_blocking({
+        let s = s.clone();
+        move || put_blob(&s, 1 << 20)
+    })
+    .await
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(connection_window)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    (sender, tokio::spawn(conn), path, blob)
+}
+
 fn get_request(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer reader\r\n\r\n")
 }
@@ -179,20 +207,7 @@ fn a_reader_that_stops_is_dropped_and_a_slow_one_above_the_rate_is_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_reader_that_gives_no_flow_control_credit_is_dropped() {
     let s = Arc::new(server(1024));
-    let (path, _) = tokio::task::spawn_blocking({
-        let s = s.clone();
-        move || put_blob(&s, 1 << 20)
-    })
-    .await
-    .unwrap();
-    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let driver = tokio::spawn(conn);
+    let (mut sender, driver, path, _) = h2_with_blob(&s, 65_535).await;
     let request = Request::get(url(&s, &path))
         .header("authorization", "Bearer reader")
         .body(Full::<Bytes>::default())
@@ -271,20 +286,7 @@ fn a_reader_near_the_rate_is_served_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_given_no_credit_is_cut_and_the_others_go_on() {
     let s = Arc::new(server_with(1024, Duration::from_secs(3)));
-    let (path, blob) = tokio::task::spawn_blocking({
-        let s = s.clone();
-        move || put_blob(&s, 1 << 20)
-    })
-    .await
-    .unwrap();
-    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(16 << 20)
-        .handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let driver = tokio::spawn(conn);
+    let (mut sender, driver, path, blob) = h2_with_blob(&s, 16 << 20).await;
     let get = || {
         Request::get(url(&s, &path))
             .header("authorization", "Bearer reader")

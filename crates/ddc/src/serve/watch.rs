@@ -327,6 +327,23 @@ mod tests {
         Watch::new(t0, IDLE, SEND)
     }
 
+    /// Two requests in flight from `t0`: one whose answer waits on its client from `t0`, and
+    /// one whose answer has not started.
+    fn stalled_and_moving(t0: Instant) -> (Watch, u64, u64) {
+        let mut watch = watch(t0);
+        let stalled = watch.begin();
+        let moving = watch.begin();
+        watch.handed(stalled, t0);
+        (watch, stalled, moving)
+    }
+
+    /// A socket full but for the instant `at`, when it takes `bytes`.
+    fn socket_takes(watch: &mut Watch, at: Instant, bytes: u64) {
+        watch.unblocked(at);
+        watch.took(at, bytes);
+        watch.blocked(at);
+    }
+
     #[test]
     fn an_idle_connection_is_shut_down_then_dropped() {
         let t0 = Instant::now();
@@ -403,12 +420,9 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_untaken_while_the_socket_moves_is_cut_alone_then_the_connection_if_all_are() {
+    fn an_answer_untaken_while_the_socket_moves_is_cut_alone() {
         let t0 = Instant::now();
-        let mut watch = watch(t0);
-        let stalled = watch.begin();
-        let moving = watch.begin();
-        watch.handed(stalled, t0);
+        let (mut watch, stalled, moving) = stalled_and_moving(t0);
         // The socket refuses data from 10 s to 20 s: those 10 s are not the answer's.
         watch.blocked(t0 + s(10));
         assert_eq!(watch.verdict(t0 + s(19)), None);
@@ -433,10 +447,7 @@ mod tests {
     #[test]
     fn a_cut_answer_keeps_its_connection_waiting_until_its_request_ends() {
         let t0 = Instant::now();
-        let mut watch = watch(t0);
-        let stalled = watch.begin();
-        let moving = watch.begin();
-        watch.handed(stalled, t0);
+        let (mut watch, stalled, moving) = stalled_and_moving(t0);
         watch.took(t0 + s(20), 20_000);
         assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
         // The other answer ends: what is left of it on its way out pays back as it goes.
@@ -459,17 +470,12 @@ mod tests {
     #[test]
     fn a_socket_kept_full_does_not_keep_an_answer_uncut_and_a_cut_stream_left_open_drops_it() {
         let t0 = Instant::now();
-        let mut watch = watch(t0);
-        let stalled = watch.begin();
-        let moving = watch.begin();
-        watch.handed(stalled, t0);
+        let (mut watch, stalled, moving) = stalled_and_moving(t0);
         watch.blocked(t0);
         // The socket stays full, taking 1,000 bytes a second of the other answer: the bank stays
         // full, and the stalled answer's own clock is paused, but not for more than 10 allowances.
         for second in 1..300u64 {
-            watch.unblocked(t0 + s(second));
-            watch.took(t0 + s(second), 1000);
-            watch.blocked(t0 + s(second));
+            socket_takes(&mut watch, t0 + s(second), 1000);
             assert_eq!(watch.verdict(t0 + s(second)), None, "at {second} s");
         }
         assert_eq!(watch.arm(), Some(t0 + s(300)));
@@ -478,9 +484,7 @@ mod tests {
         // answers, say), after the other answer ends at 310 s.
         watch.end(moving, t0 + s(310));
         for second in 311..340u64 {
-            watch.unblocked(t0 + s(second));
-            watch.took(t0 + s(second), 1000);
-            watch.blocked(t0 + s(second));
+            socket_takes(&mut watch, t0 + s(second), 1000);
             assert_eq!(watch.verdict(t0 + s(second)), None, "at {second} s");
         }
         assert_eq!(watch.arm(), Some(t0 + s(340)));
