@@ -14,10 +14,12 @@
 //!   others move), or for ten allowances whatever the socket does (so a client cannot keep an
 //!   answer uncut by keeping its socket full), is cut: its body, and the memory it holds, go,
 //!   and the connection is shut down gracefully (HTTP/2 GOAWAY: its other answers finish, no
-//!   new request starts). A cut answer's stream stays open until its client gives it credit
-//!   or resets it, so the connection keeps waiting on its client; once every request left in
-//!   flight is a cut one, it is dropped an allowance later (time for the last other answer's
-//!   tail to go out), whatever the bank holds.
+//!   new request starts, once the client acknowledges the GOAWAY). A cut answer's stream stays
+//!   open until its client gives it credit or resets it, so the connection keeps waiting on its
+//!   client; once every request left in flight is a cut one, it is dropped an allowance later
+//!   (time for the last other answer's tail to go out), and in any case when a cut answer's
+//!   stream is still open ten allowances after its cut (a client that never acknowledges the
+//!   GOAWAY can keep starting requests), whatever the bank holds.
 //! - **idle**: with no request in flight and nothing waiting to be sent, for the idle timeout
 //!   (from its opening or its last answer), the connection is shut down gracefully (HTTP/2
 //!   GOAWAY, HTTP/1.1 close); still open an idle timeout later, it is dropped.
@@ -52,7 +54,9 @@ pub(crate) enum Action {
     Drop(Close),
 }
 
-/// An answer cut after waiting this many allowances, whatever its socket did.
+/// An answer cut after waiting this many allowances, whatever its socket did; and a
+/// connection dropped whose cut answer's stream is still open this many allowances after the
+/// cut.
 const CUT_OUTRIGHT: u32 = 10;
 
 /// A request in flight.
@@ -241,9 +245,13 @@ impl Watch {
         }
     }
 
-    /// When the connection is dropped for having nothing in flight but cut answers.
-    fn all_cut_until(&self) -> Option<Instant> {
-        self.all_cut_since.map(|since| after(since, self.answer_allowance))
+    /// When the connection is dropped for having nothing in flight but cut answers, or for a
+    /// cut answer's stream left open too long.
+    fn drop_cut_at(&self) -> Option<Instant> {
+        let left_open = self.requests.values().filter_map(|r| r.cut).min();
+        let left_open = left_open.map(|cut| after(cut, self.answer_allowance.saturating_mul(CUT_OUTRIGHT)));
+        let all_cut = self.all_cut_since.map(|since| after(since, self.answer_allowance));
+        all_cut.into_iter().chain(left_open).min()
     }
 
     fn idle_at(&self) -> Option<Instant> {
@@ -254,7 +262,7 @@ impl Watch {
     /// When the next check is due.
     fn next(&self) -> Option<Instant> {
         let cuts = self.requests.values().filter_map(|r| self.cut_at(r));
-        cuts.chain(self.pace.deadline()).chain(self.idle_at()).chain(self.all_cut_until()).min()
+        cuts.chain(self.pace.deadline()).chain(self.idle_at()).chain(self.drop_cut_at()).min()
     }
 
     /// Whether a change made the next check earlier than the one armed.
@@ -274,7 +282,7 @@ impl Watch {
 
     /// What the connection's task must do at `now`, if anything.
     pub fn verdict(&mut self, now: Instant) -> Option<Action> {
-        if self.pace.is_late(now) || self.all_cut_until().is_some_and(|at| at <= now) {
+        if self.pace.is_late(now) || self.drop_cut_at().is_some_and(|at| at <= now) {
             return Some(Action::Drop(Close::Slow));
         }
         let late: Vec<u64> = self
@@ -489,6 +497,24 @@ mod tests {
         }
         assert_eq!(watch.arm(), Some(t0 + s(340)));
         assert_eq!(watch.verdict(t0 + s(340)), Some(Action::Drop(Close::Slow)), "an allowance after");
+    }
+
+    #[test]
+    fn a_cut_stream_left_open_drops_the_connection_though_requests_keep_coming() {
+        let t0 = Instant::now();
+        let (mut watch, stalled, _moving) = stalled_and_moving(t0);
+        watch.took(t0 + s(20), 20_000);
+        assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
+        // A client that ignores the GOAWAY starts and ends a request every 20 s, and keeps
+        // the bank full.
+        for second in (31..330u64).step_by(20) {
+            let key = watch.begin();
+            watch.took(t0 + s(second), 30_000);
+            watch.end(key, t0 + s(second + 1));
+            assert_eq!(watch.verdict(t0 + s(second + 1)), None, "at {second} s");
+        }
+        assert_eq!(watch.arm(), Some(t0 + s(330)), "ten allowances after the cut");
+        assert_eq!(watch.verdict(t0 + s(330)), Some(Action::Drop(Close::Slow)));
     }
 
     #[test]
