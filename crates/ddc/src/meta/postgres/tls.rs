@@ -14,7 +14,9 @@
 //! | `verify-full` | always | that, and naming the host connected to |
 //!
 //! `sslrootcert` is a PEM file of trusted roots, or `system` for the machine's, which (as in
-//! libpq 16) makes `verify-full` the default and refuses weaker modes. As in libpq, Unix
+//! libpq 16) makes `verify-full` the default and refuses weaker modes. As in libpq, an option the
+//! string does not set comes from `PGSSLMODE` or `PGSSLROOTCERT` if set (so a deployment that
+//! sets them is not silently weaker); `~/.postgresql/root.crt` is not read. As in libpq, Unix
 //! sockets never use TLS, and with `hostaddr` alone the address is the name checked. libpq's
 //! `allow` and client certificates (`sslcert`, `sslkey`) are refused, saying so, rather than
 //! half done. Without `sslrootcert`, `prefer` and `require` encrypt but do not authenticate the
@@ -39,6 +41,9 @@ use crate::meta::MetaError;
 
 /// The options this module reads; the rest of the string goes to `tokio-postgres`.
 const TAKEN: [&str; 2] = ["sslmode", "sslrootcert"];
+/// libpq's environment variables for the options in [`TAKEN`], read (as libpq reads them) for an
+/// option the connection string does not set.
+const ENV: [(&str, &str); 2] = [("sslmode", "PGSSLMODE"), ("sslrootcert", "PGSSLROOTCERT")];
 /// libpq's options for client certificates, which are not supported.
 const CLIENT_CERT: [&str; 3] = ["sslcert", "sslkey", "sslpassword"];
 
@@ -247,13 +252,35 @@ impl Connect {
     }
 }
 
-/// Reads `conn` (a libpq URL or `key=value` string, see the module's doc).
+/// Reads `conn` (a libpq URL or `key=value` string, see the module's doc), with `PGSSLMODE` and
+/// `PGSSLROOTCERT` from the environment for the options it does not set.
 pub fn connect(conn: &str) -> Result<Connect, MetaError> {
-    let Split { rest, taken } = split(conn)?;
+    connect_with_env(conn, |name| std::env::var(name).ok())
+}
+
+/// [`connect`], with `env` for the environment.
+fn connect_with_env(conn: &str, env: impl Fn(&str) -> Option<String>) -> Result<Connect, MetaError> {
+    let Split { rest, mut taken } = split(conn)?;
+    // Where each option came from, for errors: the string, or a variable.
+    let mut from_env = Vec::new();
+    for (option, variable) in ENV {
+        if !taken.iter().any(|(k, _)| k == option)
+            && let Some(value) = env(variable).filter(|v| !v.is_empty())
+        {
+            taken.push((option.to_owned(), value));
+            from_env.push((option, variable));
+        }
+    }
+    let named = |error: MetaError, option: &str| match (error, from_env.iter().find(|(o, _)| *o == option)) {
+        (MetaError::Config(why), Some((_, variable))) => {
+            MetaError::Config(format!("{variable} (from the environment): {why}"))
+        }
+        (error, _) => error,
+    };
     let option = |name: &str| taken.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     let system = option("sslrootcert") == Some("system");
     let mode = match option("sslmode") {
-        Some(mode) => mode.parse()?,
+        Some(mode) => mode.parse().map_err(|e| named(e, "sslmode"))?,
         // As libpq: with the machine's roots, the default is the one check they make safe.
         None if system => Mode::VerifyFull,
         None => Mode::Prefer,
@@ -295,8 +322,8 @@ pub fn connect(conn: &str) -> Result<Connect, MetaError> {
     }
     let roots = match option("sslrootcert") {
         None => None,
-        Some("system") => Some(system_roots()?),
-        Some(path) => Some(file_roots(Path::new(path))?),
+        Some("system") => Some(system_roots().map_err(|e| named(e, "sslrootcert"))?),
+        Some(path) => Some(file_roots(Path::new(path)).map_err(|e| named(e, "sslrootcert"))?),
     };
     if roots.is_none() && matches!(mode, Mode::VerifyCa | Mode::VerifyFull) {
         return Err(MetaError::Config(
@@ -433,6 +460,43 @@ mod tests {
             assert!(super::split(bad).is_err(), "{bad:?}");
         }
         assert_eq!(super::split("  ").unwrap().rest, "");
+    }
+
+    /// [`super::connect`] with an empty environment: the tests do not depend on the machine's.
+    fn connect(conn: &str) -> Result<Connect, MetaError> {
+        connect_with_env(conn, |_| None)
+    }
+
+    #[test]
+    fn pgsslmode_and_pgsslrootcert_fill_in_what_the_string_does_not_set() {
+        let dir = tempfile::tempdir().unwrap();
+        certificates(dir.path());
+        let ca = dir.path().join("ca.pem").to_str().unwrap().to_owned();
+        let env = |mode: &'static str, root: Option<String>| {
+            move |name: &str| match name {
+                "PGSSLMODE" => Some(mode.to_owned()),
+                "PGSSLROOTCERT" => root.clone(),
+                _ => None,
+            }
+        };
+        let strict = connect_with_env("host=h", env("verify-full", Some(ca.clone()))).unwrap();
+        assert_eq!((strict.mode, strict.checked), (Mode::VerifyFull, true));
+        // The string wins over the environment, option by option.
+        let stated =
+            connect_with_env("host=h sslmode=require", env("verify-full", Some(ca.clone()))).unwrap();
+        assert_eq!((stated.mode, stated.checked), (Mode::Require, true));
+        let url = connect_with_env("postgres://h/d?sslmode=disable", env("verify-full", None)).unwrap();
+        assert_eq!(url.mode, Mode::Disable);
+        // An empty variable is unset, as in libpq.
+        assert_eq!(connect_with_env("host=h", env("", None)).unwrap().mode, Mode::Prefer);
+        // Errors name the variable.
+        let e = connect_with_env("host=h", env("sometimes", None)).unwrap_err().to_string();
+        assert!(e.contains("PGSSLMODE (from the environment): sslmode=\"sometimes\""), "{e}");
+        let e = connect_with_env("host=h", env("verify-full", None)).unwrap_err().to_string();
+        assert!(e.contains("need sslrootcert"), "{e}");
+        let e =
+            connect_with_env("host=h", env("require", Some("/no/such.pem".into()))).unwrap_err().to_string();
+        assert!(e.contains("PGSSLROOTCERT (from the environment): sslrootcert: reading /no/such.pem"), "{e}");
     }
 
     #[test]
