@@ -345,6 +345,15 @@ mod tests {
         (watch, stalled, moving)
     }
 
+    /// [`stalled_and_moving`], with the bank paid back at 20 s and the stalled answer cut at
+    /// 30 s: the watch and the other request.
+    fn cut_at_30_s(t0: Instant) -> (Watch, u64) {
+        let (mut watch, stalled, moving) = stalled_and_moving(t0);
+        watch.took(t0 + s(20), 20_000);
+        assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
+        (watch, moving)
+    }
+
     /// A socket full but for the instant `at`, when it takes `bytes`.
     fn socket_takes(watch: &mut Watch, at: Instant, bytes: u64) {
         watch.unblocked(at);
@@ -455,9 +464,7 @@ mod tests {
     #[test]
     fn a_cut_answer_keeps_its_connection_waiting_until_its_request_ends() {
         let t0 = Instant::now();
-        let (mut watch, stalled, moving) = stalled_and_moving(t0);
-        watch.took(t0 + s(20), 20_000);
-        assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
+        let (mut watch, moving) = cut_at_30_s(t0);
         // The other answer ends: what is left of it on its way out pays back as it goes.
         watch.end(moving, t0 + s(31));
         watch.took(t0 + s(32), 5000);
@@ -502,9 +509,7 @@ mod tests {
     #[test]
     fn a_cut_stream_left_open_drops_the_connection_though_requests_keep_coming() {
         let t0 = Instant::now();
-        let (mut watch, stalled, _moving) = stalled_and_moving(t0);
-        watch.took(t0 + s(20), 20_000);
-        assert_eq!(watch.verdict(t0 + s(30)), Some(Action::Cut(vec![stalled])));
+        let (mut watch, _moving) = cut_at_30_s(t0);
         // A client that ignores the GOAWAY starts and ends a request every 20 s, and keeps
         // the bank full.
         for second in (31..330u64).step_by(20) {
