@@ -6,6 +6,7 @@
 //! keep their share while they are sent: `sending.rs`.
 
 use axum::body::Body;
+use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::time::Instant;
 use tokio_util::io::StreamReader;
@@ -37,29 +38,21 @@ pub fn body_reader(body: Body, rate: MinRate) -> impl tokio::io::AsyncRead + Unp
 
 /// The next chunk of `chunks` (`Ok(None)` at the end), or [`ApiError::BodyTooSlow`] if the
 /// client ran out of its allowance first.
-async fn next_chunk<S, T>(chunks: &mut S, pace: &mut Pace) -> Result<Option<T>, ApiError>
+async fn next_chunk<S, E>(chunks: &mut S, pace: &mut Pace) -> Result<Option<Result<Bytes, E>>, ApiError>
 where
-    S: futures_util::Stream<Item = T> + Unpin,
-    T: ChunkLen,
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
 {
     let until = pace.wait(Instant::now());
     match tokio::time::timeout_at(until, chunks.next()).await {
         Err(_) => Err(ApiError::BodyTooSlow(pace.rate())),
         Ok(next) => {
-            pace.moved(Instant::now(), next.as_ref().map_or(0, ChunkLen::len));
+            let len = match &next {
+                Some(Ok(chunk)) => chunk.len() as u64,
+                _ => 0,
+            };
+            pace.moved(Instant::now(), len);
             Ok(next)
         }
-    }
-}
-
-/// The bytes a body's item carries (none for an error).
-trait ChunkLen {
-    fn len(&self) -> u64;
-}
-
-impl<E> ChunkLen for Result<bytes::Bytes, E> {
-    fn len(&self) -> u64 {
-        self.as_ref().map_or(0, |chunk| chunk.len() as u64)
     }
 }
 

@@ -314,7 +314,8 @@ where
             () = watched.wake.notified() => continue,
             () = due => {}
         }
-        let verdict = watched.lock(Instant::now()).verdict(Instant::now());
+        let now = Instant::now();
+        let verdict = watched.lock(now).verdict(now);
         match verdict {
             None => {}
             Some(Action::Cut(keys)) => {

@@ -165,8 +165,9 @@ impl HttpBody for PacedBody {
         if asked || handing {
             let (key, now) = (this.in_flight.key, Instant::now());
             this.in_flight.watched.change(now, |watch| {
-                let wakes = if asked { watch.asked(key, now) } else { false };
-                if handing { watch.handed(key, now) } else { wakes }
+                let after_asked = asked && watch.asked(key, now);
+                let after_handing = handing && watch.handed(key, now);
+                after_asked || after_handing
             });
         }
         polled

@@ -72,9 +72,7 @@ struct Request {
 #[derive(Debug)]
 pub(crate) struct Watch {
     idle_timeout: Duration,
-    /// How long an answer may go untaken (its stream's own allowance; the rate is the
-    /// connection's).
-    answer_allowance: Duration,
+    /// The connection's bank; its allowance is also how long an answer may go untaken.
     pace: Pace,
     requests: HashMap<u64, Request>,
     /// How many of `requests` wait, and how many were cut (so that whether the connection
@@ -102,7 +100,6 @@ impl Watch {
     pub fn new(now: Instant, idle_timeout: Duration, send: MinRate) -> Watch {
         Watch {
             idle_timeout,
-            answer_allowance: send.allowance,
             pace: Pace::new(send),
             requests: HashMap::new(),
             waiting: 0,
@@ -194,6 +191,11 @@ impl Watch {
         }
     }
 
+    /// How long an answer may go untaken: the send allowance.
+    fn answer_allowance(&self) -> Duration {
+        self.pace.rate().allowance
+    }
+
     /// How long the socket has refused data, in all, by `now`.
     fn blocked_at(&self, now: Instant) -> Duration {
         self.blocked_before
@@ -228,12 +230,12 @@ impl Watch {
     /// answer's), or for [`CUT_OUTRIGHT`] allowances in all. `None` if it does not wait.
     fn cut_at(&self, request: &Request) -> Option<Instant> {
         let (since, blocked) = request.waiting?;
-        let outright = after(since, self.answer_allowance.saturating_mul(CUT_OUTRIGHT));
+        let outright = after(since, self.answer_allowance().saturating_mul(CUT_OUTRIGHT));
         if self.blocked_since.is_some() {
             return Some(outright);
         }
         let paused = self.blocked_before.saturating_sub(blocked);
-        Some(after(after(since, self.answer_allowance), paused).min(outright))
+        Some(after(after(since, self.answer_allowance()), paused).min(outright))
     }
 
     /// Notes whether every request in flight is a cut one, and since when.
@@ -249,8 +251,8 @@ impl Watch {
     /// cut answer's stream left open too long.
     fn drop_cut_at(&self) -> Option<Instant> {
         let left_open = self.requests.values().filter_map(|r| r.cut).min();
-        let left_open = left_open.map(|cut| after(cut, self.answer_allowance.saturating_mul(CUT_OUTRIGHT)));
-        let all_cut = self.all_cut_since.map(|since| after(since, self.answer_allowance));
+        let left_open = left_open.map(|cut| after(cut, self.answer_allowance().saturating_mul(CUT_OUTRIGHT)));
+        let all_cut = self.all_cut_since.map(|since| after(since, self.answer_allowance()));
         all_cut.into_iter().chain(left_open).min()
     }
 
