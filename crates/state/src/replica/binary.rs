@@ -1,5 +1,9 @@
 //! The binary update decoder: the format of `docs/protocol.md`, "State deltas".
 
+use std::cell::{Cell, RefCell};
+
+use hashbrown::HashSet;
+
 use bytes::Bytes;
 
 use super::{Header, RMap, RNode, default_node};
@@ -24,13 +28,15 @@ pub(super) fn header(update: &[u8]) -> Result<(Header, Reader<'_>), DecodeError>
     Ok((Header { snapshot, from, to }, r))
 }
 
-/// Applies the patches that follow the header, up to the end of the update.
-pub(super) fn apply(schema: &Schema, root: &mut RNode, r: &mut Reader<'_>) -> Result<(), DecodeError> {
-    let d = Decoder { schema };
+/// Applies the patches that follow the header, up to the end of the update. Returns the
+/// entries of outermost maps it wrote ([`super::Replica::entries_applied`]).
+pub(super) fn apply(schema: &Schema, root: &mut RNode, r: &mut Reader<'_>) -> Result<u64, DecodeError> {
+    let d =
+        Decoder { schema, entries: Cell::new(0), in_entry: Cell::new(0), seen: RefCell::new(HashSet::new()) };
     while !r.buf.is_empty() {
-        d.patch(ROOT, root, r)?;
+        d.patch(ROOT, root, 0, r)?;
     }
-    Ok(())
+    Ok(d.entries.get())
 }
 
 pub(super) struct Reader<'a> {
@@ -69,19 +75,51 @@ impl Reader<'_> {
 
 struct Decoder<'s> {
     schema: &'s Schema,
+    /// Entries of outermost maps counted so far.
+    entries: Cell<u64>,
+    /// How many map entries the decoder is inside: a map in one is not outermost.
+    in_entry: Cell<u32>,
+    /// The entries counted so far, by the path to their map ([`step`]) and key.
+    seen: RefCell<HashSet<(u64, Key)>>,
+}
+
+/// The path to a node one step below the node at `at`: struct field `i` (`step(at, 2 * i)`)
+/// or list item `i` (`step(at, 2 * i + 1)`). Names a map whether the update patches it or
+/// writes it whole, so each entry counts once however the update reaches it.
+fn step(at: u64, i: u64) -> u64 {
+    // SplitMix64's finalizer over the parent's path and the step.
+    let mut z = at.rotate_left(5) ^ i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Decoder<'_> {
-    fn patch(&self, ty: TypeId, node: &mut RNode, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    /// Runs `f` inside a map entry.
+    fn inside<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.in_entry.set(self.in_entry.get() + 1);
+        let out = f();
+        self.in_entry.set(self.in_entry.get() - 1);
+        out
+    }
+
+    /// Patches `node`, of type `ty`, at path `at`.
+    fn patch(&self, ty: TypeId, node: &mut RNode, at: u64, r: &mut Reader<'_>) -> Result<(), DecodeError> {
         match (&self.schema.node(ty).kind, node) {
-            (Kind::Struct(_), RNode::Struct(fields)) => self.struct_patch(ty, fields, r),
-            (Kind::List(item), RNode::List(items)) => self.list_patch(*item, items, r),
-            (Kind::Map { key, value }, RNode::Map(map)) => self.map_patch(*key, *value, map, r),
+            (Kind::Struct(_), RNode::Struct(fields)) => self.struct_patch(ty, fields, at, r),
+            (Kind::List(item), RNode::List(items)) => self.list_patch(*item, items, at, r),
+            (Kind::Map { key, value }, RNode::Map(map)) => self.map_patch(*key, *value, map, at, r),
             _ => Err(DecodeError::BadOp { op: u64::from(FIELD_PATCH as u8), what: "a scalar" }),
         }
     }
 
-    fn struct_patch(&self, ty: TypeId, fields: &mut [RNode], r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    fn struct_patch(
+        &self,
+        ty: TypeId,
+        fields: &mut [RNode],
+        at: u64,
+        r: &mut Reader<'_>,
+    ) -> Result<(), DecodeError> {
         let decl = self.schema.fields(ty);
         loop {
             let tag = r.varint("struct patch")?;
@@ -91,9 +129,10 @@ impl Decoder<'_> {
             let (index, op) = ((tag - 1) >> 2, (tag - 1) & 3);
             let field = decl.get(index as usize).ok_or(DecodeError::NoField(index))?;
             let slot = &mut fields[index as usize];
+            let at = step(at, 2 * index);
             match op {
-                FIELD_SET => *slot = self.value(field.ty, r)?,
-                FIELD_PATCH => self.patch(field.ty, slot, r)?,
+                FIELD_SET => *slot = self.value(field.ty, at, r)?,
+                FIELD_PATCH => self.patch(field.ty, slot, at, r)?,
                 FIELD_CLEAR => *slot = default_node(self.schema, field.ty),
                 _ => return Err(DecodeError::BadOp { op, what: "a struct field" }),
             }
@@ -104,6 +143,7 @@ impl Decoder<'_> {
         &self,
         item: TypeId,
         items: &mut Vec<RNode>,
+        at: u64,
         r: &mut Reader<'_>,
     ) -> Result<(), DecodeError> {
         let header = r.varint("list patch")?;
@@ -123,9 +163,10 @@ impl Decoder<'_> {
             let (index, op) = ((tag - 1) >> 1, (tag - 1) & 1);
             let len = items.len();
             let slot = items.get_mut(index as usize).ok_or(DecodeError::BadIndex { index, len })?;
+            let at = step(at, 2 * index + 1);
             match op {
-                ITEM_SET => *slot = self.value(item, r)?,
-                ITEM_PATCH => self.patch(item, slot, r)?,
+                ITEM_SET => *slot = self.value(item, at, r)?,
+                ITEM_PATCH => self.patch(item, slot, at, r)?,
                 _ => unreachable!("op is one bit"),
             }
         }
@@ -136,6 +177,7 @@ impl Decoder<'_> {
         kind: KeyKind,
         value: TypeId,
         map: &mut RMap,
+        at: u64,
         r: &mut Reader<'_>,
     ) -> Result<(), DecodeError> {
         loop {
@@ -145,31 +187,42 @@ impl Decoder<'_> {
             }
             let (id, op) = ((tag - 1) >> 2, (tag - 1) & 3);
             let id = u32::try_from(id).map_err(|_| DecodeError::UnknownId(id))?;
-            match op {
+            let known = || map.ids.get(&id).cloned().ok_or(DecodeError::UnknownId(u64::from(id)));
+            // Below an entry, paths no longer matter: nothing there is counted.
+            let key = match op {
                 ENTRY_INSERT => {
                     let key = self.key(kind, r)?;
-                    let node = self.value(value, r)?;
+                    let node = self.inside(|| self.value(value, 0, r))?;
                     if map.ids.contains_key(&id) || map.entries.contains_key(&key) {
                         return Err(DecodeError::DuplicateEntry(u64::from(id)));
                     }
                     map.ids.insert(id, key.clone());
-                    map.entries.insert(key, node);
+                    map.entries.insert(key.clone(), node);
+                    key
                 }
                 ENTRY_PATCH => {
-                    let key = map.ids.get(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?;
-                    let node = map.entries.get_mut(key).expect("ids and entries agree");
-                    self.patch(value, node, r)?;
+                    let key = known()?;
+                    let node = map.entries.get_mut(&key).expect("ids and entries agree");
+                    self.inside(|| self.patch(value, node, 0, r))?;
+                    key
                 }
                 ENTRY_REMOVE => {
                     let key = map.ids.remove(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?;
                     map.entries.remove(&key);
+                    key
                 }
                 ENTRY_SET => {
-                    let key = map.ids.get(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?.clone();
-                    let node = self.value(value, r)?;
-                    map.entries.insert(key, node);
+                    let key = known()?;
+                    let node = self.inside(|| self.value(value, 0, r))?;
+                    map.entries.insert(key.clone(), node);
+                    key
                 }
                 _ => unreachable!("op is two bits"),
+            };
+            // Each entry once per update: one removed and inserted again (its key given a new
+            // id), or written in two segments, is one entry, as in JSON.
+            if self.in_entry.get() == 0 && self.seen.borrow_mut().insert((at, key)) {
+                self.entries.set(self.entries.get() + 1);
             }
         }
     }
@@ -185,7 +238,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn value(&self, ty: TypeId, r: &mut Reader<'_>) -> Result<RNode, DecodeError> {
+    fn value(&self, ty: TypeId, at: u64, r: &mut Reader<'_>) -> Result<RNode, DecodeError> {
         Ok(match &self.schema.node(ty).kind {
             Kind::Int => RNode::Int(unzigzag(r.varint("int")?)),
             Kind::Float(q) => RNode::Float(float(*q, r)?),
@@ -207,20 +260,20 @@ impl Decoder<'_> {
             Kind::Struct(_) => {
                 let mut node = default_node(self.schema, ty);
                 let RNode::Struct(fields) = &mut node else { unreachable!("default of a struct") };
-                self.struct_patch(ty, fields, r)?;
+                self.struct_patch(ty, fields, at, r)?;
                 node
             }
             Kind::List(item) => {
                 let n = r.count("list")?;
                 let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(self.value(*item, r)?);
+                for i in 0..n as u64 {
+                    items.push(self.value(*item, step(at, 2 * i + 1), r)?);
                 }
                 RNode::List(items)
             }
             Kind::Map { key, value } => {
                 let mut map = RMap::default();
-                self.map_patch(*key, *value, &mut map, r)?;
+                self.map_patch(*key, *value, &mut map, at, r)?;
                 RNode::Map(map)
             }
         })

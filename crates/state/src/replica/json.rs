@@ -1,5 +1,6 @@
 //! The JSON update reader: a header line, then one `{"op","path","value"}` object per line.
 
+use hashbrown::HashSet;
 use serde::Deserialize;
 
 use super::{Header, RNode, default_node, from_value};
@@ -30,19 +31,86 @@ pub(super) fn header(update: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
     Ok((Header { snapshot, from: h.from, to: h.to }, &update[end + 1..]))
 }
 
-pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8]) -> Result<(), DecodeError> {
+/// Applies the ops that follow the header. Returns the entries of outermost maps they wrote
+/// ([`super::Replica::entries_applied`]): the entry each op's path ends at or goes through
+/// (each once, however many of its fields the update writes), and the entries of maps an op
+/// sets whole.
+pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8]) -> Result<u64, DecodeError> {
+    let mut entries = 0;
+    let mut seen: HashSet<Vec<String>> = HashSet::new();
     for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let op: JsonOp = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
-        apply_op(schema, root, &op)?;
+        let segs = segments(&op.path).map_err(bad)?;
+        apply_op(schema, root, &op, &segs)?;
+        match outer_entry_len(schema, &segs) {
+            Some(len) if !seen.contains(&segs[..len]) => {
+                entries += 1;
+                seen.insert(segs[..len].to_vec());
+            }
+            Some(_) => {}
+            None if op.op == "set" => {
+                let (node, ty) = walk(schema, root, ROOT, &segs)?;
+                entries += outer_entries(schema, node, ty, &mut segs.clone(), &mut seen);
+            }
+            None => {}
+        }
     }
-    Ok(())
+    Ok(entries)
 }
 
-fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp) -> Result<(), DecodeError> {
-    let segs = segments(&op.path).map_err(bad)?;
+/// The length of the path to the first map entry `segs` goes through or ends at, if any.
+fn outer_entry_len(schema: &Schema, segs: &[String]) -> Option<usize> {
+    let mut ty = ROOT;
+    for (i, seg) in segs.iter().enumerate() {
+        ty = match &schema.node(ty).kind {
+            Kind::Map { .. } => return Some(i + 1),
+            Kind::Struct(decl) => decl.iter().find(|f| &*f.name == seg)?.ty,
+            Kind::List(item) => *item,
+            _ => return None,
+        };
+    }
+    None
+}
+
+/// The entries of the outermost maps in `node` (of type `ty`, at `path`) not in `seen`, which
+/// gets their paths.
+fn outer_entries(
+    schema: &Schema,
+    node: &RNode,
+    ty: TypeId,
+    path: &mut Vec<String>,
+    seen: &mut HashSet<Vec<String>>,
+) -> u64 {
+    let mut below = |node: &RNode, ty: TypeId, step: String, seen: &mut HashSet<Vec<String>>| {
+        path.push(step);
+        let n = outer_entries(schema, node, ty, path, seen);
+        path.pop();
+        n
+    };
+    match (node, &schema.node(ty).kind) {
+        (RNode::Map(map), Kind::Map { .. }) => map
+            .entries
+            .keys()
+            .filter(|key| {
+                let mut entry = path.clone();
+                entry.push(key.to_string());
+                seen.insert(entry)
+            })
+            .count() as u64,
+        (RNode::Struct(nodes), Kind::Struct(decl)) => {
+            nodes.iter().zip(decl).map(|(node, f)| below(node, f.ty, f.name.to_string(), seen)).sum()
+        }
+        (RNode::List(nodes), Kind::List(item)) => {
+            nodes.iter().enumerate().map(|(i, node)| below(node, *item, i.to_string(), seen)).sum()
+        }
+        _ => 0,
+    }
+}
+
+fn apply_op(schema: &Schema, root: &mut RNode, op: &JsonOp, segs: &[String]) -> Result<(), DecodeError> {
     let value = || op.value.map(|v| v.get()).ok_or_else(|| bad(format!("{} needs a value", op.op)));
     if op.op == "len" {
-        let (node, ty) = walk(schema, root, ROOT, &segs)?;
+        let (node, ty) = walk(schema, root, ROOT, segs)?;
         let (RNode::List(items), Kind::List(item)) = (node, &schema.node(ty).kind) else {
             return Err(bad("len applies to lists"));
         };

@@ -46,17 +46,26 @@ pub struct Replica {
     root: RNode,
     version: Version,
     poisoned: bool,
+    entries: u64,
 }
 
 impl Replica {
     pub fn new(schema: Arc<Schema>) -> Replica {
         let root = default_node(&schema, ROOT);
-        Replica { schema, root, version: 0, poisoned: false }
+        Replica { schema, root, version: 0, poisoned: false, entries: 0 }
     }
 
     /// The version of the last update applied.
     pub fn version(&self) -> Version {
         self.version
+    }
+
+    /// Entries of outermost maps (those not inside another map's entry) that the updates
+    /// applied so far wrote: each entry an update inserts, sets, patches or removes counts
+    /// once, and so does each entry of a map it sets whole (a snapshot's). For a state whose
+    /// map holds entities, the entity updates received. Updates refused add nothing.
+    pub fn entries_applied(&self) -> u64 {
+        self.entries
     }
 
     /// The replica's state as a plain value.
@@ -102,7 +111,7 @@ impl Replica {
     fn apply_with(
         &mut self,
         header: Header,
-        body: impl FnOnce(&Schema, &mut RNode) -> Result<(), DecodeError>,
+        body: impl FnOnce(&Schema, &mut RNode) -> Result<u64, DecodeError>,
     ) -> Result<Version, DecodeError> {
         if header.snapshot {
             self.root = default_node(&self.schema, ROOT);
@@ -112,9 +121,10 @@ impl Replica {
             return Err(DecodeError::VersionMismatch { from: header.from, have: self.version });
         }
         match body(&self.schema, &mut self.root) {
-            Ok(()) => {
+            Ok(entries) => {
                 self.version = header.to;
                 self.poisoned = false;
+                self.entries += entries;
                 Ok(header.to)
             }
             Err(e) => {
