@@ -83,6 +83,8 @@ pub(crate) struct BotSample {
     pub repeats: u64,
     /// Updates received by each bot, as (bot index, count), from every process.
     pub updates_per_bot: Vec<(usize, u64)>,
+    /// Entity updates received by each replica bot (`BotMode::for_bot`), the same way.
+    pub entities_per_replica_bot: Vec<(usize, u64)>,
     /// Update ages in µs since the last sample, as (value, count) pairs of a histogram.
     pub ages_us: Vec<(u64, u64)>,
     /// The bot threads' lateness in µs since the last sample, the same way (`load_lag`).
@@ -109,6 +111,7 @@ impl BotSample {
             gaps: stats.version_gaps.load(Ordering::Relaxed),
             repeats: stats.version_repeats.load(Ordering::Relaxed),
             updates_per_bot: stats.updates_per_bot(),
+            entities_per_replica_bot: stats.entities_per_replica_bot(),
             ages_us,
             load_lag_us,
             load_nice: Some(stats.load_nice.load(Ordering::Relaxed)),
@@ -122,6 +125,7 @@ impl BotSample {
         self.gaps += other.gaps;
         self.repeats += other.repeats;
         self.updates_per_bot.extend(other.updates_per_bot);
+        self.entities_per_replica_bot.extend(other.entities_per_replica_bot);
         self.ages_us.extend(other.ages_us);
         self.load_lag_us.extend(other.load_lag_us);
         self.load_nice = match (self.load_nice, other.load_nice) {
@@ -296,7 +300,7 @@ impl Fleet {
         match self {
             Fleet::Local { stats, tasks, runtimes } => {
                 let runtime = &runtimes[i % runtimes.len()];
-                tasks.push(runtime.spawn(game.bot(target, i, BotMode::Count, stats, stop)));
+                tasks.push(runtime.spawn(game.bot(target, i, BotMode::for_bot(i), stats, stop)));
             }
             Fleet::Remote { workers, bots } => {
                 let n = workers.len();
@@ -423,7 +427,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     while let Some(line) = orders.next_line().await? {
         match serde_json::from_str(&line).with_context(|| format!("bad order: {line}"))? {
             ToWorker::Bot(i) => {
-                let bot = game.bot(&target, i, BotMode::Count, &stats, &stop);
+                let bot = game.bot(&target, i, BotMode::for_bot(i), &stats, &stop);
                 tasks.push(runtimes[i % runtimes.len()].spawn(bot));
             }
             ToWorker::Sample => out.send(FromWorker::Sample(BotSample::read(&stats))).await?,

@@ -432,6 +432,7 @@ async fn hold(
     let frames0 = frames();
     let (unpublished0, release_retries0) = (unpublished(), release_retries());
     let hold_counts0 = sample0.updates_per_bot.clone();
+    let hold_entities0 = sample0.entities_per_replica_bot.clone();
     let mut last_counts = sample0.updates_per_bot;
     let mut latency = crate::sim::ages::histogram();
     let mut load_lag = crate::sim::ages::histogram();
@@ -519,6 +520,7 @@ async fn hold(
     // boundary, and that alone is 3% of 30 Hz; over the hold it is a third of a percent.
     let mut hold_rates = rates_between(&hold_counts0, &sample1.updates_per_bot, counted_for);
     let fanout_p5 = p5(&mut hold_rates);
+    let entity_rates = rates_between(&hold_entities0, &sample1.entities_per_replica_bot, counted_for);
     // Sorted by `p5`: the client that got the fewest. The p5 and p1 rules let a few clients
     // get nothing at all; this one does not.
     let fewest_rate = hold_rates.first().copied().unwrap_or(0.0);
@@ -603,6 +605,8 @@ async fn hold(
         version_repeats: counts1.repeats - counts0.repeats,
         slow: groups.slow.zip(slow0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
         frozen: groups.frozen.zip(frozen0.as_ref()).map(|(g, start)| start.figures(g, seconds)),
+        entity_updates_per_client_per_s: (!entity_rates.is_empty()).then(|| mean(&entity_rates)),
+        replica_bots: entity_rates.len(),
         handovers_per_s: (args.scenario == Scenario::Spatial).then(|| per_s("spatial_handovers")),
         held_back_per_client_per_s: (args.scenario == Scenario::Spatial && last.has(HELD_BACK))
             .then(|| per_s(HELD_BACK) / clients.max(1) as f64),

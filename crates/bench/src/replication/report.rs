@@ -121,6 +121,17 @@ pub struct Step {
     pub slow: Option<GroupFigures>,
     /// The frozen clients (`--frozen-clients`), apart from the ramp's.
     pub frozen: Option<GroupFigures>,
+    /// Entity updates a client received per second over the hold: the mean over the replica
+    /// bots (`replica_bots` of them, one bot in `sim::bots::REPLICA_EVERY`), which apply every
+    /// update. Each entity an update carries counts once, and a snapshot counts each of its
+    /// entities (`Replica::entries_applied`). `single`: the characters of the world channel;
+    /// `spatial`: the entities of the cells in view. This is what channeld's report gives as
+    /// the reason its spatial scenario's messages fall under a tenth of `single`'s: a client
+    /// no longer receives every other client's data updates. `None` with no replica bot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entity_updates_per_client_per_s: Option<f64>,
+    /// Bots that applied every update to a replica in this step.
+    pub replica_bots: usize,
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handovers_per_s: Option<f64>,
@@ -291,6 +302,13 @@ pub(super) fn print_row(step: &Step) {
                 step.held_back_by_reason.iter().map(|(r, n)| format!("{r} {n:.2}")).collect();
             println!("  held back by: {} (per client per s)", by.join(", "));
         }
+    }
+    if let Some(entities) = step.entity_updates_per_client_per_s {
+        println!(
+            "  replica sample: {} bots applied every update; {entities:.0} entity updates received per client per s, in {:.1} messages out per client per s",
+            step.replica_bots,
+            s.msgs_out_per_s / step.clients.max(1) as f64,
+        );
     }
     match (step.pass_cpu_ms, step.pass_cpu_mean_ms) {
         (Some(cpu), Some(mean)) => println!(

@@ -48,6 +48,9 @@ pub struct BotStats {
     pub load_nice: AtomicI32,
     /// Each bot's update counter, with the bot's index.
     per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
+    /// Each replica bot's count of entity updates received ([`Replica::entries_applied`]),
+    /// with the bot's index.
+    entities_per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
 }
 
 impl Default for BotStats {
@@ -62,6 +65,7 @@ impl Default for BotStats {
             load_lag_us: Ages::default(),
             load_nice: AtomicI32::new(0),
             per_bot: Mutex::new(Vec::new()),
+            entities_per_bot: Mutex::new(Vec::new()),
         }
     }
 }
@@ -71,6 +75,15 @@ impl BotStats {
     pub(crate) fn add_bot(&self, index: usize) -> Arc<AtomicU64> {
         let counter = Arc::new(AtomicU64::new(0));
         if let Ok(mut v) = self.per_bot.lock() {
+            v.push((index, counter.clone()));
+        }
+        counter
+    }
+
+    /// Replica bot `index`'s count of entity updates received.
+    pub(crate) fn add_replica_bot(&self, index: usize) -> Arc<AtomicU64> {
+        let counter = Arc::new(AtomicU64::new(0));
+        if let Ok(mut v) = self.entities_per_bot.lock() {
             v.push((index, counter.clone()));
         }
         counter
@@ -88,12 +101,23 @@ impl BotStats {
 
     /// Updates received so far by each bot, as (bot index, count).
     pub fn updates_per_bot(&self) -> Vec<(usize, u64)> {
-        self.per_bot
-            .lock()
-            .map(|v| v.iter().map(|(bot, c)| (*bot, c.load(Ordering::Relaxed))).collect())
-            .unwrap_or_default()
+        read_counters(&self.per_bot)
+    }
+
+    /// Entity updates received so far by each replica bot, as (bot index, count).
+    pub fn entities_per_replica_bot(&self) -> Vec<(usize, u64)> {
+        read_counters(&self.entities_per_bot)
     }
 }
+
+fn read_counters(counters: &Mutex<Vec<(usize, Arc<AtomicU64>)>>) -> Vec<(usize, u64)> {
+    counters
+        .lock()
+        .map(|v| v.iter().map(|(bot, c)| (*bot, c.load(Ordering::Relaxed))).collect())
+        .unwrap_or_default()
+}
+
+impl BotStats {}
 
 /// Each bot's updates per second between two readings of [`BotStats::updates_per_bot`] (of one
 /// process or several, joined in any order) `seconds` apart. Bots are matched by index; a bot
@@ -108,10 +132,23 @@ pub fn rates_between(first: &[(usize, u64)], last: &[(usize, u64)], seconds: f64
 /// How much a bot does with the updates it receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BotMode {
-    /// Apply every update to a replica of the world (checks every byte; costs CPU).
+    /// Apply every update to a replica of the world (checks every byte; costs CPU), and count
+    /// the entity updates received.
     Replica,
-    /// Count updates and read their timestamp only, as the B3 clients do.
+    /// Count updates and read their timestamp only, as most B3 clients do.
     Count,
+}
+
+/// In B3, one bot in this many (bots 0, 100, 200, …) keeps a replica: the sample checks that
+/// every update decodes and applies, in order, and counts the entity updates a client
+/// receives. A few, because a replica costs the load CPU it shares with the gateway.
+pub const REPLICA_EVERY: usize = 100;
+
+impl BotMode {
+    /// What B3 bot `index` does: [`BotMode::Replica`] for one in [`REPLICA_EVERY`].
+    pub fn for_bot(index: usize) -> BotMode {
+        if index.is_multiple_of(REPLICA_EVERY) { BotMode::Replica } else { BotMode::Count }
+    }
 }
 
 /// Runs bot `index` until `stop`. The bot drives its session's `Connection` itself, with no
@@ -345,6 +382,8 @@ struct Tally<'a> {
     counter: Arc<AtomicU64>,
     mode: BotMode,
     replica: Replica,
+    /// In [`BotMode::Replica`]: where the replica's count of entity updates goes.
+    entities: Option<Arc<AtomicU64>>,
     /// The version this bot's copy of the world is at (None before the first snapshot).
     held: Option<Version>,
 }
@@ -353,7 +392,8 @@ impl<'a> Tally<'a> {
     fn new(stats: &'a BotStats, index: usize, mode: BotMode) -> anyhow::Result<Tally<'a>> {
         let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
         let counter = stats.add_bot(index);
-        Ok(Tally { stats, counter, mode, replica: Replica::new(schema), held: None })
+        let entities = (mode == BotMode::Replica).then(|| stats.add_replica_bot(index));
+        Ok(Tally { stats, counter, mode, replica: Replica::new(schema), entities, held: None })
     }
 
     /// Reads one push; returns the input the bot sends in answer, if any (the server says its
@@ -390,6 +430,9 @@ impl<'a> Tally<'a> {
                 if self.replica.apply(&update.update).is_err() {
                     stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                     return;
+                }
+                if let Some(entities) = &self.entities {
+                    entities.store(self.replica.entries_applied(), Ordering::Relaxed);
                 }
                 match self.replica.get(&[Step::Field(TS_FIELD as u16)]) {
                     Some(Value::Int(ts)) => Some(ts),

@@ -124,7 +124,7 @@ impl Game {
         }
     }
 
-    /// Bot `i`. `mode`: what a `single` bot does with its updates (spatial bots count).
+    /// Bot `i`. `mode`: what it does with its updates.
     pub fn bot(
         &self,
         target: &Target,
@@ -141,7 +141,7 @@ impl Game {
         async move {
             match game {
                 Err(channel_id) => run_bot(target, i, channel_id, mode, stats, stop).await,
-                Ok((arena, spawners)) => run_spatial_bot(target, i, arena, spawners, stats, stop).await,
+                Ok((arena, spawners)) => run_spatial_bot(target, i, mode, arena, spawners, stats, stop).await,
             }
         }
     }

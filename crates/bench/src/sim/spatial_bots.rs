@@ -2,10 +2,12 @@
 //! 30 m sphere of interest that follows the character only when it changes cell (the report's
 //! "updated only on handover"), sends its inputs to its entity, and counts the `channel.updates`
 //! messages it receives: versions checked per cell (no gap, no repeat), and the age of the
-//! first entity in each cell update, read without decoding the rest (`peek_cell`).
+//! first entity in each cell update, read without decoding the rest (`peek_cell`). A bot in
+//! [`BotMode::Replica`] also applies every cell update to a replica of the cell, which checks
+//! every byte, and counts the entity updates it received.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,7 +15,7 @@ use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tickwire_client::{ConnectOptions, Connection, Event, Target, response_body};
-use tickwire_state::Version;
+use tickwire_state::{DecodeError, Field, KeyKind, Replica, Schema, SchemaDef, Type, Version};
 use tickwire_wire::proto::{
     ChannelEvent, ChannelMessage, ChannelUpdates, Follow, SetInterest, Sphere, Vec3, set_interest,
 };
@@ -21,9 +23,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
-use super::bots::{BotStats, Connected, Requests, input_body, next_event, until_stopped};
+use super::bots::{BotMode, BotStats, Connected, Requests, input_body, next_event, until_stopped};
 use super::server::{BLOCKED, now_us};
-use super::spatial_server::{SpawnRequest, slot_of};
+use super::spatial_server::{ENTITY_SCHEMA, SpawnRequest, slot_of};
 use super::world::{Arena, Input};
 
 /// The report's area of interest: a 30 m sphere.
@@ -34,6 +36,7 @@ pub const INTEREST_RADIUS: f32 = 30.0;
 pub async fn run_spatial_bot(
     target: Target,
     index: usize,
+    mode: BotMode,
     arena: Arc<Arena>,
     spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>>,
     stats: Arc<BotStats>,
@@ -41,12 +44,13 @@ pub async fn run_spatial_bot(
 ) -> anyhow::Result<()> {
     // Setting up (connect, spawn, interest) waits on the gateway and a server: `stop` ends it
     // too, so an overloaded run still ends.
-    until_stopped(&stats, &stop, session(target, index, &arena, &spawners, &stats, &stop)).await
+    until_stopped(&stats, &stop, session(target, index, mode, &arena, &spawners, &stats, &stop)).await
 }
 
 async fn session(
     target: Target,
     index: usize,
+    mode: BotMode,
     arena: &Arena,
     spawners: &[mpsc::Sender<SpawnRequest>],
     stats: &BotStats,
@@ -81,6 +85,10 @@ async fn session(
         .await
         .context("setting the area of interest")?;
     let counter = stats.add_bot(index);
+    let mut replicas = match mode {
+        BotMode::Replica => Some(CellReplicas::new(stats.add_replica_bot(index))?),
+        BotMode::Count => None,
+    };
     let _connected = Connected::count(&stats.connected);
 
     let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
@@ -133,6 +141,11 @@ async fn session(
                     };
                     stats.check_chain(peeked.snapshot, peeked.from, held.get(update.channel_id));
                     held.set(update.channel_id, peeked.to);
+                    if let Some(replicas) = &mut replicas
+                        && replicas.apply(update.channel_id, &update.update).is_err()
+                    {
+                        stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let Some(ts) = peeked.ts {
                         ages.push((now - ts).max(1) as u64);
                     }
@@ -145,6 +158,9 @@ async fn session(
                 // Left the area: the cell's next update, if it comes back, is a snapshot.
                 if let Ok(e) = ChannelEvent::decode(push.body) {
                     held.remove(e.channel_id);
+                    if let Some(replicas) = &mut replicas {
+                        replicas.remove(e.channel_id);
+                    }
                 }
             }
             "channel.message" => {
@@ -180,6 +196,52 @@ impl Held {
     fn remove(&mut self, cell: u64) {
         self.0.retain(|(c, _)| *c != cell);
     }
+}
+
+/// A replica bot's copy of each cell in its view, and its count of entity updates received
+/// (over every cell, including those it has left).
+struct CellReplicas {
+    schema: Arc<Schema>,
+    cells: Vec<(u64, Replica)>,
+    /// Entity updates the cells it has left had received.
+    left: u64,
+    entities: Arc<AtomicU64>,
+}
+
+impl CellReplicas {
+    fn new(entities: Arc<AtomicU64>) -> anyhow::Result<CellReplicas> {
+        Ok(CellReplicas { schema: cell_schema()?, cells: Vec::new(), left: 0, entities })
+    }
+
+    /// Applies cell `cell`'s update; the first of a cell must be a snapshot.
+    fn apply(&mut self, cell: u64, update: &[u8]) -> Result<(), DecodeError> {
+        let at = match self.cells.iter().position(|(c, _)| *c == cell) {
+            Some(at) => at,
+            None => {
+                self.cells.push((cell, Replica::new(self.schema.clone())));
+                self.cells.len() - 1
+            }
+        };
+        let applied = self.cells[at].1.apply(update).map(|_| ());
+        let total = self.left + self.cells.iter().map(|(_, r)| r.entries_applied()).sum::<u64>();
+        self.entities.store(total, Ordering::Relaxed);
+        applied
+    }
+
+    /// Cell `cell` left the view.
+    fn remove(&mut self, cell: u64) {
+        if let Some(at) = self.cells.iter().position(|(c, _)| *c == cell) {
+            self.left += self.cells.swap_remove(at).1.entries_applied();
+        }
+    }
+}
+
+/// A cell's schema, as the gateway builds it from the scenario's entity schema: a map of
+/// entities by id.
+fn cell_schema() -> anyhow::Result<Arc<Schema>> {
+    let entity = SchemaDef::parse(ENTITY_SCHEMA, "entity.json")?;
+    let cell = SchemaDef::new([Field::new("entities", Type::map(KeyKind::Int, Type::Struct(entity.fields)))]);
+    Ok(Schema::new(cell)?)
 }
 
 /// What a counting bot reads of one cell's binary update.
@@ -254,6 +316,41 @@ mod tests {
 
     fn update(state: &State, from: Version) -> Vec<u8> {
         state.prepare(from, Codec::Binary).unwrap().update_for(state, &Key::Int(0), false).unwrap().to_vec()
+    }
+
+    /// The replica bots' cells: each applies its own updates, a cell's first must be a
+    /// snapshot, and the count of entity updates goes on over cells left.
+    #[test]
+    fn cell_replicas_apply_each_cells_updates_and_count_the_entities() {
+        let entities = Arc::new(AtomicU64::new(0));
+        let mut replicas = CellReplicas::new(entities.clone()).unwrap();
+        let (mut a, mut b) = (cell_state(), cell_state());
+        set(&mut a, 1, 10, 1.0);
+        set(&mut a, 2, 10, 2.0);
+        let a1 = a.seal();
+        set(&mut b, 3, 10, 3.0);
+        let b1 = b.seal();
+        // A delta for a cell the bot has no snapshot of is refused.
+        set(&mut b, 3, 11, 3.5);
+        b.seal();
+        assert!(replicas.apply(8, &update(&b, b1)).is_err());
+        replicas.remove(8);
+        assert_eq!(entities.load(Ordering::Relaxed), 0);
+
+        replicas.apply(7, &update(&a, 0)).unwrap();
+        replicas.apply(8, &update(&b, 0)).unwrap();
+        assert_eq!(entities.load(Ordering::Relaxed), 3, "two entities in cell 7, one in cell 8");
+        set(&mut a, 2, 11, 2.5);
+        a.seal();
+        replicas.apply(7, &update(&a, a1)).unwrap();
+        assert_eq!(entities.load(Ordering::Relaxed), 4);
+        // Cell 7 leaves the view: its count stays; coming back starts from a snapshot.
+        replicas.remove(7);
+        assert_eq!(entities.load(Ordering::Relaxed), 4);
+        assert!(replicas.apply(7, &update(&a, a1)).is_err());
+        replicas.remove(7);
+        replicas.apply(7, &update(&a, 0)).unwrap();
+        assert_eq!(entities.load(Ordering::Relaxed), 6);
     }
 
     #[test]
