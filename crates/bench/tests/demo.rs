@@ -51,6 +51,6 @@ fn the_spatial_demo_runs_and_stops() {
     assert_eq!(last.clients, 12, "{seconds:?}");
     assert_eq!(last.characters, 12, "every bot's character was spawned by its spot's server: {seconds:?}");
     assert!(last.min_updates > 0, "every bot received the cells around it: {seconds:?}");
-    assert_eq!(last.decode_errors, 0, "every cell update read");
+    assert_eq!(last.decode_errors, 0, "every cell update applied to its cell's replica");
     assert!(last.server_fps > 0.0, "every spatial server publishes: {seconds:?}");
 }

@@ -35,12 +35,19 @@ fn set(state: &mut State, id: i64, field: u16, v: i64) {
     state.set(&path, Value::Int(v)).unwrap();
 }
 
+fn counting(schema: &std::sync::Arc<Schema>) -> [Replica; 2] {
+    [Replica::new(schema.clone()).counting_entries(), Replica::new(schema.clone()).counting_entries()]
+}
+
+/// The update from `from` for player 0, in `codec`.
+fn update(state: &State, from: Version, codec: Codec) -> Vec<u8> {
+    state.prepare(from, codec).unwrap().update_for(state, &Key::Int(0), false).unwrap().to_vec()
+}
+
 /// Applies the update from `from` to both replicas (binary, JSON) and returns the version.
 fn send(state: &State, from: Version, replicas: &mut [Replica; 2]) -> Version {
     for (replica, codec) in replicas.iter_mut().zip([Codec::Binary, Codec::Json]) {
-        let prepared = state.prepare(from, codec).unwrap();
-        let update = prepared.update_for(state, &Key::Int(0), false).unwrap().to_vec();
-        replica.apply_codec(codec, &update).unwrap();
+        replica.apply_codec(codec, &update(state, from, codec)).unwrap();
     }
     state.version()
 }
@@ -49,7 +56,7 @@ fn send(state: &State, from: Version, replicas: &mut [Replica; 2]) -> Version {
 fn counts_each_entity_an_update_carries_once_in_both_codecs() {
     let schema = entities();
     let mut state = State::new(schema.clone());
-    let mut replicas = [Replica::new(schema.clone()), Replica::new(schema.clone())];
+    let mut replicas = counting(&schema);
     let counts = |r: &[Replica; 2]| [r[0].entries_applied(), r[1].entries_applied()];
 
     for id in 1..=3 {
@@ -62,7 +69,7 @@ fn counts_each_entity_an_update_carries_once_in_both_codecs() {
     let v = send(&state, 0, &mut replicas);
     assert_eq!(counts(&replicas), [3, 3]);
 
-    // Two entities change, each in two fields: two entries.
+    // Two entities change, one in two fields: two entries.
     set(&mut state, 1, 0, 11);
     set(&mut state, 1, 1, 90);
     set(&mut state, 2, 1, 45);
@@ -94,21 +101,68 @@ fn counts_each_entity_an_update_carries_once_in_both_codecs() {
     send(&state, v, &mut replicas);
     assert_eq!(counts(&replicas), [8, 8]);
 
-    // A refused update adds nothing.
-    let before = counts(&replicas);
-    assert!(replicas[0].apply(&[1, 99, 100]).is_err());
-    assert_eq!(counts(&replicas), before);
+    // An entity removed and inserted again in one update (a new id in binary): one entry.
+    let v = state.version();
+    assert!(state.remove(&[Step::Field(1), Step::Key(&Key::Int(1))]).unwrap());
+    set(&mut state, 1, 0, 12);
+    state.seal();
+    send(&state, v, &mut replicas);
+    assert_eq!(counts(&replicas), [9, 9]);
+}
+
+/// An update refused, even one whose first entity applied before the error, adds nothing; the
+/// snapshot after it counts every entity. A replica that does not count says 0.
+#[test]
+fn a_refused_update_adds_nothing_in_either_codec() {
+    let schema = entities();
+    let mut state = State::new(schema.clone());
+    for id in 1..=3 {
+        set(&mut state, id, 0, id);
+    }
+    let v1 = state.seal();
+    let mut replicas = counting(&schema);
+    let mut plain = Replica::new(schema.clone());
+    send(&state, 0, &mut replicas);
+    plain.apply(&update(&state, 0, Codec::Binary)).unwrap();
+    set(&mut state, 1, 1, 5);
+    set(&mut state, 2, 1, 5);
+    state.seal();
+    for (replica, codec) in replicas.iter_mut().zip([Codec::Binary, Codec::Json]) {
+        let whole = update(&state, v1, codec);
+        // Cut inside the second entity's op: the first applies, then the update fails.
+        let cut = match codec {
+            Codec::Binary => &whole[..whole.len() - 3],
+            Codec::Json => {
+                let last_line = whole[..whole.len() - 1].iter().rposition(|&b| b == b'\n').unwrap();
+                &whole[..last_line + 10]
+            }
+        };
+        assert!(replica.apply_codec(codec, cut).is_err(), "{codec:?}");
+        assert_eq!(replica.entries_applied(), 3, "{codec:?}");
+        replica.apply_codec(codec, &update(&state, 0, codec)).unwrap();
+        assert_eq!(replica.entries_applied(), 6, "{codec:?}: the snapshot's three");
+    }
+    assert_eq!(plain.entries_applied(), 0);
+}
+
+/// The entries of the outermost maps in `value`.
+fn outer_entries(value: &Value) -> u64 {
+    match value {
+        Value::Map(map) => map.len() as u64,
+        Value::Struct(items) | Value::List(items) => items.iter().map(outer_entries).sum(),
+        _ => 0,
+    }
 }
 
 /// On random schemas and writes, every player's binary and JSON replicas count the same entries
-/// for the same updates.
+/// for the same updates (players 1 and 3 leaving their own entries out of player-keyed maps),
+/// and a snapshot counts exactly the outermost entries the replica then holds.
 fn same_count_in_both_codecs(seed: u64, ticks: u64) -> Result<(), TestCaseError> {
     let mut rng = Rng::new(seed);
     let def = random_schema(&mut rng);
     let schema = compile(&def);
     let mut state = State::new(schema.clone());
-    let mut replicas: Vec<[Replica; 2]> =
-        PLAYERS.iter().map(|_| [Replica::new(schema.clone()), Replica::new(schema.clone())]).collect();
+    let mut replicas: Vec<[Replica; 2]> = PLAYERS.iter().map(|_| counting(&schema)).collect();
     let mut from = 0;
     for tick in 0..ticks {
         for _ in 0..rng.below(6) {
@@ -116,31 +170,44 @@ fn same_count_in_both_codecs(seed: u64, ticks: u64) -> Result<(), TestCaseError>
         }
         state.seal();
         for (i, pair) in replicas.iter_mut().enumerate() {
+            let skip_self = i % 2 == 1;
             let mut counts = [0; 2];
-            // Each codec's update and what it counted, shown when they differ.
-            let mut shown = Vec::new();
+            let mut updates = Vec::new();
             for (k, codec) in [Codec::Binary, Codec::Json].into_iter().enumerate() {
-                let prepared = state.prepare(from, codec).unwrap();
-                let update = prepared.update_for(&state, &player(i), false).unwrap().to_vec();
-                let before = pair[k].entries_applied();
+                let bytes = |from| {
+                    let prepared = state.prepare(from, codec).unwrap();
+                    prepared.update_for(&state, &player(i), skip_self).unwrap().to_vec()
+                };
+                let update = bytes(from);
                 let applied = pair[k].apply_codec(codec, &update);
-                shown.push(format!(
-                    "{codec:?} +{}: {}",
-                    pair[k].entries_applied() - before,
-                    if k == 0 { hex::encode(&update) } else { String::from_utf8_lossy(&update).into_owned() }
-                ));
                 prop_assert!(applied.is_ok(), "tick {} {:?}: {:?}", tick, codec, applied);
                 counts[k] = pair[k].entries_applied();
+                updates.push(update);
+                let mut fresh = Replica::new(schema.clone()).counting_entries();
+                fresh.apply_codec(codec, &bytes(0)).unwrap();
+                prop_assert_eq!(
+                    fresh.entries_applied(),
+                    outer_entries(&fresh.value()),
+                    "tick {} player {} {:?} snapshot, schema {:?}",
+                    tick,
+                    i,
+                    codec,
+                    def
+                );
             }
-            prop_assert_eq!(
-                counts[0],
-                counts[1],
-                "tick {} player {} schema {:?}\n{:#?}",
-                tick,
-                i,
-                def,
-                shown
-            );
+            if counts[0] != counts[1] {
+                let json = String::from_utf8_lossy(&updates[1]);
+                let shown = format!("binary {}\njson {json}", hex::encode(&updates[0]));
+                prop_assert_eq!(
+                    counts[0],
+                    counts[1],
+                    "tick {} player {} schema {:?}\n{}",
+                    tick,
+                    i,
+                    def,
+                    shown
+                );
+            }
         }
         from = state.version();
     }

@@ -47,6 +47,9 @@ fn held_step(report: &serde_json::Value, clients: u64) -> &serde_json::Value {
     assert_eq!(step["held"], true, "{}", step["hold"]);
     assert_eq!(step["version_gaps"], 0);
     assert_eq!(step["version_repeats"], 0);
+    // Bot 0, in worker 0, keeps a replica (one bot in 100): every update it got applied.
+    assert_eq!(step["decode_errors"], 0);
+    assert_eq!(step["replica_bots"], 1, "{step}");
     // The load's CPU includes the workers': they decode every update, so it cannot be zero.
     assert!(step["bench_cpu_pct"].as_f64().unwrap() > 0.0, "{step}");
     step
@@ -59,6 +62,9 @@ fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
     let report = run(&["--clients", "80"]);
     let step = held_step(&report, 80);
     assert!(step["fanout_hz"]["p5"].as_f64().unwrap() > 25.0, "{step}");
+    // The replica bot gets every character's change of every frame: 80 x 30 a second.
+    let entities = step["entity_updates_per_client_per_s"].as_f64().unwrap();
+    assert!((2000.0..=2600.0).contains(&entities), "{step}");
     assert!(step.get("held_back_per_client_per_s").is_none(), "a spatial figure: {step}");
     assert!(step.get("cell_encodings_per_pass").is_none(), "a spatial figure: {step}");
     assert!(step.get("delivery_cpu_mean_ms").is_none(), "a spatial figure: {step}");
@@ -74,6 +80,8 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     // A bot counts as connected only once its character is spawned and its interest set.
     assert!(step["handovers_per_s"].as_f64().is_some(), "{step}");
     assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
+    // The replica bot sees at least its own character, which moves every frame.
+    assert!(step["entity_updates_per_client_per_s"].as_f64().is_some_and(|n| n >= 25.0), "{step}");
     // Present only if the gateway reported the counter it is made from.
     assert!(step["held_back_per_client_per_s"].as_f64().is_some(), "{step}");
     // 30 characters walk: on average at least one cell changes per pass, and each changed cell

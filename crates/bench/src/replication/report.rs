@@ -112,7 +112,9 @@ pub struct Step {
     /// Bot errors (a failed join, or a bot that stopped with an error) in this step's ramp
     /// and hold: from the end of the previous step's hold.
     pub bot_errors: u64,
-    /// Updates a client could not read (0 unless something is broken), same span.
+    /// Updates a client could not read (0 unless something is broken), same span: a header or
+    /// timestamp that did not parse, or (the replica sample, since 2026-11-29) an update its
+    /// replica refused, counted once per replica dropped.
     pub decode_errors: u64,
     /// Deltas that skipped versions, or repeated versions, that a client had; same span.
     pub version_gaps: u64,
@@ -130,7 +132,11 @@ pub struct Step {
     /// no longer receives every other client's data updates. `None` with no replica bot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entity_updates_per_client_per_s: Option<f64>,
-    /// Bots that applied every update to a replica in this step.
+    /// Replica bots in `entity_updates_per_client_per_s`: those that had joined by the end of
+    /// the hold. A refusal counts one decode failure, which fails the step; then in `single`
+    /// the bot drops its replica and leaves the figure, and in `spatial` the cell's replica is
+    /// dropped until the cell's next snapshot. A bot that joined during the hold counts from
+    /// its first snapshot, over the whole hold.
     pub replica_bots: usize,
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -12,7 +12,7 @@ use prost::Message;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tickwire_client::{Client, ConnectOptions, Connection, Event, Target, response_body};
-use tickwire_state::{Replica, Schema, SchemaDef, Step, Value, Version};
+use tickwire_state::{Replica, Schema, SchemaDef, Version};
 use tickwire_wire::proto::{
     ChannelMessage, ChannelSend, ChannelUpdate, Push, Subscribe, SubscriptionOptions,
 };
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ages::Ages;
 use super::bot::Bot;
-use super::server::{BLOCKED, InputMessage, SCHEMA, TS_FIELD, now_us};
+use super::server::{BLOCKED, InputMessage, SCHEMA, now_us};
 use super::world::Input;
 
 /// What every bot adds to. Per-bot update counters give each client's own fan-out rate.
@@ -47,10 +47,10 @@ pub struct BotStats {
     /// applied).
     pub load_nice: AtomicI32,
     /// Each bot's update counter, with the bot's index.
-    per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
+    per_bot: Counters,
     /// Each replica bot's count of entity updates received ([`Replica::entries_applied`]),
-    /// with the bot's index.
-    entities_per_bot: Mutex<Vec<(usize, Arc<AtomicU64>)>>,
+    /// with the bot's index, while it has its replica.
+    entities_per_bot: Counters,
 }
 
 impl Default for BotStats {
@@ -73,20 +73,19 @@ impl Default for BotStats {
 impl BotStats {
     /// Bot `index`'s own update counter.
     pub(crate) fn add_bot(&self, index: usize) -> Arc<AtomicU64> {
-        let counter = Arc::new(AtomicU64::new(0));
-        if let Ok(mut v) = self.per_bot.lock() {
-            v.push((index, counter.clone()));
-        }
-        counter
+        add_counter(&self.per_bot, index)
     }
 
     /// Replica bot `index`'s count of entity updates received.
     pub(crate) fn add_replica_bot(&self, index: usize) -> Arc<AtomicU64> {
-        let counter = Arc::new(AtomicU64::new(0));
+        add_counter(&self.entities_per_bot, index)
+    }
+
+    /// Replica bot `index` has lost its replica: its count leaves the figure.
+    pub(crate) fn forget_replica_bot(&self, index: usize) {
         if let Ok(mut v) = self.entities_per_bot.lock() {
-            v.push((index, counter.clone()));
+            v.retain(|(bot, _)| *bot != index);
         }
-        counter
     }
 
     /// Counts a delta from `from` that reached a bot holding `held`: a gap if it starts at a
@@ -110,14 +109,22 @@ impl BotStats {
     }
 }
 
-fn read_counters(counters: &Mutex<Vec<(usize, Arc<AtomicU64>)>>) -> Vec<(usize, u64)> {
+type Counters = Mutex<Vec<(usize, Arc<AtomicU64>)>>;
+
+fn add_counter(counters: &Counters, index: usize) -> Arc<AtomicU64> {
+    let counter = Arc::new(AtomicU64::new(0));
+    if let Ok(mut v) = counters.lock() {
+        v.push((index, counter.clone()));
+    }
+    counter
+}
+
+fn read_counters(counters: &Counters) -> Vec<(usize, u64)> {
     counters
         .lock()
         .map(|v| v.iter().map(|(bot, c)| (*bot, c.load(Ordering::Relaxed))).collect())
         .unwrap_or_default()
 }
-
-impl BotStats {}
 
 /// Each bot's updates per second between two readings of [`BotStats::updates_per_bot`] (of one
 /// process or several, joined in any order) `seconds` apart. Bots are matched by index; a bot
@@ -132,8 +139,10 @@ pub fn rates_between(first: &[(usize, u64)], last: &[(usize, u64)], seconds: f64
 /// How much a bot does with the updates it receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BotMode {
-    /// Apply every update to a replica of the world (checks every byte; costs CPU), and count
-    /// the entity updates received.
+    /// Apply every update to a replica of the world (checks that every byte decodes and every
+    /// delta applies to the version held; costs CPU), and count the entity updates received.
+    /// A replica that refuses an update counts one decode failure and is dropped: the bot goes
+    /// on counting, without it.
     Replica,
     /// Count updates and read their timestamp only, as most B3 clients do.
     Count,
@@ -379,11 +388,11 @@ pub(crate) async fn next_event(conn: &mut Connection, player: &str) -> anyhow::R
 /// holds, counted, and aged; in [`BotMode::Replica`], applied to a replica too.
 struct Tally<'a> {
     stats: &'a BotStats,
+    index: usize,
     counter: Arc<AtomicU64>,
-    mode: BotMode,
-    replica: Replica,
-    /// In [`BotMode::Replica`]: where the replica's count of entity updates goes.
-    entities: Option<Arc<AtomicU64>>,
+    /// In [`BotMode::Replica`], until it refuses an update: the replica, and where its count of
+    /// entity updates goes.
+    replica: Option<(Replica, Arc<AtomicU64>)>,
     /// The version this bot's copy of the world is at (None before the first snapshot).
     held: Option<Version>,
 }
@@ -392,8 +401,9 @@ impl<'a> Tally<'a> {
     fn new(stats: &'a BotStats, index: usize, mode: BotMode) -> anyhow::Result<Tally<'a>> {
         let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
         let counter = stats.add_bot(index);
-        let entities = (mode == BotMode::Replica).then(|| stats.add_replica_bot(index));
-        Ok(Tally { stats, counter, mode, replica: Replica::new(schema), entities, held: None })
+        let replica = (mode == BotMode::Replica)
+            .then(|| (Replica::new(schema).counting_entries(), stats.add_replica_bot(index)));
+        Ok(Tally { stats, index, counter, replica, held: None })
     }
 
     /// Reads one push; returns the input the bot sends in answer, if any (the server says its
@@ -422,36 +432,28 @@ impl<'a> Tally<'a> {
             stats.decode_errors.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        let now = now_us();
         // Each delta must start where the previous update ended.
         stats.check_chain(peeked.snapshot, peeked.from, self.held);
         self.held = Some(peeked.to);
-        let ts = match self.mode {
-            BotMode::Replica => {
-                if self.replica.apply(&update.update).is_err() {
+        if let Some((replica, entities)) = &mut self.replica {
+            match replica.apply(&update.update) {
+                Ok(_) => entities.store(replica.entries_applied(), Ordering::Relaxed),
+                // The world channel sends no snapshot that would restart it.
+                Err(_) => {
                     stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                if let Some(entities) = &self.entities {
-                    entities.store(self.replica.entries_applied(), Ordering::Relaxed);
-                }
-                match self.replica.get(&[Step::Field(TS_FIELD as u16)]) {
-                    Some(Value::Int(ts)) => Some(ts),
-                    _ => None,
+                    stats.forget_replica_bot(self.index);
+                    self.replica = None;
                 }
             }
-            BotMode::Count => match peeked.ts {
-                // Every frame of the simulated server sets the timestamp, snapshots too.
-                Some(ts) => Some(ts),
-                None => {
-                    stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-            },
+        }
+        // Every frame of the simulated server sets the timestamp, snapshots too.
+        let Some(ts) = peeked.ts else {
+            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         self.counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(ts) = ts {
-            stats.latency_us.record(&[(now_us() - ts).max(1) as u64]);
-        }
+        stats.latency_us.record(&[(now - ts).max(1) as u64]);
     }
 }
 
@@ -530,7 +532,56 @@ pub(crate) fn input_body(channel_id: u64, player: &str, input: Input) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tickwire_state::{Codec, State};
+    use crate::sim::server::TS_FIELD;
+    use tickwire_state::{Codec, State, Step, Value};
+
+    /// A replica bot counts every character's change; a replica that refuses an update counts
+    /// one decode failure and is dropped (it leaves the entity figure), and the bot goes on
+    /// counting updates without it.
+    #[test]
+    fn a_replica_bot_counts_entities_and_drops_a_replica_that_refuses_an_update() {
+        let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json").unwrap()).unwrap();
+        let mut state = State::new(schema);
+        let frame = |state: &mut State, ts: i64, players: &[&str]| {
+            state.set(&[Step::Field(TS_FIELD as u16)], Value::Int(ts)).unwrap();
+            for p in players {
+                let key = tickwire_state::Key::str(p);
+                let blocked = [Step::Field(2), Step::Key(&key), Step::Field(2)];
+                if state.get(&blocked).is_err() {
+                    let character =
+                        Value::Struct(vec![Value::Vec3([0.0; 3]), Value::Float(0.0), Value::Bool(false)]);
+                    state.set(&blocked[..2], character).unwrap();
+                }
+                state
+                    .set(&[Step::Field(2), Step::Key(&key), Step::Field(1)], Value::Float(ts as f64 / 100.0))
+                    .unwrap();
+            }
+            state.seal()
+        };
+        let push = |state: &State, from: Version| {
+            let update =
+                state.prepare(from, Codec::Binary).unwrap().update_for(state, &"p9".into(), false).unwrap();
+            ChannelUpdate { channel_id: 1, codec: 0, update: update.to_vec().into() }.encode_to_vec().into()
+        };
+        let stats = BotStats::default();
+        let mut tally = Tally::new(&stats, 0, BotMode::Replica).unwrap();
+        let v1 = frame(&mut state, 1, &["a", "b", "c"]);
+        tally.update(push(&state, 0));
+        frame(&mut state, 2, &["a", "b"]);
+        tally.update(push(&state, v1));
+        assert_eq!(stats.entities_per_replica_bot(), [(0, 5)], "three in the snapshot, then two");
+        // A delta from a version the bot never had: a gap, and the replica refuses it, once.
+        let v3 = frame(&mut state, 3, &["a"]);
+        frame(&mut state, 4, &["c"]);
+        tally.update(push(&state, v3));
+        assert_eq!(stats.version_gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.decode_errors.load(Ordering::Relaxed), 1);
+        assert!(stats.entities_per_replica_bot().is_empty(), "the bot left the entity figure");
+        let v5 = frame(&mut state, 5, &["b"]);
+        tally.update(push(&state, v5 - 1));
+        assert_eq!(stats.decode_errors.load(Ordering::Relaxed), 1, "no replica, no more refusals");
+        assert_eq!(stats.updates_per_bot(), [(0, 4)], "every update counted");
+    }
 
     #[test]
     fn peek_reads_the_header_and_the_timestamp_the_replica_sees() {

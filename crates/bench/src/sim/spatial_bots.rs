@@ -15,9 +15,10 @@ use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tickwire_client::{ConnectOptions, Connection, Event, Target, response_body};
-use tickwire_state::{DecodeError, Field, KeyKind, Replica, Schema, SchemaDef, Type, Version};
+use tickwire_state::{DecodeError, Replica, Schema, SchemaDef, Version};
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, SetInterest, Sphere, Vec3, set_interest,
+    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, InterestResult, SetInterest, Sphere, Vec3,
+    set_interest,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::bot::Bot;
 use super::bots::{BotMode, BotStats, Connected, Requests, input_body, next_event, until_stopped};
 use super::server::{BLOCKED, now_us};
-use super::spatial_server::{ENTITY_SCHEMA, SpawnRequest, slot_of};
+use super::spatial_server::{SpawnRequest, slot_of};
 use super::world::{Arena, Input};
 
 /// The report's area of interest: a 30 m sphere.
@@ -80,13 +81,18 @@ async fn session(
     let mut requests = Requests::default();
     // Nothing is due to this bot before the answer: its cells' updates come after it. A push
     // before it (none is expected) is dropped.
-    requests
+    let (answer, _) = requests
         .call(&mut conn, &player, "spatial.interest", interest.encode_to_vec())
         .await
         .context("setting the area of interest")?;
     let counter = stats.add_bot(index);
     let mut replicas = match mode {
-        BotMode::Replica => Some(CellReplicas::new(stats.add_replica_bot(index))?),
+        BotMode::Replica => {
+            // The cells' schema as the gateway gives it, as a player's client would use it.
+            let result = InterestResult::decode(answer).context("the area of interest's answer")?;
+            let def = SchemaDef::parse(&result.cell_schema_json, "cell.json")?;
+            Some(CellReplicas::new(Schema::new(def)?, stats.add_replica_bot(index)))
+        }
         BotMode::Count => None,
     };
     let _connected = Connected::count(&stats.connected);
@@ -142,7 +148,7 @@ async fn session(
                     stats.check_chain(peeked.snapshot, peeked.from, held.get(update.channel_id));
                     held.set(update.channel_id, peeked.to);
                     if let Some(replicas) = &mut replicas
-                        && replicas.apply(update.channel_id, &update.update).is_err()
+                        && replicas.apply(update.channel_id, peeked.snapshot, &update.update).is_err()
                     {
                         stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -202,46 +208,61 @@ impl Held {
 /// (over every cell, including those it has left).
 struct CellReplicas {
     schema: Arc<Schema>,
-    cells: Vec<(u64, Replica)>,
-    /// Entity updates the cells it has left had received.
-    left: u64,
+    /// Each cell in view, with its replica; `None` once the replica refused an update, until
+    /// the cell's next snapshot.
+    cells: Vec<(u64, Option<Replica>)>,
+    /// Entity updates received by the replicas dropped (cells left, replicas that refused).
+    dropped: u64,
     entities: Arc<AtomicU64>,
 }
 
 impl CellReplicas {
-    fn new(entities: Arc<AtomicU64>) -> anyhow::Result<CellReplicas> {
-        Ok(CellReplicas { schema: cell_schema()?, cells: Vec::new(), left: 0, entities })
+    fn new(schema: Arc<Schema>, entities: Arc<AtomicU64>) -> CellReplicas {
+        CellReplicas { schema, cells: Vec::new(), dropped: 0, entities }
     }
 
-    /// Applies cell `cell`'s update; the first of a cell must be a snapshot.
-    fn apply(&mut self, cell: u64, update: &[u8]) -> Result<(), DecodeError> {
+    /// Applies cell `cell`'s update (`snapshot`: it is one). A cell's first update must be a
+    /// snapshot. A refusal is returned once: the cell's replica is dropped, and its updates
+    /// are skipped until its next snapshot starts a new one.
+    fn apply(&mut self, cell: u64, snapshot: bool, update: &[u8]) -> Result<(), DecodeError> {
         let at = match self.cells.iter().position(|(c, _)| *c == cell) {
             Some(at) => at,
             None => {
-                self.cells.push((cell, Replica::new(self.schema.clone())));
+                self.cells.push((cell, Some(self.fresh())));
                 self.cells.len() - 1
             }
         };
-        let applied = self.cells[at].1.apply(update).map(|_| ());
-        let total = self.left + self.cells.iter().map(|(_, r)| r.entries_applied()).sum::<u64>();
-        self.entities.store(total, Ordering::Relaxed);
+        if self.cells[at].1.is_none() && snapshot {
+            self.cells[at].1 = Some(self.fresh());
+        }
+        let applied = match &mut self.cells[at].1 {
+            None => Ok(()),
+            Some(replica) => match replica.apply(update) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    self.dropped += replica.entries_applied();
+                    self.cells[at].1 = None;
+                    Err(e)
+                }
+            },
+        };
+        let live: u64 = self.cells.iter().filter_map(|(_, r)| r.as_ref()).map(Replica::entries_applied).sum();
+        self.entities.store(self.dropped + live, Ordering::Relaxed);
         applied
+    }
+
+    fn fresh(&self) -> Replica {
+        Replica::new(self.schema.clone()).counting_entries()
     }
 
     /// Cell `cell` left the view.
     fn remove(&mut self, cell: u64) {
-        if let Some(at) = self.cells.iter().position(|(c, _)| *c == cell) {
-            self.left += self.cells.swap_remove(at).1.entries_applied();
+        if let Some(at) = self.cells.iter().position(|(c, _)| *c == cell)
+            && let (_, Some(replica)) = self.cells.swap_remove(at)
+        {
+            self.dropped += replica.entries_applied();
         }
     }
-}
-
-/// A cell's schema, as the gateway builds it from the scenario's entity schema: a map of
-/// entities by id.
-fn cell_schema() -> anyhow::Result<Arc<Schema>> {
-    let entity = SchemaDef::parse(ENTITY_SCHEMA, "entity.json")?;
-    let cell = SchemaDef::new([Field::new("entities", Type::map(KeyKind::Int, Type::Struct(entity.fields)))]);
-    Ok(Schema::new(cell)?)
 }
 
 /// What a counting bot reads of one cell's binary update.
@@ -319,38 +340,43 @@ mod tests {
     }
 
     /// The replica bots' cells: each applies its own updates, a cell's first must be a
-    /// snapshot, and the count of entity updates goes on over cells left.
+    /// snapshot, a refusal is reported once and the cell's deltas are then skipped until its
+    /// next snapshot, and the count of entity updates goes on over cells left.
     #[test]
     fn cell_replicas_apply_each_cells_updates_and_count_the_entities() {
         let entities = Arc::new(AtomicU64::new(0));
-        let mut replicas = CellReplicas::new(entities.clone()).unwrap();
         let (mut a, mut b) = (cell_state(), cell_state());
+        let mut replicas = CellReplicas::new(a.schema().clone(), entities.clone());
+        let count = || entities.load(Ordering::Relaxed);
         set(&mut a, 1, 10, 1.0);
         set(&mut a, 2, 10, 2.0);
         let a1 = a.seal();
         set(&mut b, 3, 10, 3.0);
         let b1 = b.seal();
-        // A delta for a cell the bot has no snapshot of is refused.
         set(&mut b, 3, 11, 3.5);
+        let b2 = b.seal();
+        // A delta for a cell the bot has no snapshot of is refused, once; the cell's deltas are
+        // then skipped until a snapshot.
+        assert!(replicas.apply(8, false, &update(&b, b1)).is_err());
+        set(&mut b, 3, 12, 4.0);
         b.seal();
-        assert!(replicas.apply(8, &update(&b, b1)).is_err());
-        replicas.remove(8);
-        assert_eq!(entities.load(Ordering::Relaxed), 0);
+        assert!(replicas.apply(8, false, &update(&b, b2)).is_ok(), "skipped, not refused again");
+        assert_eq!(count(), 0);
+        replicas.apply(8, true, &update(&b, 0)).unwrap();
+        assert_eq!(count(), 1, "the snapshot started a replica");
 
-        replicas.apply(7, &update(&a, 0)).unwrap();
-        replicas.apply(8, &update(&b, 0)).unwrap();
-        assert_eq!(entities.load(Ordering::Relaxed), 3, "two entities in cell 7, one in cell 8");
+        replicas.apply(7, true, &update(&a, 0)).unwrap();
+        assert_eq!(count(), 3, "two entities in cell 7, one in cell 8");
         set(&mut a, 2, 11, 2.5);
         a.seal();
-        replicas.apply(7, &update(&a, a1)).unwrap();
-        assert_eq!(entities.load(Ordering::Relaxed), 4);
+        replicas.apply(7, false, &update(&a, a1)).unwrap();
+        assert_eq!(count(), 4);
         // Cell 7 leaves the view: its count stays; coming back starts from a snapshot.
         replicas.remove(7);
-        assert_eq!(entities.load(Ordering::Relaxed), 4);
-        assert!(replicas.apply(7, &update(&a, a1)).is_err());
-        replicas.remove(7);
-        replicas.apply(7, &update(&a, 0)).unwrap();
-        assert_eq!(entities.load(Ordering::Relaxed), 6);
+        assert_eq!(count(), 4);
+        assert!(replicas.apply(7, false, &update(&a, a1)).is_err());
+        replicas.apply(7, true, &update(&a, 0)).unwrap();
+        assert_eq!(count(), 6);
     }
 
     #[test]

@@ -29,12 +29,20 @@ pub(super) fn header(update: &[u8]) -> Result<(Header, Reader<'_>), DecodeError>
 }
 
 /// Applies the patches that follow the header, up to the end of the update. Returns the
-/// entries of outermost maps it wrote ([`super::Replica::entries_applied`]).
-pub(super) fn apply(schema: &Schema, root: &mut RNode, r: &mut Reader<'_>) -> Result<u64, DecodeError> {
-    let d =
-        Decoder { schema, entries: Cell::new(0), in_entry: Cell::new(0), seen: RefCell::new(HashSet::new()) };
+/// entries of outermost maps it wrote if `count` ([`super::Replica::entries_applied`]), else 0.
+pub(super) fn apply(
+    schema: &Schema,
+    root: &mut RNode,
+    r: &mut Reader<'_>,
+    count: bool,
+) -> Result<u64, DecodeError> {
+    let d = Decoder { schema, entries: Cell::new(0), seen: RefCell::new(HashSet::new()) };
     while !r.buf.is_empty() {
-        d.patch(ROOT, root, 0, r)?;
+        if count {
+            d.patch(ROOT, root, Path(0), r)?;
+        } else {
+            d.patch(ROOT, root, Uncounted, r)?;
+        }
     }
     Ok(d.entries.get())
 }
@@ -73,38 +81,76 @@ impl Reader<'_> {
     }
 }
 
+/// Every method below takes `at`: where the node it decodes is, as far as counting entries goes
+/// ([`Place`]).
 struct Decoder<'s> {
     schema: &'s Schema,
     /// Entries of outermost maps counted so far.
     entries: Cell<u64>,
-    /// How many map entries the decoder is inside: a map in one is not outermost.
-    in_entry: Cell<u32>,
-    /// The entries counted so far, by the path to their map ([`step`]) and key.
+    /// The entries counted so far, by the path to their map and key: each counts once per
+    /// update, however the update reaches it (removed and inserted again under a new id,
+    /// written in two segments, or in a map written whole and then patched).
     seen: RefCell<HashSet<(u64, Key)>>,
 }
 
-/// The path to a node one step below the node at `at`: struct field `i` (`step(at, 2 * i)`)
-/// or list item `i` (`step(at, 2 * i + 1)`). Names a map whether the update patches it or
-/// writes it whole, so each entry counts once however the update reaches it.
-fn step(at: u64, i: u64) -> u64 {
-    // SplitMix64's finalizer over the parent's path and the step.
-    let mut z = at.rotate_left(5) ^ i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// Where the decoder is: a [`Path`] from the root while entries are counted, [`Uncounted`]
+/// when they are not, or inside a map's entry (a map there is not outermost). A type, not a
+/// flag, so that a replica that does not count decodes as if counting did not exist.
+trait Place: Copy {
+    /// One step below: struct field `i` (`step(2 * i)`) or list item `i` (`step(2 * i + 1)`).
+    fn step(self, i: u64) -> Self;
+    /// The map here, if its entries are counted.
+    fn map(self) -> Option<u64>;
+}
+
+#[derive(Clone, Copy)]
+struct Uncounted;
+
+impl Place for Uncounted {
+    fn step(self, _: u64) -> Self {
+        self
+    }
+    fn map(self) -> Option<u64> {
+        None
+    }
+}
+
+/// The path from the root, hashed: names a map whether the update patches it or writes it
+/// whole.
+#[derive(Clone, Copy)]
+struct Path(u64);
+
+impl Place for Path {
+    fn step(self, i: u64) -> Self {
+        // SplitMix64's finalizer over the parent's path and the step.
+        let mut z = self.0.rotate_left(5) ^ i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Path(z ^ (z >> 31))
+    }
+    fn map(self) -> Option<u64> {
+        Some(self.0)
+    }
 }
 
 impl Decoder<'_> {
-    /// Runs `f` inside a map entry.
-    fn inside<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.in_entry.set(self.in_entry.get() + 1);
-        let out = f();
-        self.in_entry.set(self.in_entry.get() - 1);
-        out
+    /// Counts the entry `key` of the map at `at`, once per update.
+    fn count(&self, at: impl Place, key: &Key) {
+        if let Some(at) = at.map()
+            && self.seen.borrow_mut().insert((at, key.clone()))
+        {
+            self.entries.set(self.entries.get() + 1);
+        }
     }
 
     /// Patches `node`, of type `ty`, at path `at`.
-    fn patch(&self, ty: TypeId, node: &mut RNode, at: u64, r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    fn patch<P: Place>(
+        &self,
+        ty: TypeId,
+        node: &mut RNode,
+        at: P,
+        r: &mut Reader<'_>,
+    ) -> Result<(), DecodeError> {
         match (&self.schema.node(ty).kind, node) {
             (Kind::Struct(_), RNode::Struct(fields)) => self.struct_patch(ty, fields, at, r),
             (Kind::List(item), RNode::List(items)) => self.list_patch(*item, items, at, r),
@@ -113,11 +159,11 @@ impl Decoder<'_> {
         }
     }
 
-    fn struct_patch(
+    fn struct_patch<P: Place>(
         &self,
         ty: TypeId,
         fields: &mut [RNode],
-        at: u64,
+        at: P,
         r: &mut Reader<'_>,
     ) -> Result<(), DecodeError> {
         let decl = self.schema.fields(ty);
@@ -129,7 +175,7 @@ impl Decoder<'_> {
             let (index, op) = ((tag - 1) >> 2, (tag - 1) & 3);
             let field = decl.get(index as usize).ok_or(DecodeError::NoField(index))?;
             let slot = &mut fields[index as usize];
-            let at = step(at, 2 * index);
+            let at = at.step(2 * index);
             match op {
                 FIELD_SET => *slot = self.value(field.ty, at, r)?,
                 FIELD_PATCH => self.patch(field.ty, slot, at, r)?,
@@ -139,11 +185,11 @@ impl Decoder<'_> {
         }
     }
 
-    fn list_patch(
+    fn list_patch<P: Place>(
         &self,
         item: TypeId,
         items: &mut Vec<RNode>,
-        at: u64,
+        at: P,
         r: &mut Reader<'_>,
     ) -> Result<(), DecodeError> {
         let header = r.varint("list patch")?;
@@ -163,7 +209,7 @@ impl Decoder<'_> {
             let (index, op) = ((tag - 1) >> 1, (tag - 1) & 1);
             let len = items.len();
             let slot = items.get_mut(index as usize).ok_or(DecodeError::BadIndex { index, len })?;
-            let at = step(at, 2 * index + 1);
+            let at = at.step(2 * index + 1);
             match op {
                 ITEM_SET => *slot = self.value(item, at, r)?,
                 ITEM_PATCH => self.patch(item, slot, at, r)?,
@@ -172,12 +218,12 @@ impl Decoder<'_> {
         }
     }
 
-    fn map_patch(
+    fn map_patch<P: Place>(
         &self,
         kind: KeyKind,
         value: TypeId,
         map: &mut RMap,
-        at: u64,
+        at: P,
         r: &mut Reader<'_>,
     ) -> Result<(), DecodeError> {
         loop {
@@ -187,42 +233,37 @@ impl Decoder<'_> {
             }
             let (id, op) = ((tag - 1) >> 2, (tag - 1) & 3);
             let id = u32::try_from(id).map_err(|_| DecodeError::UnknownId(id))?;
-            let known = || map.ids.get(&id).cloned().ok_or(DecodeError::UnknownId(u64::from(id)));
-            // Below an entry, paths no longer matter: nothing there is counted.
-            let key = match op {
+            let unknown = || DecodeError::UnknownId(u64::from(id));
+            // An entry's value holds no outermost map.
+            match op {
                 ENTRY_INSERT => {
                     let key = self.key(kind, r)?;
-                    let node = self.inside(|| self.value(value, 0, r))?;
+                    let node = self.value(value, Uncounted, r)?;
                     if map.ids.contains_key(&id) || map.entries.contains_key(&key) {
                         return Err(DecodeError::DuplicateEntry(u64::from(id)));
                     }
+                    self.count(at, &key);
                     map.ids.insert(id, key.clone());
-                    map.entries.insert(key.clone(), node);
-                    key
+                    map.entries.insert(key, node);
                 }
                 ENTRY_PATCH => {
-                    let key = known()?;
-                    let node = map.entries.get_mut(&key).expect("ids and entries agree");
-                    self.inside(|| self.patch(value, node, 0, r))?;
-                    key
+                    let key = map.ids.get(&id).ok_or_else(unknown)?;
+                    self.count(at, key);
+                    let node = map.entries.get_mut(key).expect("ids and entries agree");
+                    self.patch(value, node, Uncounted, r)?;
                 }
                 ENTRY_REMOVE => {
-                    let key = map.ids.remove(&id).ok_or(DecodeError::UnknownId(u64::from(id)))?;
+                    let key = map.ids.remove(&id).ok_or_else(unknown)?;
+                    self.count(at, &key);
                     map.entries.remove(&key);
-                    key
                 }
                 ENTRY_SET => {
-                    let key = known()?;
-                    let node = self.inside(|| self.value(value, 0, r))?;
-                    map.entries.insert(key.clone(), node);
-                    key
+                    let key = map.ids.get(&id).ok_or_else(unknown)?.clone();
+                    self.count(at, &key);
+                    let node = self.value(value, Uncounted, r)?;
+                    map.entries.insert(key, node);
                 }
                 _ => unreachable!("op is two bits"),
-            };
-            // Each entry once per update: one removed and inserted again (its key given a new
-            // id), or written in two segments, is one entry, as in JSON.
-            if self.in_entry.get() == 0 && self.seen.borrow_mut().insert((at, key)) {
-                self.entries.set(self.entries.get() + 1);
             }
         }
     }
@@ -238,7 +279,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn value(&self, ty: TypeId, at: u64, r: &mut Reader<'_>) -> Result<RNode, DecodeError> {
+    fn value<P: Place>(&self, ty: TypeId, at: P, r: &mut Reader<'_>) -> Result<RNode, DecodeError> {
         Ok(match &self.schema.node(ty).kind {
             Kind::Int => RNode::Int(unzigzag(r.varint("int")?)),
             Kind::Float(q) => RNode::Float(float(*q, r)?),
@@ -267,7 +308,7 @@ impl Decoder<'_> {
                 let n = r.count("list")?;
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n as u64 {
-                    items.push(self.value(*item, step(at, 2 * i + 1), r)?);
+                    items.push(self.value(*item, at.step(2 * i + 1), r)?);
                 }
                 RNode::List(items)
             }

@@ -31,17 +31,21 @@ pub(super) fn header(update: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
     Ok((Header { snapshot, from: h.from, to: h.to }, &update[end + 1..]))
 }
 
-/// Applies the ops that follow the header. Returns the entries of outermost maps they wrote
-/// ([`super::Replica::entries_applied`]): the entry each op's path ends at or goes through
-/// (each once, however many of its fields the update writes), and the entries of maps an op
-/// sets whole.
-pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8]) -> Result<u64, DecodeError> {
+/// Applies the ops that follow the header. Returns, if `count`, the entries of outermost maps
+/// they wrote ([`super::Replica::entries_applied`]): the entry each op's path ends at or goes
+/// through (each once, however many of its fields the update writes), and the entries of maps
+/// an op sets whole; else 0.
+pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8], count: bool) -> Result<u64, DecodeError> {
     let mut entries = 0;
+    // Paths of the entries counted.
     let mut seen: HashSet<Vec<String>> = HashSet::new();
     for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let op: JsonOp = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
         let segs = segments(&op.path).map_err(bad)?;
         apply_op(schema, root, &op, &segs)?;
+        if !count {
+            continue;
+        }
         match outer_entry_len(schema, &segs) {
             Some(len) if !seen.contains(&segs[..len]) => {
                 entries += 1;
@@ -88,15 +92,17 @@ fn outer_entries(
         n
     };
     match (node, &schema.node(ty).kind) {
-        (RNode::Map(map), Kind::Map { .. }) => map
-            .entries
-            .keys()
-            .filter(|key| {
+        (RNode::Map(map), Kind::Map { .. }) => {
+            let mut counted = 0;
+            for key in map.entries.keys() {
                 let mut entry = path.clone();
                 entry.push(key.to_string());
-                seen.insert(entry)
-            })
-            .count() as u64,
+                if seen.insert(entry) {
+                    counted += 1;
+                }
+            }
+            counted
+        }
         (RNode::Struct(nodes), Kind::Struct(decl)) => {
             nodes.iter().zip(decl).map(|(node, f)| below(node, f.ty, f.name.to_string(), seen)).sum()
         }

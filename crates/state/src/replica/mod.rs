@@ -46,13 +46,15 @@ pub struct Replica {
     root: RNode,
     version: Version,
     poisoned: bool,
+    /// Whether it counts entries ([`Replica::counting_entries`]), and how many so far.
+    counting: bool,
     entries: u64,
 }
 
 impl Replica {
     pub fn new(schema: Arc<Schema>) -> Replica {
         let root = default_node(&schema, ROOT);
-        Replica { schema, root, version: 0, poisoned: false, entries: 0 }
+        Replica { schema, root, version: 0, poisoned: false, counting: false, entries: 0 }
     }
 
     /// The version of the last update applied.
@@ -60,10 +62,20 @@ impl Replica {
         self.version
     }
 
-    /// Entries of outermost maps (those not inside another map's entry) that the updates
-    /// applied so far wrote: each entry an update inserts, sets, patches or removes counts
-    /// once, and so does each entry of a map it sets whole (a snapshot's). For a state whose
-    /// map holds entities, the entity updates received. Updates refused add nothing.
+    /// The same replica, counting from now on the entries its updates write
+    /// ([`Replica::entries_applied`]). Off by default: the count costs a hash set per update.
+    pub fn counting_entries(mut self) -> Replica {
+        self.counting = true;
+        self
+    }
+
+    /// With [`Replica::counting_entries`] (else 0), the entries of outermost maps (those not
+    /// inside another map's entry) that the updates applied since wrote: each entry an update
+    /// inserts, sets, patches or removes counts once, however many of its fields change and
+    /// in how many of the update's segments, and so does each entry of a map it sets whole (a
+    /// snapshot's). Entries dropped by clearing a map, or by setting a whole map in place of
+    /// one, are not counted. For a state whose map holds entities, the entity updates
+    /// received. An update refused (even one partly applied before its error) adds nothing.
     pub fn entries_applied(&self) -> u64 {
         self.entries
     }
@@ -91,13 +103,15 @@ impl Replica {
     /// updated; it then accepts only a snapshot.
     pub fn apply(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
         let (header, mut body) = binary::header(update)?;
-        self.apply_with(header, |schema, root| binary::apply(schema, root, &mut body))
+        let count = self.counting;
+        self.apply_with(header, |schema, root| binary::apply(schema, root, &mut body, count))
     }
 
     /// Applies one JSON update (a header line, then one op per line).
     pub fn apply_json(&mut self, update: &[u8]) -> Result<Version, DecodeError> {
         let (header, body) = json::header(update)?;
-        self.apply_with(header, |schema, root| json::apply(schema, root, body))
+        let count = self.counting;
+        self.apply_with(header, |schema, root| json::apply(schema, root, body, count))
     }
 
     /// Applies one update encoded with `codec`: [`Replica::apply`] or [`Replica::apply_json`].
