@@ -163,6 +163,8 @@ fn same_count_in_both_codecs(seed: u64, ticks: u64) -> Result<(), TestCaseError>
     let schema = compile(&def);
     let mut state = State::new(schema.clone());
     let mut replicas: Vec<[Replica; 2]> = PLAYERS.iter().map(|_| counting(&schema)).collect();
+    let mut plain: Vec<[Replica; 2]> =
+        PLAYERS.iter().map(|_| [Replica::new(schema.clone()), Replica::new(schema.clone())]).collect();
     let mut from = 0;
     for tick in 0..ticks {
         for _ in 0..rng.below(6) {
@@ -182,6 +184,9 @@ fn same_count_in_both_codecs(seed: u64, ticks: u64) -> Result<(), TestCaseError>
                 let applied = pair[k].apply_codec(codec, &update);
                 prop_assert!(applied.is_ok(), "tick {} {:?}: {:?}", tick, codec, applied);
                 counts[k] = pair[k].entries_applied();
+                // Counting changes nothing of what a replica holds.
+                plain[i][k].apply_codec(codec, &update).unwrap();
+                prop_assert_eq!(plain[i][k].value(), pair[k].value(), "tick {} {:?}", tick, codec);
                 updates.push(update);
                 let mut fresh = Replica::new(schema.clone()).counting_entries();
                 fresh.apply_codec(codec, &bytes(0)).unwrap();

@@ -124,12 +124,13 @@ pub struct Step {
     /// The frozen clients (`--frozen-clients`), apart from the ramp's.
     pub frozen: Option<GroupFigures>,
     /// Entity updates a client received per second over the hold: the mean over the replica
-    /// bots (`replica_bots` of them, one bot in `sim::bots::REPLICA_EVERY`), which apply every
-    /// update. Each entity an update carries counts once, and a snapshot counts each of its
-    /// entities (`Replica::entries_applied`). `single`: the characters of the world channel;
-    /// `spatial`: the entities of the cells in view. This is what channeld's report gives as
-    /// the reason its spatial scenario's messages fall under a tenth of `single`'s: a client
-    /// no longer receives every other client's data updates. `None` with no replica bot.
+    /// bots (`replica_bots` of them, one bot in `sim::bots::REPLICA_EVERY`), which apply the
+    /// updates they get to replicas. Each entity an update carries counts once, and a snapshot
+    /// counts each of its entities (`Replica::entries_applied`). `single`: the characters of the
+    /// world channel; `spatial`: the entities of the cells in view. What channeld's report
+    /// gives as the reason its spatial scenario's messages fall under a tenth of `single`'s (a
+    /// client no longer receives every other client's data updates); in `spatial` it is about
+    /// what the layout alone predicts (docs/benchmarks.md). `None` with no replica bot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entity_updates_per_client_per_s: Option<f64>,
     /// Replica bots in `entity_updates_per_client_per_s`: those that had joined by the end of
@@ -311,7 +312,7 @@ pub(super) fn print_row(step: &Step) {
     }
     if let Some(entities) = step.entity_updates_per_client_per_s {
         println!(
-            "  replica sample: {} bots applied every update; {entities:.0} entity updates received per client per s, in {:.1} messages out per client per s",
+            "  replica sample: {} bots kept a replica; {entities:.0} entity updates received per client per s, in {:.1} messages out per client per s",
             step.replica_bots,
             s.msgs_out_per_s / step.clients.max(1) as f64,
         );

@@ -1,6 +1,7 @@
-//! Simulated players over the network: each bot subscribes to the world channel, rebuilds it
-//! with a replica, measures how often updates arrive and how old they are, and drives its
-//! character with the B3 input pattern (`bot.rs`).
+//! Simulated players over the network: each bot subscribes to the world channel, checks each
+//! update's versions, measures how often updates arrive and how old they are, and drives its
+//! character with the B3 input pattern (`bot.rs`). A bot in [`BotMode::Replica`] (every demo
+//! bot, one B3 bot in [`REPLICA_EVERY`]) also rebuilds the world with a replica.
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,8 @@ use super::world::Input;
 pub struct BotStats {
     /// Bots connected and subscribed now.
     pub connected: AtomicU64,
-    /// Updates a bot could not read: its replica refused it, or (counting mode) its header or
-    /// timestamp did not parse.
+    /// Updates a bot could not read: a header or timestamp that did not parse, or (a replica
+    /// bot) an update its replica refused, counted once per replica dropped.
     pub decode_errors: AtomicU64,
     /// Bots that stopped with an error before they were told to stop (connect, subscribe,
     /// send or a lost session), each counted once.
@@ -141,8 +142,10 @@ pub fn rates_between(first: &[(usize, u64)], last: &[(usize, u64)], seconds: f64
 pub enum BotMode {
     /// Apply every update to a replica of the world (checks that every byte decodes and every
     /// delta applies to the version held; costs CPU), and count the entity updates received.
-    /// A replica that refuses an update counts one decode failure and is dropped: the bot goes
-    /// on counting, without it.
+    /// A replica that refuses an update counts one decode failure and is dropped: a `single`
+    /// bot goes on counting without it; a `spatial` bot's cell gets a new one at its next
+    /// snapshot. One whose update did not parse at all is dropped the same way, without a
+    /// second count.
     Replica,
     /// Count updates and read their timestamp only, as most B3 clients do.
     Count,
@@ -399,11 +402,24 @@ struct Tally<'a> {
 
 impl<'a> Tally<'a> {
     fn new(stats: &'a BotStats, index: usize, mode: BotMode) -> anyhow::Result<Tally<'a>> {
-        let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
+        let replica = match mode {
+            BotMode::Replica => {
+                let schema = Schema::new(SchemaDef::parse(SCHEMA, "world.json")?)?;
+                Some((Replica::new(schema).counting_entries(), stats.add_replica_bot(index)))
+            }
+            BotMode::Count => None,
+        };
         let counter = stats.add_bot(index);
-        let replica = (mode == BotMode::Replica)
-            .then(|| (Replica::new(schema).counting_entries(), stats.add_replica_bot(index)));
         Ok(Tally { stats, index, counter, replica, held: None })
+    }
+
+    /// Drops the replica for good, and its count from the figure, so that the figure keeps to
+    /// bots that applied everything (the channel would send a snapshot only on a resume or a
+    /// filter change).
+    fn drop_replica(&mut self) {
+        if self.replica.take().is_some() {
+            self.stats.forget_replica_bot(self.index);
+        }
     }
 
     /// Reads one push; returns the input the bot sends in answer, if any (the server says its
@@ -424,12 +440,12 @@ impl<'a> Tally<'a> {
 
     fn update(&mut self, body: Bytes) {
         let stats = self.stats;
-        let Ok(update) = ChannelUpdate::decode(body) else {
+        // An update that does not parse is counted here; the replica, which missed it, would
+        // refuse the next delta: it goes now, without a second count.
+        let parsed = ChannelUpdate::decode(body).ok().and_then(|u| peek(&u.update).map(|p| (u, p)));
+        let Some((update, peeked)) = parsed else {
             stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let Some(peeked) = peek(&update.update) else {
-            stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+            self.drop_replica();
             return;
         };
         let now = now_us();
@@ -439,11 +455,9 @@ impl<'a> Tally<'a> {
         if let Some((replica, entities)) = &mut self.replica {
             match replica.apply(&update.update) {
                 Ok(_) => entities.store(replica.entries_applied(), Ordering::Relaxed),
-                // The world channel sends no snapshot that would restart it.
                 Err(_) => {
                     stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    stats.forget_replica_bot(self.index);
-                    self.replica = None;
+                    self.drop_replica();
                 }
             }
         }
@@ -473,7 +487,7 @@ impl Drop for Connected<'_> {
     }
 }
 
-/// What a counting bot reads of a binary update without decoding the rest.
+/// What a bot reads of a binary update without decoding the rest.
 #[derive(Debug, PartialEq, Eq)]
 struct Peeked {
     snapshot: bool,
@@ -581,6 +595,19 @@ mod tests {
         tally.update(push(&state, v5 - 1));
         assert_eq!(stats.decode_errors.load(Ordering::Relaxed), 1, "no replica, no more refusals");
         assert_eq!(stats.updates_per_bot(), [(0, 4)], "every update counted");
+
+        // An update that does not parse is one failure: the replica, which missed it, goes
+        // with it instead of refusing the next delta.
+        let stats = BotStats::default();
+        let mut tally = Tally::new(&stats, 100, BotMode::Replica).unwrap();
+        tally.update(push(&state, 0));
+        let v6 = frame(&mut state, 6, &["a"]);
+        tally.update(Bytes::from_static(&[0x1a, 0x02, 0xff, 0xff]));
+        frame(&mut state, 7, &["a"]);
+        tally.update(push(&state, v6));
+        assert_eq!(stats.decode_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.version_gaps.load(Ordering::Relaxed), 1, "the version it missed");
+        assert!(stats.entities_per_replica_bot().is_empty());
     }
 
     #[test]

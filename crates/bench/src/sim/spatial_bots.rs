@@ -3,8 +3,10 @@
 //! "updated only on handover"), sends its inputs to its entity, and counts the `channel.updates`
 //! messages it receives: versions checked per cell (no gap, no repeat), and the age of the
 //! first entity in each cell update, read without decoding the rest (`peek_cell`). A bot in
-//! [`BotMode::Replica`] also applies every cell update to a replica of the cell, which checks
-//! every byte, and counts the entity updates it received.
+//! [`BotMode::Replica`] also applies every cell update to a replica of the cell, built from the
+//! cell schema of the gateway's `spatial.interest` answer: each must decode and apply to the
+//! version held (a cell whose replica refused one is skipped until its next snapshot). It
+//! counts the entity updates it received.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,16 +87,19 @@ async fn session(
         .call(&mut conn, &player, "spatial.interest", interest.encode_to_vec())
         .await
         .context("setting the area of interest")?;
-    let counter = stats.add_bot(index);
     let mut replicas = match mode {
         BotMode::Replica => {
             // The cells' schema as the gateway gives it, as a player's client would use it.
             let result = InterestResult::decode(answer).context("the area of interest's answer")?;
-            let def = SchemaDef::parse(&result.cell_schema_json, "cell.json")?;
-            Some(CellReplicas::new(Schema::new(def)?, stats.add_replica_bot(index)))
+            let schema = SchemaDef::parse(&result.cell_schema_json, "cell.json")
+                .map_err(anyhow::Error::from)
+                .and_then(|def| Ok(Schema::new(def)?))
+                .context("the cell schema in the area of interest's answer")?;
+            Some(CellReplicas::new(schema, stats.add_replica_bot(index)))
         }
         BotMode::Count => None,
     };
+    let counter = stats.add_bot(index);
     let _connected = Connected::count(&stats.connected);
 
     let mut bot = Bot::new(SmallRng::seed_from_u64(index as u64 ^ 0x5EED), yaw);
@@ -135,14 +140,22 @@ async fn session(
         };
         match push.topic.as_str() {
             "channel.updates" => {
+                // What does not parse is counted here; the replicas that missed it would refuse
+                // the next delta, so they go now, without a second count.
                 let Ok(batch) = ChannelUpdates::decode(push.body) else {
                     stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                    if let Some(replicas) = &mut replicas {
+                        replicas.drop_all();
+                    }
                     continue;
                 };
                 let now = now_us();
                 for update in batch.updates {
                     let Some(peeked) = peek_cell(&update.update) else {
                         stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                        if let Some(replicas) = &mut replicas {
+                            replicas.drop_cell(update.channel_id);
+                        }
                         continue;
                     };
                     stats.check_chain(peeked.snapshot, peeked.from, held.get(update.channel_id));
@@ -237,18 +250,41 @@ impl CellReplicas {
         }
         let applied = match &mut self.cells[at].1 {
             None => Ok(()),
-            Some(replica) => match replica.apply(update) {
-                Ok(_) => Ok(()),
-                Err(e) => {
-                    self.dropped += replica.entries_applied();
-                    self.cells[at].1 = None;
-                    Err(e)
-                }
-            },
+            Some(replica) => replica.apply(update).map(|_| ()),
         };
+        if applied.is_err() {
+            self.drop_cell(cell);
+        }
+        self.publish();
+        applied
+    }
+
+    /// Drops cell `cell`'s replica, keeping its count, until the cell's next snapshot (a cell
+    /// not seen yet waits for one too).
+    fn drop_cell(&mut self, cell: u64) {
+        match self.cells.iter_mut().find(|(c, _)| *c == cell) {
+            Some((_, slot)) => {
+                if let Some(replica) = slot.take() {
+                    self.dropped += replica.entries_applied();
+                }
+            }
+            None => self.cells.push((cell, None)),
+        }
+    }
+
+    /// Drops every cell's replica (an update the bot could not read may have touched any).
+    fn drop_all(&mut self) {
+        for (_, slot) in &mut self.cells {
+            if let Some(replica) = slot.take() {
+                self.dropped += replica.entries_applied();
+            }
+        }
+    }
+
+    /// Stores the count: the dropped replicas' and the live ones'.
+    fn publish(&self) {
         let live: u64 = self.cells.iter().filter_map(|(_, r)| r.as_ref()).map(Replica::entries_applied).sum();
         self.entities.store(self.dropped + live, Ordering::Relaxed);
-        applied
     }
 
     fn fresh(&self) -> Replica {
@@ -257,11 +293,8 @@ impl CellReplicas {
 
     /// Cell `cell` left the view.
     fn remove(&mut self, cell: u64) {
-        if let Some(at) = self.cells.iter().position(|(c, _)| *c == cell)
-            && let (_, Some(replica)) = self.cells.swap_remove(at)
-        {
-            self.dropped += replica.entries_applied();
-        }
+        self.drop_cell(cell);
+        self.cells.retain(|(c, _)| *c != cell);
     }
 }
 
@@ -369,14 +402,32 @@ mod tests {
         assert_eq!(count(), 3, "two entities in cell 7, one in cell 8");
         set(&mut a, 2, 11, 2.5);
         a.seal();
+        let a2 = a.version();
         replicas.apply(7, false, &update(&a, a1)).unwrap();
         assert_eq!(count(), 4);
-        // Cell 7 leaves the view: its count stays; coming back starts from a snapshot.
-        replicas.remove(7);
+        // A refusal by a replica that counted keeps what it counted.
+        assert!(replicas.apply(7, false, &update(&a, a1)).is_err(), "a repeat");
         assert_eq!(count(), 4);
-        assert!(replicas.apply(7, false, &update(&a, a1)).is_err());
         replicas.apply(7, true, &update(&a, 0)).unwrap();
         assert_eq!(count(), 6);
+        // An update the bot could not read: the cell waits for a snapshot, without a refusal.
+        replicas.drop_cell(7);
+        set(&mut a, 1, 12, 1.5);
+        a.seal();
+        assert!(replicas.apply(7, false, &update(&a, a2)).is_ok());
+        assert_eq!(count(), 6);
+        replicas.drop_cell(9);
+        assert!(replicas.apply(9, false, &update(&b, b2)).is_ok(), "a cell not seen yet waits too");
+        // Cell 7 leaves the view: its count stays; coming back starts from a snapshot.
+        replicas.remove(7);
+        assert_eq!(count(), 6);
+        assert!(replicas.apply(7, false, &update(&a, a2)).is_err());
+        replicas.apply(7, true, &update(&a, 0)).unwrap();
+        assert_eq!(count(), 8);
+        // Every replica dropped: their counts stay.
+        replicas.drop_all();
+        assert!(replicas.apply(8, false, &update(&b, b2)).is_ok());
+        assert_eq!(count(), 8);
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Reader<'_> {
     }
 }
 
-/// Every method below takes `at`: where the node it decodes is, as far as counting entries goes
+/// The methods that decode a node take `at`: where the node is, as far as counting entries goes
 /// ([`Place`]).
 struct Decoder<'s> {
     schema: &'s Schema,

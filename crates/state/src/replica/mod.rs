@@ -3,7 +3,9 @@
 //!
 //! Decoding follows the schema, so recursion is bounded by the schema's depth, and every length
 //! is checked against the bytes that remain before anything is allocated. Bad input is a typed
-//! [`DecodeError`]; after one, the replica refuses deltas until it gets a snapshot.
+//! [`DecodeError`]. After one in an update's body (the update may be partly applied), the
+//! replica refuses deltas until it gets a snapshot; a delta from a version other than the one
+//! it holds is refused and changes nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,7 +65,7 @@ impl Replica {
     }
 
     /// The same replica, counting from now on the entries its updates write
-    /// ([`Replica::entries_applied`]). Off by default: the count costs a hash set per update.
+    /// ([`Replica::entries_applied`]). Off by default: the count costs a hash and a key per entry written.
     pub fn counting_entries(mut self) -> Replica {
         self.counting = true;
         self
