@@ -147,7 +147,7 @@ pub struct ChannelsConfig {
 #[serde(rename_all = "snake_case")]
 pub enum SpatialDelivery {
     /// The world's thread, at the end of its pass. On 2 cores the clients' p5 update rate at
-    /// 3,000 was the higher in 4 of 6 paired rounds (docs/benchmarks.md, fourteenth session).
+    /// 3,000 was the higher in 4 of 6 paired rounds (docs/spatial-history.md, fourteenth session).
     #[default]
     World,
     /// Each session's I/O thread, from a frame the world hands over: the world's pass is about a
