@@ -224,14 +224,15 @@ struct CellReplicas {
     /// Each cell in view, with its replica; `None` once the replica refused an update, until
     /// the cell's next snapshot.
     cells: Vec<(u64, Option<Replica>)>,
-    /// Entity updates received by the replicas dropped (cells left, replicas that refused).
-    dropped: u64,
+    /// Entity updates received over every replica, dropped ones included: what `entities`
+    /// is told.
+    total: u64,
     entities: Arc<AtomicU64>,
 }
 
 impl CellReplicas {
     fn new(schema: Arc<Schema>, entities: Arc<AtomicU64>) -> CellReplicas {
-        CellReplicas { schema, cells: Vec::new(), dropped: 0, entities }
+        CellReplicas { schema, cells: Vec::new(), total: 0, entities }
     }
 
     /// Applies cell `cell`'s update (`snapshot`: it is one). A cell's first update must be a
@@ -250,24 +251,25 @@ impl CellReplicas {
         }
         let applied = match &mut self.cells[at].1 {
             None => Ok(()),
-            Some(replica) => replica.apply(update).map(|_| ()),
+            Some(replica) => {
+                let before = replica.entries_applied();
+                let applied = replica.apply(update).map(|_| ());
+                self.total += replica.entries_applied() - before;
+                applied
+            }
         };
         if applied.is_err() {
             self.drop_cell(cell);
         }
-        self.publish();
+        self.entities.store(self.total, Ordering::Relaxed);
         applied
     }
 
-    /// Drops cell `cell`'s replica, keeping its count, until the cell's next snapshot (a cell
-    /// not seen yet waits for one too).
+    /// Drops cell `cell`'s replica (its count stays in `total`) until the cell's next
+    /// snapshot; a cell not seen yet waits for one too.
     fn drop_cell(&mut self, cell: u64) {
         match self.cells.iter_mut().find(|(c, _)| *c == cell) {
-            Some((_, slot)) => {
-                if let Some(replica) = slot.take() {
-                    self.dropped += replica.entries_applied();
-                }
-            }
+            Some((_, slot)) => *slot = None,
             None => self.cells.push((cell, None)),
         }
     }
@@ -275,16 +277,8 @@ impl CellReplicas {
     /// Drops every cell's replica (an update the bot could not read may have touched any).
     fn drop_all(&mut self) {
         for (_, slot) in &mut self.cells {
-            if let Some(replica) = slot.take() {
-                self.dropped += replica.entries_applied();
-            }
+            *slot = None;
         }
-    }
-
-    /// Stores the count: the dropped replicas' and the live ones'.
-    fn publish(&self) {
-        let live: u64 = self.cells.iter().filter_map(|(_, r)| r.as_ref()).map(Replica::entries_applied).sum();
-        self.entities.store(self.dropped + live, Ordering::Relaxed);
     }
 
     fn fresh(&self) -> Replica {
@@ -293,7 +287,6 @@ impl CellReplicas {
 
     /// Cell `cell` left the view.
     fn remove(&mut self, cell: u64) {
-        self.drop_cell(cell);
         self.cells.retain(|(c, _)| *c != cell);
     }
 }

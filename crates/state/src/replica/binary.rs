@@ -2,9 +2,8 @@
 
 use std::cell::{Cell, RefCell};
 
-use hashbrown::HashSet;
-
 use bytes::Bytes;
+use hashbrown::HashSet;
 
 use super::{Header, RMap, RNode, default_node};
 use crate::encode::binary::{

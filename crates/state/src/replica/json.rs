@@ -41,7 +41,7 @@ pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8], count: bool)
     let mut seen: HashSet<Vec<String>> = HashSet::new();
     for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let op: JsonOp = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
-        let segs = segments(&op.path).map_err(bad)?;
+        let mut segs = segments(&op.path).map_err(bad)?;
         apply_op(schema, root, &op, &segs)?;
         if !count {
             continue;
@@ -54,7 +54,7 @@ pub(super) fn apply(schema: &Schema, root: &mut RNode, body: &[u8], count: bool)
             Some(_) => {}
             None if op.op == "set" => {
                 let (node, ty) = walk(schema, root, ROOT, &segs)?;
-                entries += outer_entries(schema, node, ty, &mut segs.clone(), &mut seen);
+                entries += outer_entries(schema, node, ty, &mut segs, &mut seen);
             }
             None => {}
         }
