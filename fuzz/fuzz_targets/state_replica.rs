@@ -30,7 +30,11 @@ fn schema() -> Arc<Schema> {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
+    // Bit 1: a replica that counts entries, whose decoding takes other paths.
     let mut replica = Replica::new(schema());
+    if mode & 2 != 0 {
+        replica = replica.counting_entries();
+    }
     // Apply the input twice: as a first update, then on top of whatever it built.
     for _ in 0..2 {
         let result = if mode & 1 == 0 { replica.apply(rest) } else { replica.apply_json(rest) };
