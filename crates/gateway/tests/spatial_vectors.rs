@@ -8,8 +8,8 @@ use prost::Message;
 use serde_json::{Value, json};
 use tickwire_state::{Codec, Field, Key, KeyKind, Patch, Schema, SchemaDef, State, Type};
 use tickwire_wire::proto::{
-    ChannelUpdate, ChannelUpdates, EntityMessage, EntityState, Follow, Handover, HandoverKind, Publish,
-    Release, SetInterest, SpawnEntity, Sphere, Vec3, set_interest,
+    ChannelUpdate, ChannelUpdates, EntityMessage, EntityState, Follow, Handover, HandoverKind, LodBand,
+    Publish, Release, SetInterest, SpawnEntity, Sphere, SubscriptionOptions, Vec3, set_interest,
 };
 
 const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/test-vectors/spatial.json");
@@ -49,6 +49,31 @@ fn vectors() -> Vec<(&'static str, &'static str, Value, Vec<u8>)> {
                 area: Some(set_interest::Area::Sphere(Sphere { center: v3(10.0, 0.0, -20.0), radius: 30.0 })),
                 follow: Follow::Cell as i32,
                 options: None,
+                lod: Vec::new(),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            // BENCHMARKS.md's B3 `lod` bands: 20 Hz updates, cells within 10 m in each, within
+            // 50 m every other one (100 ms), the rest once a second.
+            "interest_sphere_lod",
+            "SetInterest",
+            json!({"sphere": {"center": {"x": 10.0, "z": -20.0}, "radius": 100.0}, "follow": "FOLLOW_CELL",
+                   "options": {"fanout_interval_ms": 50},
+                   "lod": [{"within": 10.0}, {"within": 50.0, "interval_ms": 100},
+                           {"within": 100.0, "interval_ms": 1000}]}),
+            SetInterest {
+                area: Some(set_interest::Area::Sphere(Sphere {
+                    center: v3(10.0, 0.0, -20.0),
+                    radius: 100.0,
+                })),
+                follow: Follow::Cell as i32,
+                options: Some(SubscriptionOptions { fanout_interval_ms: 50, ..Default::default() }),
+                lod: vec![
+                    LodBand { within: 10.0, interval_ms: 0 },
+                    LodBand { within: 50.0, interval_ms: 100 },
+                    LodBand { within: 100.0, interval_ms: 1000 },
+                ],
             }
             .encode_to_vec(),
         ),

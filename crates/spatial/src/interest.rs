@@ -117,6 +117,16 @@ impl Area {
         }
     }
 
+    /// The area's reference point: a sphere's centre, a box's centre, a cone's apex. What
+    /// [`Area::centred_at`] moves, and what level-of-detail distances count from.
+    pub fn reference_point(&self) -> [f32; 3] {
+        match *self {
+            Area::Sphere { center, .. } => center,
+            Area::Box { min, max } => std::array::from_fn(|i| min[i] + (max[i] - min[i]) / 2.0),
+            Area::Cone { apex, .. } => apex,
+        }
+    }
+
     /// The same area moved so that its reference point (a sphere's centre, a box's centre, a
     /// cone's apex) is at `p`: how an area follows its client's entity.
     pub fn centred_at(&self, p: [f32; 3]) -> Area {
@@ -145,16 +155,8 @@ impl Area {
                 let c = [center[0], center[2]];
                 let candidates =
                     layout.cells_in_rect([c[0] - radius, c[1] - radius], [c[0] + radius, c[1] + radius]);
-                candidates
-                    .into_iter()
-                    .filter(|&cell| {
-                        let (lo, hi) = layout.bounds(cell);
-                        // The closest point of the cell's rectangle to the centre.
-                        let dx = c[0] - c[0].clamp(lo[0], hi[0]);
-                        let dz = c[1] - c[1].clamp(lo[1], hi[1]);
-                        dx * dx + dz * dz <= radius * radius
-                    })
-                    .collect()
+                let reached = |&cell: &Cell| layout.squared_distance_to(cell, center) <= radius * radius;
+                candidates.into_iter().filter(reached).collect()
             }
         }
     }

@@ -168,6 +168,20 @@ impl Layout {
         (min, [min[0] + c.cell_size, min[1] + c.cell_size])
     }
 
+    /// The distance on the plane from `point` (its `x` and `z`) to the nearest point of
+    /// `cell`'s square: 0 inside it. No point of the cell is nearer.
+    pub fn distance_to(&self, cell: Cell, point: [f32; 3]) -> f32 {
+        self.squared_distance_to(cell, point).sqrt()
+    }
+
+    /// [`Layout::distance_to`], squared.
+    pub(crate) fn squared_distance_to(&self, cell: Cell, point: [f32; 3]) -> f32 {
+        let (lo, hi) = self.bounds(cell);
+        let dx = point[0] - point[0].clamp(lo[0], hi[0]);
+        let dz = point[2] - point[2].clamp(lo[1], hi[1]);
+        dx * dx + dz * dz
+    }
+
     /// What moving from `from` to `to` means for the entity.
     pub fn classify(&self, from: [f32; 3], to: [f32; 3]) -> Move {
         match (self.cell_of(from), self.cell_of(to)) {

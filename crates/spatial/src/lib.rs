@@ -3,7 +3,8 @@
 //! ([`layout`]), areas of interest and the cells they touch ([`interest`]), and what a move
 //! of an entity means: nothing, a cell change within one server, or a handover to another
 //! server ([`Layout::classify`]), and the route of an entity's messages through a handover
-//! with nothing lost, duplicated or reordered ([`handover`]). The gateway drives channels,
+//! with nothing lost, duplicated or reordered ([`handover`]), and how often a client hears of
+//! each cell by its distance ([`lod`]). The gateway drives channels,
 //! subscriptions and handovers from these answers; keeping them here makes them testable
 //! against brute force and random interleavings.
 //!
@@ -13,6 +14,8 @@
 pub mod handover;
 pub mod interest;
 pub mod layout;
+pub mod lod;
 
 pub use interest::Area;
 pub use layout::{Cell, Layout, LayoutConfig, LayoutError, Move, ServerSlot};
+pub use lod::{Band, Bands, LodError};

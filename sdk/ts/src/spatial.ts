@@ -40,6 +40,12 @@ export interface InterestOptions {
   follow?: Follow;
   /** Only `codec`, `fanoutIntervalMs` and `fanoutDelayMs` apply (§14.1). */
   options?: SubscribeOptions;
+  /**
+   * Level of detail (§14.4), nearest band first: a cell whose nearest point is at most `within`
+   * from the area's reference point changes in this client's updates at most once per
+   * `intervalMs` (0: in every update); past the last band, the last band's interval.
+   */
+  lod?: { within: number; intervalMs: number }[];
 }
 
 /** One entity in view: its id, the cell it is in, and its value (the entity schema's fields). */
@@ -100,7 +106,7 @@ export class Spatial {
   /** `spatial.interest`: replaces the area (`null`: none, and every cell leaves the view). */
   async interest(area: Area | null, opts: InterestOptions = {}): Promise<CellInfo[]> {
     type Init = MessageInitShape<typeof SetInterestSchema>;
-    let req: Init = { follow: opts.follow ?? Follow.OFF, options: opts.options as Init["options"] };
+    let req: Init = { follow: opts.follow ?? Follow.OFF, options: opts.options as Init["options"], lod: opts.lod ?? [] };
     if (area && "sphere" in area) {
       req = { ...req, area: { case: "sphere", value: { center: vec(area.sphere.center), radius: area.sphere.radius } } };
     } else if (area && "box" in area) {

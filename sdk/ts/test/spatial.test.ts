@@ -6,9 +6,9 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import { Client, FIRST_CELL_ID, Spatial } from "../src/index.js";
+import { Client, FIRST_CELL_ID, Spatial, StatusError } from "../src/index.js";
 import { tcp } from "../src/node.js";
-import { PublishSchema, RegisterServerSchema, SpawnEntitySchema, SpawnResultSchema } from "../src/proto.js";
+import { PublishSchema, RegisterServerSchema, SpawnEntitySchema, SpawnResultSchema, Status } from "../src/proto.js";
 import { startGateway, until, type Gateway } from "./helpers.js";
 
 // 10 × 10 cells of 20 m from (-100, -100); 2 × 2 servers, each a block of 5 × 5 cells.
@@ -79,6 +79,37 @@ test("a watcher's area of interest: cells, an entity that moves, areas that shri
   await view.interest(null);
   await until("every cell to leave", () => view.cells.size === 0);
   assert.equal([...view.entities()].length, 0);
+  watcher.close();
+  server.close();
+});
+
+test("level of detail: bands are sent, a cell beyond them still fills, and bad bands are refused", async () => {
+  const server = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "server:slot-3" });
+  await server.call("spatial.register", toBinary(RegisterServerSchema, create(RegisterServerSchema, { slot: 3 })));
+  const spawn = create(SpawnEntitySchema, { position: { x: 90, y: 0, z: 90 }, valueJson: '{"data": "far"}' });
+  const spawned = fromBinary(SpawnResultSchema, await server.call("spatial.spawn", toBinary(SpawnEntitySchema, spawn)));
+  const id = String(spawned.entityId);
+
+  const watcher = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "lod-watcher" });
+  const view = new Spatial(watcher);
+  // From (-90, -90), the entity's cell is about 230 m away: the last band's, twice a second.
+  const lod = [
+    { within: 10, intervalMs: 0 },
+    { within: 50, intervalMs: 100 },
+    { within: 100, intervalMs: 500 },
+  ];
+  const cells = await view.interest({ box: { min: [-100, 0, -100], max: [100, 0, 100] } }, { lod });
+  assert.equal(cells.length, 100);
+  const value = () => [...view.entities()].find((e) => e.id === id)?.value["data"];
+  await until("the far entity in view", () => value() === "far");
+  const move = create(PublishSchema, { entities: [{ entityId: spawned.entityId, position: { x: 91, y: 0, z: 90 }, valueJson: '{"data": "moved"}' }] });
+  await server.call("spatial.publish", toBinary(PublishSchema, move));
+  await until("its change, within the band's interval", () => value() === "moved");
+
+  await assert.rejects(
+    view.interest({ sphere: { center: [0, 0, 0], radius: 5 } }, { lod: [{ within: 50, intervalMs: 0 }, { within: 10, intervalMs: 100 }] }),
+    (e: unknown) => e instanceof StatusError && e.status === Status.INVALID_ARGUMENT && e.detail.startsWith("level of detail: "),
+  );
   watcher.close();
   server.close();
 });

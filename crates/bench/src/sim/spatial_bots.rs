@@ -79,7 +79,7 @@ async fn session(
         center: Some(Vec3 { x: at[0], y: 0.0, z: at[1] }),
         radius: INTEREST_RADIUS,
     });
-    let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: None };
+    let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, ..Default::default() };
     let mut requests = Requests::default();
     // Nothing is due to this bot before the answer: its cells' updates come after it. A push
     // before it (none is expected) is dropped.

@@ -55,6 +55,9 @@ pub(super) struct View {
     pub options: Options,
     /// The cells in view, sorted.
     pub cells: Vec<u32>,
+    /// Level of detail: how often each of `cells` may change in the viewer's updates (in
+    /// order; empty: at every update).
+    pub intervals: Vec<Duration>,
     /// When the world set it: a new viewer's first update waits `options.delay` from then.
     pub at: Instant,
 }
@@ -191,25 +194,72 @@ impl Mailbox {
     }
 }
 
+/// A cell in a viewer's view, as its delivery keeps it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    cell: u32,
+    /// The version of the cell the client holds (`None`: it needs a snapshot).
+    version: Option<Version>,
+    /// Level of detail: the cell changes in the viewer's updates at most once per `interval`
+    /// on average (zero: in every update).
+    interval: Duration,
+    /// With an interval: the pass instant from which the cell may change in an update again.
+    /// Counted from the previous one, as the scheduler counts a viewer's due times, so passes
+    /// that fall between keep the rate.
+    next: Instant,
+}
+
+impl Held {
+    /// Whether the client lacks the cell's version at `frame`.
+    fn stale(&self, frame: &Frame) -> bool {
+        self.version != Some(frame.cells[self.cell as usize].version)
+    }
+
+    /// Whether the cell may change in an update at pass instant `at`: always when the client
+    /// needs its snapshot.
+    fn due(&self, at: Instant) -> bool {
+        self.interval.is_zero() || self.version.is_none() || at >= self.next
+    }
+
+    /// The cell changed in an update at pass instant `at`.
+    fn sent(&mut self, at: Instant) {
+        if self.interval.is_zero() {
+            return;
+        }
+        self.next += self.interval;
+        if self.next <= at {
+            self.next = at + self.interval;
+        }
+    }
+
+    /// A new interval, counted from the cell's last update (or at once, if that is sooner).
+    fn set_interval(&mut self, interval: Duration) {
+        if interval != self.interval {
+            self.next = self.next.checked_sub(self.interval).map_or(self.next, |last| last + interval);
+            self.interval = interval;
+        }
+    }
+}
+
 /// A viewer, as its delivery keeps it.
 struct Viewer {
     handle: SessionHandle,
     codec: usize,
-    /// The cells in view, sorted, and the version of each the client holds (`None`: it needs
-    /// a snapshot).
-    held: Vec<(u32, Option<Version>)>,
+    /// The cells in view, sorted.
+    held: Vec<Held>,
+    /// Some cell in view has an interval (level of detail).
+    lod: bool,
     /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
     /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
     first: usize,
 }
 
 impl Viewer {
-    /// Asks for every cell in view that `frame` has moved past, from the version held.
-    fn want_stale(&self, frame: &Frame, wants: &mut HashSet<Want>) {
-        for &(cell, held) in &self.held {
-            if held != Some(frame.cells[cell as usize].version) {
-                wants.insert((cell, held, self.codec));
-            }
+    /// Asks for every cell in view that `frame` has moved past and that may change in an
+    /// update at pass instant `at`, from the version held.
+    fn want_stale(&self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
+        for held in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
+            wants.insert((held.cell, held.version, self.codec));
         }
     }
 }
@@ -237,8 +287,9 @@ pub(super) struct Delivery {
     figures: Arc<SpatialFigures>,
     viewers: HashMap<u64, Viewer>,
     schedule: Scheduler<u64>,
-    /// Viewers whose interval is longer than the world's tick: their entries are asked for a
-    /// pass before they are due.
+    /// Viewers whose interval is longer than the world's tick, or with cells whose level of
+    /// detail makes them change less often than the viewer's updates: their entries are asked
+    /// for a pass before they are due.
     slow: HashSet<u64>,
     /// The world's tick: a viewer due less often is `slow`.
     tick: Duration,
@@ -318,8 +369,8 @@ impl Delivery {
             // next run: every viewer will need every cell from the version it holds now, and
             // the world encodes that in the passes it posts to a full mailbox.
             for viewer in self.viewers.values() {
-                for &(cell, held) in &viewer.held {
-                    report.wants.insert((cell, held, viewer.codec));
+                for held in &viewer.held {
+                    report.wants.insert((held.cell, held.version, viewer.codec));
                 }
             }
         }
@@ -349,8 +400,8 @@ impl Delivery {
         if change.cleared
             && let Some(viewer) = self.viewers.get_mut(&conn)
         {
-            for (cell, _) in viewer.held.drain(..) {
-                unsubscribed(&viewer.handle, cell);
+            for held in viewer.held.drain(..) {
+                unsubscribed(&viewer.handle, held.cell);
             }
             viewer.first = 0;
         }
@@ -364,7 +415,7 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0 }
+                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), lod: false, first: 0 }
                 });
                 // Positions in `held` move with the view: the next message starts at its first.
                 viewer.first = 0;
@@ -372,22 +423,29 @@ impl Delivery {
                 let mut entered = viewer.codec != codec;
                 if entered {
                     viewer.codec = codec;
-                    viewer.held.iter_mut().for_each(|(_, held)| *held = None);
+                    viewer.held.iter_mut().for_each(|held| held.version = None);
                 }
                 // Cells that left the view: the client drops their entities (section 14.2).
-                viewer.held.retain(|&(cell, _)| {
-                    let keep = view.cells.binary_search(&cell).is_ok();
+                viewer.held.retain(|held| {
+                    let keep = view.cells.binary_search(&held.cell).is_ok();
                     if !keep {
-                        unsubscribed(&viewer.handle, cell);
+                        unsubscribed(&viewer.handle, held.cell);
                     }
                     keep
                 });
-                for &cell in &view.cells {
-                    if let Err(at) = viewer.held.binary_search_by_key(&cell, |&(c, _)| c) {
-                        viewer.held.insert(at, (cell, None));
-                        entered = true;
+                let interval = |i: usize| view.intervals.get(i).copied().unwrap_or_default();
+                for (i, &cell) in view.cells.iter().enumerate() {
+                    match viewer.held.binary_search_by_key(&cell, |held| held.cell) {
+                        Ok(at) => viewer.held[at].set_interval(interval(i)),
+                        Err(at) => {
+                            let held = Held { cell, version: None, interval: interval(i), next: view.at };
+                            viewer.held.insert(at, held);
+                            entered = true;
+                        }
                     }
                 }
+                // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
+                viewer.lod = view.intervals.iter().any(|&i| i > view.options.interval);
                 if !self.schedule.set_options(conn, view.options, false) {
                     self.schedule.join(conn, view.options, view.at, 0);
                 }
@@ -397,7 +455,7 @@ impl Delivery {
                     self.schedule.resnapshot(conn);
                 }
                 // (A delay is `fresh`'s: it counts only before the first update.)
-                if view.options.interval > self.tick {
+                if view.options.interval > self.tick || viewer.lod {
                     self.slow.insert(conn);
                 } else {
                     self.slow.remove(&conn);
@@ -411,7 +469,7 @@ impl Delivery {
         let Delivery { viewers, schedule, due, slow, fresh, .. } = self;
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
-                viewer.held.iter_mut().for_each(|(_, held)| *held = None);
+                viewer.held.iter_mut().for_each(|held| held.version = None);
                 schedule.rewind(conn, None);
             }
         }
@@ -424,13 +482,31 @@ impl Delivery {
         let mut advanced: Vec<(usize, Version)> = Vec::new();
         // Viewers due at the next pass whose entries this one lacked.
         let mut behind: Vec<u64> = Vec::new();
+        let at = frame.scheduled;
+        // The next pass's instant: what is asked for now is for it.
+        let next_pass = frame.scheduled + frame.tick;
         for &Due { id: conn, from } in due.iter() {
             let Some(viewer) = viewers.get_mut(&conn) else { continue };
             let cells = &frame.cells;
-            let stale = viewer.held.iter().any(|&(cell, held)| held != Some(cells[cell as usize].version));
+            // Cells the viewer lacks that its level of detail holds back for now.
+            let mut waiting = false;
+            let mut stale = false;
+            for held in viewer.held.iter().filter(|h| h.stale(frame)) {
+                if held.due(at) {
+                    stale = true;
+                    break;
+                }
+                waiting = true;
+            }
             if !stale {
-                let outcome =
-                    if from.is_some() { Outcome::Empty } else { Outcome::Sent { to: frame.world_version } };
+                // Nothing to send now. Holding back cells it lacks, it stays due (its base
+                // unknown) until they may go, or it would not be due again in a world that
+                // stopped changing.
+                let outcome = if from.is_some() || waiting {
+                    Outcome::Empty
+                } else {
+                    Outcome::Sent { to: frame.world_version }
+                };
                 schedule.record(conn, frame.scheduled, outcome);
                 continue;
             }
@@ -450,10 +526,14 @@ impl Delivery {
             let mut catch_up = 0;
             let (n, first) = (viewer.held.len(), viewer.first);
             let mut stopped_at = 0;
-            for at in (0..n).map(|j| (first + j) % n) {
-                let (cell, held) = viewer.held[at];
+            for index in (0..n).map(|j| (first + j) % n) {
+                let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
+                    continue;
+                }
+                if !viewer.held[index].due(at) {
+                    waiting = true;
                     continue;
                 }
                 let base = base_for(held, c, viewer.codec);
@@ -469,13 +549,13 @@ impl Delivery {
                 match entry {
                     Some(entry) if !parts.is_empty() && bytes + entry.field.len() > MAX_MESSAGE_BYTES => {
                         partial = true;
-                        stopped_at = at;
+                        stopped_at = index;
                         break;
                     }
                     Some(entry) => {
                         bytes += entry.field.len();
                         parts.push(entry.field.clone());
-                        advanced.push((at, entry.to));
+                        advanced.push((index, entry.to));
                         // A snapshot in place of a delta of its own.
                         if held.is_some_and(|h| h != 0) && entry.from == 0 {
                             catch_up += 1;
@@ -491,7 +571,7 @@ impl Delivery {
                 // All or nothing: a message carries every cell in view that changed. The viewer
                 // asks for all of it, what this pass had too (a later pass may not have it), and
                 // stays due, base and schedule as they were, until a pass has it all.
-                viewer.want_stale(frame, &mut report.wants);
+                viewer.want_stale(frame, next_pass, &mut report.wants);
                 schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;
             }
@@ -499,8 +579,10 @@ impl Delivery {
             let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut parts, next) };
             match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
                 Ok(()) => {
-                    for &(at, to) in &advanced {
-                        viewer.held[at].1 = Some(to);
+                    for &(index, to) in &advanced {
+                        let held = &mut viewer.held[index];
+                        held.version = Some(to);
+                        held.sent(at);
                     }
                     counts.fanouts += 1;
                     counts.catch_up += catch_up;
@@ -512,7 +594,11 @@ impl Delivery {
                         // Due again even if nothing changes, with the entries of the rest of
                         // its cells asked for.
                         schedule.resnapshot(conn);
-                        viewer.want_stale(frame, &mut report.wants);
+                        viewer.want_stale(frame, next_pass, &mut report.wants);
+                    } else if waiting {
+                        // Due again even if nothing changes: the cells held back go when
+                        // their level of detail lets them.
+                        schedule.resnapshot(conn);
                     }
                 }
                 Err(PushError::Full) => {
@@ -531,16 +617,15 @@ impl Delivery {
         // it would leave them unused pass after pass. Once it acknowledges anything, it is asked
         // for again at each refusal; a pass that finds it room but not its entries asks for
         // them too (above).
-        let next = frame.scheduled + frame.tick;
         let soon = slow
             .iter()
             .chain(fresh.iter())
-            .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next));
+            .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next_pass));
         for conn in behind.iter().filter(|&conn| !slow.contains(conn)).chain(soon) {
             if let Some(viewer) = viewers.get(conn)
                 && !viewer.handle.flow.stalled(now)
             {
-                viewer.want_stale(frame, &mut report.wants);
+                viewer.want_stale(frame, next_pass, &mut report.wants);
             }
         }
         for &conn in &report.gone {

@@ -4,13 +4,14 @@
 //! its cell. A delivery here runs when the simulation says, so it lags the world by any number
 //! of passes, drops passes past what it holds, and sees view changes (entities moving from cell
 //! to cell, which moves their clients' areas) between, before and after passes; clients read
-//! when they please, so windows fill and hold updates back.
+//! when they please, so windows fill and hold updates back. Some clients have level-of-detail
+//! bands, so some of their cells wait for later passes.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tickwire_wire::proto::{DeltaCodec, SubscriptionOptions};
+use tickwire_wire::proto::{DeltaCodec, LodBand, SubscriptionOptions};
 
 use super::harness::WorldHarness;
 
@@ -64,8 +65,19 @@ fn run(ops: &[Op], radii: &[u8]) -> Result<(), TestCaseError> {
             fanout_interval_ms: if k % 4 == 1 { 60 } else { 0 },
             ..Default::default()
         };
-        let id =
-            h.spawn_player_with(spot(block, k, 0), r#"{"yaw": 0}"#, radius, options, start).expect("spawned");
+        // One in five with level-of-detail bands: cells past 10 m every 60 ms, past 30 m every
+        // 200 ms.
+        let lod = if k % 5 == 2 {
+            vec![
+                LodBand { within: 10.0, interval_ms: 0 },
+                LodBand { within: 30.0, interval_ms: 60 },
+                LodBand { within: 1000.0, interval_ms: 200 },
+            ]
+        } else {
+            Vec::new()
+        };
+        let at = spot(block, k, 0);
+        let id = h.spawn_player_lod(at, r#"{"yaw": 0}"#, radius, options, lod, start).expect("spawned");
         blocks.insert(id, (block, k));
     }
     let tick = Duration::from_millis(20);
@@ -95,8 +107,9 @@ fn run(ops: &[Op], radii: &[u8]) -> Result<(), TestCaseError> {
             }
         }
     }
-    // Everyone reads again: a few passes bring every replica to its cell.
-    for _ in 0..6 {
+    // Everyone reads again: a few passes bring every replica to its cell (past the longest
+    // level-of-detail interval, 200 ms).
+    for _ in 0..16 {
         passes += 1;
         now = start + tick * passes;
         h.tick(now);

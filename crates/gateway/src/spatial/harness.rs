@@ -23,8 +23,8 @@ use tickwire_spatial::LayoutConfig;
 use tickwire_state::{Replica, Schema};
 use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, Publish, RegisterServer, SetInterest,
-    SpawnEntity, SpawnResult, Sphere, Status, SubscriptionOptions, Vec3, envelope, set_interest,
+    ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, LodBand, Publish, RegisterServer,
+    SetInterest, SpawnEntity, SpawnResult, Sphere, Status, SubscriptionOptions, Vec3, envelope, set_interest,
 };
 use tokio::sync::mpsc;
 
@@ -233,11 +233,24 @@ impl WorldHarness {
         options: SubscriptionOptions,
         now: Instant,
     ) -> Result<u64, HarnessError> {
+        self.spawn_player_lod(position, value_json, radius, options, Vec::new(), now)
+    }
+
+    /// [`WorldHarness::spawn_player_with`], with level-of-detail bands `lod`.
+    pub fn spawn_player_lod(
+        &mut self,
+        position: [f32; 3],
+        value_json: &str,
+        radius: f32,
+        options: SubscriptionOptions,
+        lod: Vec<LodBand>,
+        now: Instant,
+    ) -> Result<u64, HarnessError> {
         let conn = 1_000_000 + self.clients.len() as u64;
         let mut client = Sink::new(conn, Role::Player, &self.config);
         let (entity_id, slot) = self.spawn_entity(position, value_json, conn)?;
         let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
-        let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
+        let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options), lod };
         let id = self.request_id();
         let r = self.world.set_interest(&client.handle, req, id, now);
         if r.status != Status::Ok as i32 {
@@ -299,6 +312,22 @@ impl WorldHarness {
     pub fn view_cells(&self, index: usize) -> Vec<u32> {
         let conn = self.clients[index].handle.conn_id();
         self.world.viewers.get(&conn).map(|v| v.cells.clone()).unwrap_or_default()
+    }
+
+    /// The level-of-detail interval of each cell client `index` sees, as the world last set
+    /// them (in the order of [`WorldHarness::view_cells`]; empty without bands).
+    #[cfg(test)]
+    pub fn view_intervals(&self, index: usize) -> Vec<std::time::Duration> {
+        let conn = self.clients[index].handle.conn_id();
+        self.world.viewers.get(&conn).map(|v| v.intervals().to_vec()).unwrap_or_default()
+    }
+
+    /// The version of each cell replica client `index` keeps (with
+    /// [`WorldHarness::keep_replicas`]), by channel id.
+    #[cfg(test)]
+    pub fn replica_versions(&self, index: usize) -> HashMap<u64, u64> {
+        let replicas = self.clients[index].replicas.iter().flatten();
+        replicas.map(|(&channel, replica)| (channel, replica.version())).collect()
     }
 
     /// The entities spawned, in order.
@@ -464,5 +493,7 @@ impl WorldHarness {
     }
 }
 
+#[cfg(test)]
+mod lod_tests;
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use tickwire_fanout::Options;
-use tickwire_spatial::Area;
+use tickwire_spatial::{Area, Band, Bands};
 use tickwire_wire::proto::{DeltaCodec, Follow, InterestResult, Response, SetInterest, Status, set_interest};
 
 use super::delivery::{Delivery, Mailbox, View};
@@ -37,6 +37,11 @@ pub(super) struct Viewer {
     options: Options,
     /// The cells in view, sorted (at most `spatial.max_view_cells`).
     pub(super) cells: Vec<u32>,
+    /// Level of detail: how often each cell in view may change in its updates, by distance.
+    bands: Bands,
+    /// The interval of each of `cells` (in order) by `bands`, from the area's reference point
+    /// as last centred; empty without bands.
+    intervals: Vec<Duration>,
     /// When it became a viewer.
     joined: Instant,
     mailbox: Arc<Mailbox>,
@@ -48,10 +53,25 @@ impl Viewer {
     pub(super) fn cells(&self) -> impl Iterator<Item = u32> + '_ {
         self.cells.iter().copied()
     }
+
+    /// The level-of-detail interval of each cell in view, in order (empty without bands).
+    #[cfg(test)]
+    pub(super) fn intervals(&self) -> &[Duration] {
+        &self.intervals
+    }
 }
 
 fn point(v: Option<tickwire_wire::proto::Vec3>) -> [f32; 3] {
     v.map_or([0.0; 3], |v| [v.x, v.y, v.z])
+}
+
+/// The level-of-detail bands a `spatial.interest` asks for.
+fn bands_of(req: &SetInterest) -> Result<Bands, tickwire_spatial::LodError> {
+    let band = |b: &tickwire_wire::proto::LodBand| Band {
+        within: b.within,
+        interval: Duration::from_millis(u64::from(b.interval_ms)),
+    };
+    Bands::new(req.lod.iter().map(band))
 }
 
 /// The area a `spatial.interest` asks for (`None`: no area).
@@ -96,6 +116,10 @@ impl World {
         if let Err(e) = area.check() {
             return error_response(id, Status::InvalidArgument, format!("area of interest: {e}"));
         }
+        let bands = match bands_of(&req) {
+            Ok(bands) => bands,
+            Err(e) => return error_response(id, Status::InvalidArgument, format!("level of detail: {e}")),
+        };
         let follow = req.follow();
         let options = req.options.unwrap_or_default();
         if !self.controller_sessions.contains_key(&conn) {
@@ -128,8 +152,9 @@ impl World {
             delay: Duration::from_millis(u64::from(options.fanout_delay_ms)),
             skip_first_full_state: false,
         };
-        self.set_view(client, area, follow, schedule, now);
-        self.show_in(conn, &cells, options.codec());
+        self.set_view(client, area, follow, schedule, bands, now);
+        let intervals = self.intervals(conn, &centred, &cells);
+        self.show_in(conn, &cells, intervals, options.codec());
         let result = InterestResult {
             cells: cells.iter().map(|&c| self.cell_info(c)).collect(),
             cell_schema_json: self.cell_schema_json.to_string(),
@@ -145,6 +170,7 @@ impl World {
         area: Area,
         follow: Follow,
         options: Options,
+        bands: Bands,
         now: Instant,
     ) {
         let conn = client.conn_id();
@@ -152,6 +178,7 @@ impl World {
             viewer.area = area;
             viewer.follow = follow;
             viewer.options = options;
+            viewer.bands = bands;
             return;
         }
         let mailbox = self.mailbox_for(client);
@@ -162,6 +189,8 @@ impl World {
             codec: DeltaCodec::Binary,
             options,
             cells: Vec::new(),
+            bands,
+            intervals: Vec::new(),
             joined: now,
             mailbox,
         };
@@ -187,8 +216,21 @@ impl World {
         mailbox
     }
 
+    /// The interval of each of `cells` by viewer `conn`'s bands, from `area`'s reference point
+    /// (empty without bands).
+    fn intervals(&self, conn: u64, area: &Area, cells: &[u32]) -> Vec<Duration> {
+        let Some(viewer) = self.viewers.get(&conn).filter(|v| !v.bands.is_empty()) else { return Vec::new() };
+        let cells: Vec<_> = cells.iter().map(|&c| self.cell_at(c)).collect();
+        viewer.bands.of_cells(&self.layout, area.reference_point(), &cells)
+    }
+
+    /// The cells `area` touches, sorted.
     fn cells_of_area(&self, area: &Area) -> Vec<u32> {
-        area.cells(&self.layout).into_iter().map(|c| self.cell_index(c)).collect()
+        let mut cells: Vec<u32> = area.cells(&self.layout).into_iter().map(|c| self.cell_index(c)).collect();
+        // Already in order (row by row, column by column); sorting sorted input is one scan.
+        cells.sort_unstable();
+        cells.dedup();
+        cells
     }
 
     /// The position of the entity `conn` controls (the latest spawned of those that exist), if
@@ -198,15 +240,15 @@ impl World {
         self.entities.get(latest).map(|e| e.position)
     }
 
-    /// Makes `cells` the viewer's view in `codec`: its delivery tells the client of the cells
-    /// it leaves (an UNSUBSCRIBED event; the client drops their entities), and the next pass
-    /// encodes a snapshot of each cell it enters.
-    fn show_in(&mut self, conn: u64, cells: &[u32], codec: DeltaCodec) {
+    /// Makes `cells` (sorted, each once) the viewer's view in `codec`, with `intervals` (one
+    /// per cell, or none): its delivery tells the client of the cells it leaves (an
+    /// UNSUBSCRIBED event; the client drops their entities), and the next pass encodes a
+    /// snapshot of each cell it enters.
+    fn show_in(&mut self, conn: u64, cells: &[u32], intervals: Vec<Duration>, codec: DeltaCodec) {
         let World { viewers, view_count, wanted, .. } = self;
         let Some(viewer) = viewers.get_mut(&conn) else { return };
-        let mut cells = cells.to_vec();
-        cells.sort_unstable();
-        cells.dedup();
+        debug_assert!(cells.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+        let cells = cells.to_vec();
         let (old, new) = (codec_index(viewer.codec), codec_index(codec));
         for &cell in &viewer.cells {
             view_count[cell as usize][old] -= 1;
@@ -219,19 +261,16 @@ impl World {
         }
         viewer.codec = codec;
         viewer.cells = cells;
+        viewer.intervals = intervals;
         let view = View {
             handle: viewer.handle.clone(),
             codec,
             options: viewer.options,
             cells: viewer.cells.clone(),
+            intervals: viewer.intervals.clone(),
             at: viewer.joined,
         };
         viewer.mailbox.show(conn, view);
-    }
-
-    fn show(&mut self, conn: u64, cells: &[u32]) {
-        let Some(codec) = self.viewers.get(&conn).map(|v| v.codec) else { return };
-        self.show_in(conn, cells, codec);
     }
 
     /// After entity `entity_id`, controlled by `conn`, moved to `position`: the area of the
@@ -250,11 +289,17 @@ impl World {
         if !moves || self.controlled.get(&conn).and_then(|ids| ids.last()) != Some(&entity_id) {
             return;
         }
-        let cells = self.cells_of_area(&viewer.area.centred_at(position));
-        let mut cells = cells;
-        cells.sort_unstable();
-        if cells.len() <= self.settings.max_view_cells && cells != viewer.cells {
-            self.show(conn, &cells);
+        let area = viewer.area.centred_at(position);
+        let cells = self.cells_of_area(&area);
+        if cells.len() > self.settings.max_view_cells {
+            return;
+        }
+        // With bands, the cells' distances moved with the area even if its cells did not.
+        let intervals = self.intervals(conn, &area, &cells);
+        let Some(viewer) = self.viewers.get(&conn) else { return };
+        if cells != viewer.cells || intervals != viewer.intervals {
+            let codec = viewer.codec;
+            self.show_in(conn, &cells, intervals, codec);
         }
     }
 
@@ -264,15 +309,16 @@ impl World {
     pub fn watch_block(&mut self, server: &SessionHandle, slot: u32, now: Instant) {
         let [sx, _] = self.layout.config().servers;
         let received = self.layout.cells_received_by([slot % sx, slot / sx]);
-        let cells: Vec<u32> = received.iter().map(|&c| self.cell_index(c)).collect();
+        let mut cells: Vec<u32> = received.iter().map(|&c| self.cell_index(c)).collect();
+        cells.sort_unstable();
         let (lo, _) = self.layout.bounds(received[0]);
         let (_, hi) = self.layout.bounds(received[received.len() - 1]);
         let area = Area::Box { min: [lo[0], f32::MIN, lo[1]], max: [hi[0], f32::MAX, hi[1]] };
         // Whatever the session set before it registered, a server sees its block.
         let options =
             Options { interval: self.settings.fanout, delay: Duration::ZERO, skip_first_full_state: false };
-        self.set_view(server, area, Follow::Off, options, now);
-        self.show_in(server.conn_id(), &cells, DeltaCodec::Binary);
+        self.set_view(server, area, Follow::Off, options, Bands::default(), now);
+        self.show_in(server.conn_id(), &cells, Vec::new(), DeltaCodec::Binary);
     }
 
     /// The clients that see at least one cell for which `shown` holds.

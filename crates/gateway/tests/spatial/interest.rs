@@ -85,7 +85,7 @@ async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
     let mut view: Option<View> = None;
     for round in 0..30 {
         let (area, wire) = random_area(&mut rng);
-        let req = SetInterest { area: Some(wire), follow: Follow::Off as i32, options: None };
+        let req = SetInterest { area: Some(wire), follow: Follow::Off as i32, ..Default::default() };
         let result = viewer.spatial_interest(req).await.unwrap();
         let view = view.get_or_insert_with(|| View::new(&result.cell_schema_json));
         let cells: BTreeSet<[u32; 2]> = area.cells(&layout).into_iter().collect();
@@ -120,11 +120,14 @@ async fn shows_exactly_the_entities_in_the_area(gw: &RunningGateway) {
     // (UNSUBSCRIBED per cell).
     let view = view.as_mut().expect("a view after 30 rounds");
     let all = AreaBox { min: v3([0.0, 0.0, 0.0]), max: v3([40.0, 0.0, 40.0]) };
-    let req =
-        SetInterest { area: Some(set_interest::Area::Box(all)), follow: Follow::Off as i32, options: None };
+    let req = SetInterest {
+        area: Some(set_interest::Area::Box(all)),
+        follow: Follow::Off as i32,
+        ..Default::default()
+    };
     assert_eq!(viewer.spatial_interest(req).await.unwrap().cells.len(), 16);
     view.until(&viewer, "all 16 cells in view", |v, _| v.cells.len() == 16).await;
-    let none = SetInterest { area: None, follow: Follow::Off as i32, options: None };
+    let none = SetInterest { area: None, follow: Follow::Off as i32, ..Default::default() };
     assert!(viewer.spatial_interest(none).await.unwrap().cells.is_empty());
     view.until(&viewer, "every cell to leave the view", |v, _| v.cells.is_empty()).await;
 }

@@ -215,7 +215,12 @@ fn a_client_that_changes_codec_gets_its_cells_again_in_the_new_one_in_a_quiet_wo
     // The same area in JSON; nothing in the world changes from now on.
     let area = set_interest::Area::Sphere(Sphere { center: v3(at), radius: 25.0 });
     let options = SubscriptionOptions { codec: DeltaCodec::Json as i32, ..Default::default() };
-    let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
+    let req = SetInterest {
+        area: Some(area),
+        follow: Follow::Cell as i32,
+        options: Some(options),
+        ..Default::default()
+    };
     assert_eq!(h.set_interest(0, req, start + ms * 30).status, Status::Ok as i32);
     h.tick(start + ms * 40);
     assert_eq!(h.drain(start + ms * 40).expect("every snapshot applies").0, 1, "its cells in JSON");
@@ -233,11 +238,16 @@ fn a_client_that_leaves_and_comes_back_before_its_delivery_runs_starts_over_with
     h.tick(start + ms * 20);
     assert_eq!(h.drain_clients(start + ms * 20, |_| true).expect("read").0, 1);
     // No area, then an area again with a 200 ms delay, both before the next pass.
-    let none = SetInterest { area: None, follow: Follow::Cell as i32, options: None };
+    let none = SetInterest { area: None, follow: Follow::Cell as i32, ..Default::default() };
     assert_eq!(h.set_interest(0, none, start + ms * 30).status, Status::Ok as i32);
     let area = set_interest::Area::Sphere(Sphere { center: v3(at), radius: 5.0 });
     let options = SubscriptionOptions { fanout_delay_ms: 200, ..Default::default() };
-    let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options) };
+    let req = SetInterest {
+        area: Some(area),
+        follow: Follow::Cell as i32,
+        options: Some(options),
+        ..Default::default()
+    };
     assert_eq!(h.set_interest(0, req, start + ms * 30).status, Status::Ok as i32);
     // A new viewer: nothing before its delay (section 13.3), whatever changes; then its cells.
     let mut got = Vec::new();

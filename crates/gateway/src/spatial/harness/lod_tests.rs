@@ -1,0 +1,131 @@
+//! Level of detail in the world's passes (docs/protocol.md 14.4): a client with bands hears of
+//! each cell at its band's rate, gets every change in the end even once the world stops
+//! changing, and has its bands measured again from wherever its area follows it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tickwire_wire::proto::{LodBand, Status};
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A 6×6 world of 20 m cells over 2×2 servers (blocks of 3×3 cells), every server registered
+/// at `start`.
+fn small_world(start: Instant) -> WorldHarness {
+    let overrides = ["spatial.cell_size=20.0", "spatial.cells=[6, 6]", "spatial.servers=[2, 2]"];
+    WorldHarness::new(&overrides.map(String::from), start).expect("a harness")
+}
+
+/// Its own cell in every update; cells whose nearest point is within 25 m every 100 ms; the
+/// rest every 500 ms.
+fn bands() -> Vec<LodBand> {
+    vec![
+        LodBand { within: 0.0, interval_ms: 0 },
+        LodBand { within: 25.0, interval_ms: 100 },
+        LodBand { within: 1000.0, interval_ms: 500 },
+    ]
+}
+
+/// Cell `[x, z]`'s index.
+fn cell(x: u32, z: u32) -> u32 {
+    x + 6 * z
+}
+
+#[test]
+fn a_client_hears_of_each_cell_at_its_bands_rate_and_gets_every_change_once_the_world_is_quiet() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    // Client 0 sees the whole world (a 200 m sphere) from (5, 5), in cell [0, 0]; it also
+    // controls entities in cell [1, 0] (15 m away) and [5, 5] (134 m away), none of which moves.
+    let options = SubscriptionOptions::default();
+    let own = h.spawn_player_lod([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 200.0, options, bands(), start).unwrap();
+    let near = h.spawn_for(0, [25.0, 0.0, 5.0], r#"{"yaw": 0}"#).unwrap();
+    let far = h.spawn_for(0, [105.0, 0.0, 105.0], r#"{"yaw": 0}"#).unwrap();
+    let at = HashMap::from([(own, [5.0, 0.0, 5.0]), (near, [25.0, 0.0, 5.0]), (far, [105.0, 0.0, 105.0])]);
+    let watched = [cell(0, 0), cell(1, 0), cell(5, 5)];
+    let mut changed: [Vec<u64>; 3] = Default::default();
+    let mut versions = h.replica_versions(0);
+    // A frame changing all three cells before each pass up to 900 ms, then none to 1200 ms.
+    for pass in 1..=60u32 {
+        if pass <= 45 {
+            h.publish_frame(|id| (at[&id], format!(r#"{{"yaw": {pass}}}"#))).unwrap();
+        }
+        let now = start + MS * (20 * pass);
+        h.tick(now);
+        h.drain(now).expect("every update applies");
+        let now_held = h.replica_versions(0);
+        for (changed, &cell) in changed.iter_mut().zip(&watched) {
+            let channel = CELL_BASE + u64::from(cell);
+            if now_held.get(&channel) != versions.get(&channel) {
+                changed.push(u64::from(20 * pass));
+            }
+        }
+        versions = now_held;
+    }
+    // Its own cell at every pass with a frame; the first update of each is its snapshot.
+    assert_eq!(changed[0], (1..=45).map(|p| 20 * p).collect::<Vec<_>>());
+    // Every 100 ms, counted from the first update's pass instant's schedule (the join).
+    assert_eq!(changed[1], [20, 100, 200, 300, 400, 500, 600, 700, 800, 900]);
+    // Every 500 ms; the change of 900 ms goes at 1000 ms, though nothing changed since.
+    assert_eq!(changed[2], [20, 500, 1000]);
+    assert_eq!(h.replicas_differ(), None);
+}
+
+#[test]
+fn bands_count_from_where_the_area_follows_its_entity() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    let own = h.spawn_player_lod([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 200.0, Default::default(), bands(), start);
+    let own = own.unwrap();
+    let interval_of = |h: &WorldHarness, c: u32| {
+        let at = h.view_cells(0).iter().position(|&v| v == c).expect("in view");
+        h.view_intervals(0)[at]
+    };
+    assert_eq!(h.view_intervals(0).len(), 36, "one per cell in view");
+    assert_eq!(interval_of(&h, cell(0, 0)), Duration::ZERO);
+    assert_eq!(interval_of(&h, cell(2, 2)), MS * 500, "35 m away");
+    // The entity walks into cell [2, 2] (the same server's): its own cell is now that one, and
+    // [0, 0] is 35 m away.
+    h.publish_frame(|id| {
+        assert_eq!(id, own);
+        ([45.0, 0.0, 45.0], r#"{"yaw": 1}"#.into())
+    })
+    .unwrap();
+    assert_eq!(interval_of(&h, cell(2, 2)), Duration::ZERO);
+    assert_eq!(interval_of(&h, cell(0, 0)), MS * 500);
+    assert_eq!(interval_of(&h, cell(1, 1)), MS * 100);
+    // An area without bands has none.
+    let req = SetInterest {
+        area: Some(set_interest::Area::Sphere(Sphere { center: v3([5.0, 0.0, 5.0]), radius: 200.0 })),
+        ..Default::default()
+    };
+    assert_eq!(h.set_interest(0, req, start).status, Status::Ok as i32);
+    assert!(h.view_intervals(0).is_empty());
+}
+
+#[test]
+fn bands_that_do_not_make_sense_are_refused_and_the_area_stays() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.spawn_player([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 5.0, start).unwrap();
+    let area = set_interest::Area::Sphere(Sphere { center: v3([5.0, 0.0, 5.0]), radius: 200.0 });
+    let band = |within: f32, interval_ms: u32| LodBand { within, interval_ms };
+    let cases = [
+        (vec![band(10.0, 0), band(5.0, 100)], "increase"),
+        (vec![band(f32::NAN, 0)], "finite"),
+        (vec![band(-1.0, 0)], "at least 0"),
+        (vec![band(10.0, 60_001)], "interval"),
+        ((0..9).map(|i| band(i as f32, 10)).collect(), "at most 8"),
+    ];
+    for (lod, says) in cases {
+        let req = SetInterest { area: Some(area), lod, ..Default::default() };
+        let answer = h.set_interest(0, req, start);
+        assert_eq!(answer.status, Status::InvalidArgument as i32, "{says}");
+        assert!(answer.error.starts_with("level of detail: "), "{}", answer.error);
+        assert!(answer.error.contains(says), "{}", answer.error);
+        assert_eq!(h.view_cells(0), [cell(0, 0)], "the area set before stays");
+    }
+}
