@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tickwire_bench::sim::spatial_bots::INTEREST_RADIUS;
-use tickwire_bench::sim::spatial_server::{CELL_SIZE, ENTITY_SCHEMA, HALF_SIZE, gateway_overrides};
+use tickwire_bench::sim::spatial_server::{ENTITY_SCHEMA, Interest, SPATIAL};
 use tickwire_gateway::WorldHarness;
 
 // The allocator `tickwire` runs with: a pass allocates per client, a publish per entity.
@@ -35,17 +34,18 @@ fn value_json(frame: u64, at: [f32; 3]) -> String {
 /// `players` entities at random places at least 1 m inside their cell, each with a client
 /// seeing around it.
 fn world(players: usize, schema: &std::path::Path, now: Instant) -> (WorldHarness, HashMap<u64, [f32; 3]>) {
-    let mut h = WorldHarness::new(&gateway_overrides(schema), now).expect("the B3 spatial layout");
+    let mut h = WorldHarness::new(&SPATIAL.gateway_overrides(schema), now).expect("the B3 spatial layout");
     let mut rng = SmallRng::seed_from_u64(7);
     let mut at = HashMap::new();
-    let cells = (2.0 * HALF_SIZE / CELL_SIZE) as u32;
+    let (half, size) = (SPATIAL.half_size, SPATIAL.cell_size);
+    let Interest::Sphere(radius) = SPATIAL.interest else { unreachable!("the report's sphere") };
     for _ in 0..players {
         let coord = |rng: &mut SmallRng| {
-            let cell = rng.random_range(0..cells) as f32;
-            -HALF_SIZE + cell * CELL_SIZE + rng.random_range(1.0..CELL_SIZE - 1.0)
+            let cell = rng.random_range(0..SPATIAL.cells) as f32;
+            -half + cell * size + rng.random_range(1.0..size - 1.0)
         };
         let p = [coord(&mut rng), 0.0, coord(&mut rng)];
-        let id = h.spawn_player(p, &value_json(0, p), INTEREST_RADIUS, now).expect("spawned");
+        let id = h.spawn_player(p, &value_json(0, p), radius, now).expect("spawned");
         at.insert(id, p);
     }
     (h, at)

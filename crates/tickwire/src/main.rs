@@ -92,7 +92,8 @@ struct GatewayArgs {
 #[derive(clap::Args)]
 struct DemoArgs {
     /// `single`: one game server owns the world channel. `spatial`: nine spatial servers share a
-    /// 300 m world and hand characters over as they walk.
+    /// 300 m world and hand characters over as they walk. `lod`: one spatial server, and each
+    /// bot sees every cell, the far ones less often (level of detail).
     #[arg(long, value_enum, default_value_t = tickwire_bench::replication::Scenario::Single)]
     scenario: tickwire_bench::replication::Scenario,
     /// Simulated players.

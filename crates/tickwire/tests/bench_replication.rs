@@ -91,3 +91,19 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     // gap or repeat (checked above) across the handover of work from the world's thread.
     assert!(step["delivery_cpu_mean_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{step}");
 }
+
+#[test]
+fn lod_scenario_bots_in_two_worker_processes_hold_20_hz_with_far_cells_less_often() {
+    let report = run(&["--scenario", "lod", "--clients", "40"]);
+    assert_eq!(report["scenario"], "lod");
+    let step = held_step(&report, 40);
+    // The clients ask for 20 updates a second (their nearest band), fewer than the 30 frames.
+    let rate = &step["fanout_hz"];
+    assert!(rate["p5"].as_f64().unwrap() >= 19.0 && rate["mean"].as_f64().unwrap() <= 21.0, "{step}");
+    // The replica bot sees all 40 characters, each moving every frame. At 20 Hz each it would
+    // get 800 entity updates a second; its bands (20 Hz within 10 m, 10 Hz within 50 m, 1 Hz
+    // beyond) leave far fewer, and still at least one a second of nearly every character.
+    let entities = step["entity_updates_per_client_per_s"].as_f64().unwrap();
+    assert!((30.0..=500.0).contains(&entities), "{step}");
+    assert_eq!(step["handovers_per_s"], 0.0, "one server: {step}");
+}

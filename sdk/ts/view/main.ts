@@ -36,7 +36,8 @@ interface Character {
 
 const el = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 const page: Page = await (await fetch("view.json")).json();
-const spatial = page.scenario === "spatial";
+// A spatial world (`spatial`, `lod`, or a gateway with a [spatial] layout): watched cell by cell.
+const spatial = page.world.layout !== null;
 document.body.classList.toggle("spatial", spatial);
 el("scenario").textContent = page.title;
 

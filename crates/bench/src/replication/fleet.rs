@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::machine::ProcSample;
 use crate::sim::bots::{BotMode, BotStats};
-use crate::sim::game::{Game, Scenario, spatial_arena};
-use crate::sim::spatial_server::{self, SpawnRequest, slot_of};
+use crate::sim::game::{Game, Scenario, SpatialGame};
+use crate::sim::spatial_server::SpawnRequest;
 
 /// Orders and replies queued per worker pipe; a full queue waits (the bench sends one sample
 /// order per second and one order per joining bot).
@@ -196,7 +196,7 @@ impl Worker {
         });
         let (sample_tx, samples) = mpsc::channel(1);
         let spawners = match game {
-            Game::Spatial { spawners, .. } => Some(spawners.clone()),
+            Game::Spatial(game) => Some(game.spawners.clone()),
             Game::Single { .. } => None,
         };
         let replies = orders.clone();
@@ -398,10 +398,10 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
     });
     // Spawn requests of this worker's bots wait here for the bench's answer.
     let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<anyhow::Result<u64>>>>> = Arc::default();
-    let game = match spec.scenario {
-        Scenario::Single => Game::Single { channel_id: spec.channel_id },
-        Scenario::Spatial => {
-            let slots = (spatial_server::SERVERS * spatial_server::SERVERS) as usize;
+    let game = match spec.scenario.world() {
+        None => Game::Single { channel_id: spec.channel_id },
+        Some(world) => {
+            let slots = world.slots() as usize;
             let next = Arc::new(AtomicU64::new(0));
             let mut spawners = Vec::new();
             for _ in 0..slots {
@@ -411,7 +411,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
                     while let Some(SpawnRequest { at, yaw, controller, reply }) = rx.recv().await {
                         let request = next.fetch_add(1, Ordering::Relaxed);
                         pending.lock().expect("pending spawns").insert(request, reply);
-                        let slot = slot_of(at);
+                        let slot = world.slot_of(at);
                         if out.send(FromWorker::Spawn { request, slot, at, yaw, controller }).await.is_err() {
                             break;
                         }
@@ -419,7 +419,7 @@ pub async fn worker_main(spec_json: &str) -> anyhow::Result<()> {
                 });
                 spawners.push(tx);
             }
-            Game::Spatial { arena: Arc::new(spatial_arena()), spawners: Arc::new(spawners) }
+            Game::Spatial(SpatialGame { world, arena: Arc::new(world.arena()), spawners: Arc::new(spawners) })
         }
     };
     let mut tasks = Vec::new();

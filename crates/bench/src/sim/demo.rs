@@ -2,7 +2,8 @@
 //! one-line-per-second summary. It shows the whole path at work: inputs by RPC to the owning
 //! server, the server's patches into the channel, and 50 Hz deltas out to every client. With
 //! `--scenario spatial`, nine spatial servers share the world and hand characters over as they
-//! walk, and each bot sees the cells around it.
+//! walk, and each bot sees the cells around it; with `--scenario lod`, one spatial server runs
+//! the `single` arena and each bot sees every cell, the far ones less often.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Arena;
 use super::bots::{BotMode, BotStats};
-use super::game::{Game, Scenario};
+use super::game::{Game, Scenario, SpatialGame};
 use super::spatial_server;
 
 #[derive(Debug, Clone)]
@@ -75,9 +76,12 @@ fn gauge(router: &dyn Router, name: &str) -> f64 {
 pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<Vec<Second>> {
     // The spatial world's entity schema, in a file the gateway reads.
     let schema_file = tempfile::NamedTempFile::new()?;
-    if opts.scenario == Scenario::Spatial {
+    if let Some(world) = opts.scenario.world() {
         std::fs::write(schema_file.path(), spatial_server::ENTITY_SCHEMA)?;
-        opts.config.spatial = Some(spatial_server::layout());
+        opts.config.spatial = Some(world.layout());
+        // Room for every cell in a session's outbox (docs/protocol.md 14.4).
+        let cells = (world.cells * world.cells) as usize;
+        opts.config.limits.outbox_capacity = opts.config.limits.outbox_capacity.max(cells + 16);
         opts.config.channels.entity.schema_file = Some(schema_file.path().to_owned());
     }
     // Our own handle on the router, to read the gateway's figures.
@@ -91,10 +95,16 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
         .start_on(runtimes)
         .context("starting the gateway")?;
     let addr = *gateway.tcp_addrs().first().context("the demo needs a TCP listener")?;
-    let spatial = opts.scenario == Scenario::Spatial;
+    let spatial = opts.scenario.world().is_some();
     if opts.print {
-        let servers =
-            if spatial { "nine spatial servers (3 x 3 over 15 x 15 cells of 20 m)" } else { "a game server" };
+        let servers = match opts.scenario {
+            Scenario::Single => "a game server",
+            Scenario::Spatial => "nine spatial servers (3 x 3 over 15 x 15 cells of 20 m)",
+            Scenario::Lod => {
+                "one spatial server (20 x 20 cells of 10 m; each bot sees every cell: within 10 m at 20 Hz, \
+                 within 50 m at 10 Hz, the rest at 1 Hz)"
+            }
+        };
         println!("gateway on tcp://{addr}; {servers} and {} bots are joining (Ctrl-C stops)", opts.bots);
         println!("each line, for the last second:");
         println!("  clients   sessions the gateway serves besides the game servers (bots, and yours)");
@@ -103,7 +113,11 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
             if spatial { "spatial world's" } else { "world channel's" }
         );
         println!("  updates   state updates the gateway sent, and each bot received, per second (p5: the");
-        println!("            slowest 5% of bots); the world changes 30 times a second, so about 30");
+        if opts.scenario == Scenario::Lod {
+            println!("            slowest 5% of bots); the bots ask for 20 a second");
+        } else {
+            println!("            slowest 5% of bots); the world changes 30 times a second, so about 30");
+        }
         println!("  age       from the server's publish to the bot's receipt, p50 and p99");
         println!("  KB/s      bytes the gateway wrote");
         println!("  server    the slowest game server's frame rate");
@@ -126,9 +140,11 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
                  {{\"player\":\"<your player id>\",\"forward\":true,\"yaw\":0.0,\"jump\":false}} \
                  (yaw in radians; your character appears with your first input; docs/protocol.md section 13)"
             ),
-            Game::Spatial { .. } => println!(
-                "your own client can watch: spatial.interest with a sphere (the world spans -150..150 m on x and z) \
-                 and read channel.updates (docs/protocol.md section 14)"
+            Game::Spatial(SpatialGame { world, .. }) => println!(
+                "your own client can watch: spatial.interest with a sphere (the world spans {h}..{} m on x and z) \
+                 and read channel.updates (docs/protocol.md section 14)",
+                world.half_size,
+                h = -world.half_size,
             ),
         }
     }
@@ -265,9 +281,9 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
 fn web_page(scenario: Scenario, ws_port: u16, arena: &Arena) -> Page {
     let obstacles = arena.obstacles.iter().map(|o| [o.min[0], o.min[1], o.max[0], o.max[1]]).collect();
     let h = arena.half_size;
-    let world = match scenario {
-        Scenario::Spatial => World::spatial(&spatial_server::layout(), obstacles),
-        Scenario::Single => World { min: Some([-h, -h]), max: Some([h, h]), obstacles, layout: None },
+    let world = match scenario.world() {
+        Some(spec) => World::spatial(&spec.layout(), obstacles),
+        None => World { min: Some([-h, -h]), max: Some([h, h]), obstacles, layout: None },
     };
     let title = format!("demo · {}", scenario.name());
     Page { ws_port, ws_tls: false, scenario: scenario.name().into(), title, world }

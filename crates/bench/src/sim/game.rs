@@ -1,5 +1,6 @@
 //! The game of a B3 scenario, shared by `tickwire bench replication` and `tickwire demo`: its
-//! game servers (one for `single`, nine spatial servers for `spatial`) and how a bot joins it.
+//! game servers (one for `single`, nine spatial servers for `spatial`, one spatial server for
+//! `lod`) and how a bot joins it.
 
 use std::sync::Arc;
 
@@ -11,9 +12,7 @@ use super::Arena;
 use super::bots::{BotMode, BotStats, run_bot};
 use super::server::{GameServer, ServerStats};
 use super::spatial_bots::run_spatial_bot;
-use super::spatial_server::{self, SpatialServer, SpawnRequest};
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
+use super::spatial_server::{self, SpatialServer, SpawnRequest, WorldSpec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 pub enum Scenario {
@@ -22,6 +21,9 @@ pub enum Scenario {
     /// 3 x 3 spatial servers over 15 x 15 cells of 20 m; each client sees a 30 m sphere that
     /// moves with its character when it changes cell.
     Spatial,
+    /// One spatial server over the `single` arena in 20 x 20 cells of 10 m; each client sees
+    /// every cell, at 20 Hz within 10 m of its character, 10 Hz within 50 m, 1 Hz beyond.
+    Lod,
 }
 
 impl Scenario {
@@ -29,14 +31,30 @@ impl Scenario {
         match self {
             Scenario::Single => "single",
             Scenario::Spatial => "spatial",
+            Scenario::Lod => "lod",
         }
+    }
+
+    /// The spatial world the scenario is played in (`None`: a channel, `single`).
+    pub fn world(self) -> Option<&'static WorldSpec> {
+        match self {
+            Scenario::Single => None,
+            Scenario::Spatial => Some(&spatial_server::SPATIAL),
+            Scenario::Lod => Some(&spatial_server::LOD),
+        }
+    }
+
+    /// The most updates per second a client asks for, where that is fewer than the servers'
+    /// frames (`lod`: 20 Hz, its nearest band's rate); the others take every frame.
+    pub fn client_hz(self) -> Option<f64> {
+        (self == Scenario::Lod).then(|| 1e3 / f64::from(super::spatial_bots::LOD_INTERVAL_MS))
     }
 
     /// The gateway counters of updates queued and of the subscribers they went to.
     pub fn fanout_series(self) -> (&'static str, &'static str) {
         match self {
             Scenario::Single => ("channel_fanouts", "channel_subscribers"),
-            Scenario::Spatial => ("spatial_fanouts", "spatial_viewers"),
+            Scenario::Spatial | Scenario::Lod => ("spatial_fanouts", "spatial_viewers"),
         }
     }
 }
@@ -57,13 +75,6 @@ pub async fn say_if_failed(
     result
 }
 
-/// The `spatial` world's arena: the same in every process that builds it (the bench and its
-/// bot workers).
-pub fn spatial_arena() -> Arena {
-    let mut rng = SmallRng::seed_from_u64(7);
-    Arena::generate(&mut rng, spatial_server::HALF_SIZE, spatial_server::OBSTACLES)
-}
-
 /// Runs `connect` on `runtime`: the connection's own tasks (reader, writer, heartbeats) are
 /// spawned where it runs, so a server's whole connection lives on the servers' runtime.
 async fn on<T: Send + 'static>(
@@ -76,7 +87,16 @@ async fn on<T: Send + 'static>(
 /// The game servers of a run and how bots join them.
 pub enum Game {
     Single { channel_id: u64 },
-    Spatial { arena: Arc<Arena>, spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>> },
+    Spatial(SpatialGame),
+}
+
+/// Where the bots of a spatial scenario play: the world, its arena, and the spawner of each
+/// server slot (`spawners[slot]` spawns characters in that slot's block).
+#[derive(Clone)]
+pub struct SpatialGame {
+    pub world: &'static WorldSpec,
+    pub arena: Arc<Arena>,
+    pub spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>>,
 }
 
 impl Game {
@@ -88,8 +108,8 @@ impl Game {
         runtimes: &[tokio::runtime::Handle],
         stop: &CancellationToken,
     ) -> anyhow::Result<(Game, Vec<Arc<ServerStats>>, Vec<tokio::task::JoinHandle<anyhow::Result<()>>>)> {
-        match scenario {
-            Scenario::Single => {
+        match scenario.world() {
+            None => {
                 let server = on(&runtimes[0], GameServer::connect(target.clone())).await?;
                 let channel_id = server.channel_id;
                 let stats = server.stats.clone();
@@ -97,11 +117,10 @@ impl Game {
                     .spawn(say_if_failed("the game server".into(), server.run(SINGLE_SEED, stop.clone())));
                 Ok((Game::Single { channel_id }, vec![stats], vec![task]))
             }
-            Scenario::Spatial => {
-                let arena = Arc::new(spatial_arena());
+            Some(world) => {
+                let arena = Arc::new(world.arena());
                 let (mut spawners, mut stats, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
-                let slots = spatial_server::SERVERS * spatial_server::SERVERS;
-                for slot in 0..slots {
+                for slot in 0..world.slots() {
                     let runtime = &runtimes[slot as usize % runtimes.len()];
                     let server = on(runtime, SpatialServer::connect(target.clone(), slot)).await?;
                     let (tx, rx) = mpsc::channel(1024);
@@ -111,7 +130,8 @@ impl Game {
                     spawners.push(tx);
                     stats.push(figures);
                 }
-                Ok((Game::Spatial { arena, spawners: Arc::new(spawners) }, stats, tasks))
+                let game = SpatialGame { world, arena, spawners: Arc::new(spawners) };
+                Ok((Game::Spatial(game), stats, tasks))
             }
         }
     }
@@ -120,7 +140,7 @@ impl Game {
     pub fn arena(&self) -> Arena {
         match self {
             Game::Single { .. } => super::server::arena(SINGLE_SEED),
-            Game::Spatial { arena, .. } => Arena::clone(arena),
+            Game::Spatial(game) => Arena::clone(&game.arena),
         }
     }
 
@@ -136,12 +156,12 @@ impl Game {
         let (target, stats, stop) = (target.clone(), stats.clone(), stop.clone());
         let game = match self {
             Game::Single { channel_id } => Err(*channel_id),
-            Game::Spatial { arena, spawners } => Ok((arena.clone(), spawners.clone())),
+            Game::Spatial(game) => Ok(game.clone()),
         };
         async move {
             match game {
                 Err(channel_id) => run_bot(target, i, channel_id, mode, stats, stop).await,
-                Ok((arena, spawners)) => run_spatial_bot(target, i, mode, arena, spawners, stats, stop).await,
+                Ok(game) => run_spatial_bot(target, i, mode, game, stats, stop).await,
             }
         }
     }

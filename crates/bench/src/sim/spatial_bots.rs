@@ -1,5 +1,6 @@
-//! Simulated players of the B3 `spatial` scenario: each bot has its character spawned, sets a
-//! 30 m sphere of interest that follows the character only when it changes cell (the report's
+//! Simulated players of the B3 `spatial` and `lod` scenarios: each bot has its character
+//! spawned, sets its area of interest (`spatial`: a 30 m sphere; `lod`: every cell, with
+//! level-of-detail bands) that follows the character only when it changes cell (the report's
 //! "updated only on handover"), sends its inputs to its entity, and counts the `channel.updates`
 //! messages it receives: versions checked per cell (no gap, no repeat), and the age of the
 //! first entity in each cell update, read without decoding the rest (`peek_cell`). A bot in
@@ -19,20 +20,50 @@ use rand::{Rng, SeedableRng};
 use tickwire_client::{ConnectOptions, Connection, Event, Target, response_body};
 use tickwire_state::{DecodeError, Replica, Schema, SchemaDef, Version};
 use tickwire_wire::proto::{
-    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, InterestResult, SetInterest, Sphere, Vec3,
-    set_interest,
+    ChannelEvent, ChannelMessage, ChannelUpdates, Follow, InterestResult, LodBand, SetInterest, Sphere,
+    SubscriptionOptions, Vec3, set_interest,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::bot::Bot;
 use super::bots::{BotMode, BotStats, Connected, Requests, input_body, next_event, until_stopped};
+use super::game::SpatialGame;
 use super::server::{BLOCKED, now_us};
-use super::spatial_server::{SpawnRequest, slot_of};
-use super::world::{Arena, Input};
+use super::spatial_server::{Interest, SpawnRequest, WorldSpec};
+use super::world::Input;
 
-/// The report's area of interest: a 30 m sphere.
-pub const INTEREST_RADIUS: f32 = 30.0;
+/// The `lod` scenario's updates: 20 Hz, its fastest band.
+pub const LOD_INTERVAL_MS: u32 = 50;
+
+/// The `lod` scenario's bands (BENCHMARKS.md B3): within 10 m in every update (20 Hz), within
+/// 50 m every 100 ms (10 Hz), beyond once a second.
+pub fn lod_bands() -> Vec<LodBand> {
+    vec![
+        LodBand { within: 10.0, interval_ms: 0 },
+        LodBand { within: 50.0, interval_ms: 100 },
+        LodBand { within: 1000.0, interval_ms: 1000 },
+    ]
+}
+
+/// The `spatial.interest` of a bot whose character spawned at `at` in `world`.
+pub fn interest(world: &WorldSpec, at: [f32; 2]) -> SetInterest {
+    let center = Some(Vec3 { x: at[0], y: 0.0, z: at[1] });
+    let follow = Follow::Cell as i32;
+    match world.interest {
+        Interest::Sphere(radius) => {
+            let area = set_interest::Area::Sphere(Sphere { center, radius });
+            SetInterest { area: Some(area), follow, ..Default::default() }
+        }
+        Interest::Lod => {
+            // Every cell from anywhere: the world's diagonal.
+            let radius = 2.0 * world.half_size * std::f32::consts::SQRT_2;
+            let area = set_interest::Area::Sphere(Sphere { center, radius });
+            let options = SubscriptionOptions { fanout_interval_ms: LOD_INTERVAL_MS, ..Default::default() };
+            SetInterest { area: Some(area), follow, options: Some(options), lod: lod_bands() }
+        }
+    }
+}
 
 /// Runs bot `index` until `stop`; `spawners[slot]` spawns characters in that slot's block. An
 /// error before `stop` is counted in [`BotStats::errors`] and returned.
@@ -40,22 +71,20 @@ pub async fn run_spatial_bot(
     target: Target,
     index: usize,
     mode: BotMode,
-    arena: Arc<Arena>,
-    spawners: Arc<Vec<mpsc::Sender<SpawnRequest>>>,
+    game: SpatialGame,
     stats: Arc<BotStats>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     // Setting up (connect, spawn, interest) waits on the gateway and a server: `stop` ends it
     // too, so an overloaded run still ends.
-    until_stopped(&stats, &stop, session(target, index, mode, &arena, &spawners, &stats, &stop)).await
+    until_stopped(&stats, &stop, session(target, index, mode, &game, &stats, &stop)).await
 }
 
 async fn session(
     target: Target,
     index: usize,
     mode: BotMode,
-    arena: &Arena,
-    spawners: &[mpsc::Sender<SpawnRequest>],
+    game: &SpatialGame,
     stats: &BotStats,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -69,17 +98,13 @@ async fn session(
     // not stop reading while its input travels); answers are checked as they come.
     let mut conn = Connection::connect(opts).await.with_context(|| format!("connecting {player}"))?;
     let mut rng = SmallRng::seed_from_u64(index as u64);
-    let at = arena.spawn(&mut rng);
+    let at = game.arena.spawn(&mut rng);
     let yaw = rng.random_range(0.0..std::f32::consts::TAU);
     let (reply, entity) = oneshot::channel();
     let request = SpawnRequest { at, yaw, controller: conn.welcome().connection_id, reply };
-    spawners[slot_of(at)].send(request).await.context("the spawning server is gone")?;
+    game.spawners[game.world.slot_of(at)].send(request).await.context("the spawning server is gone")?;
     let entity_id = entity.await.context("the spawning server is gone")?.context("spawning")?;
-    let area = set_interest::Area::Sphere(Sphere {
-        center: Some(Vec3 { x: at[0], y: 0.0, z: at[1] }),
-        radius: INTEREST_RADIUS,
-    });
-    let interest = SetInterest { area: Some(area), follow: Follow::Cell as i32, ..Default::default() };
+    let interest = interest(game.world, at);
     let mut requests = Requests::default();
     // Nothing is due to this bot before the answer: its cells' updates come after it. A push
     // before it (none is expected) is dropped.
@@ -196,24 +221,27 @@ async fn session(
     result
 }
 
-/// The version a bot holds of each cell in its view, in a short list.
+/// The version a bot holds of each cell in its view, sorted by cell: a handful of cells in
+/// `spatial`, all 400 in `lod`.
 #[derive(Debug, Default)]
 struct Held(Vec<(u64, Version)>);
 
 impl Held {
     fn get(&self, cell: u64) -> Option<Version> {
-        self.0.iter().find(|(c, _)| *c == cell).map(|&(_, v)| v)
+        self.0.binary_search_by_key(&cell, |&(c, _)| c).ok().map(|at| self.0[at].1)
     }
 
     fn set(&mut self, cell: u64, version: Version) {
-        match self.0.iter_mut().find(|(c, _)| *c == cell) {
-            Some(entry) => entry.1 = version,
-            None => self.0.push((cell, version)),
+        match self.0.binary_search_by_key(&cell, |&(c, _)| c) {
+            Ok(at) => self.0[at].1 = version,
+            Err(at) => self.0.insert(at, (cell, version)),
         }
     }
 
     fn remove(&mut self, cell: u64) {
-        self.0.retain(|(c, _)| *c != cell);
+        if let Ok(at) = self.0.binary_search_by_key(&cell, |&(c, _)| c) {
+            self.0.remove(at);
+        }
     }
 }
 
@@ -221,8 +249,8 @@ impl Held {
 /// (over every cell, including those it has left).
 struct CellReplicas {
     schema: Arc<Schema>,
-    /// Each cell in view, with its replica; `None` once the replica refused an update, until
-    /// the cell's next snapshot.
+    /// Each cell in view (sorted), with its replica; `None` once the replica refused an
+    /// update, until the cell's next snapshot.
     cells: Vec<(u64, Option<Replica>)>,
     /// Entity updates received over every replica, dropped ones included: what `entities`
     /// is told.
@@ -239,11 +267,11 @@ impl CellReplicas {
     /// snapshot. A refusal is returned once: the cell's replica is dropped, and its updates
     /// are skipped until its next snapshot starts a new one.
     fn apply(&mut self, cell: u64, snapshot: bool, update: &[u8]) -> Result<(), DecodeError> {
-        let at = match self.cells.iter().position(|(c, _)| *c == cell) {
-            Some(at) => at,
-            None => {
-                self.cells.push((cell, Some(self.fresh())));
-                self.cells.len() - 1
+        let at = match self.find(cell) {
+            Ok(at) => at,
+            Err(at) => {
+                self.cells.insert(at, (cell, Some(self.fresh())));
+                at
             }
         };
         if self.cells[at].1.is_none() && snapshot {
@@ -268,10 +296,15 @@ impl CellReplicas {
     /// Drops cell `cell`'s replica (its count stays in `total`) until the cell's next
     /// snapshot; a cell not seen yet waits for one too.
     fn drop_cell(&mut self, cell: u64) {
-        match self.cells.iter_mut().find(|(c, _)| *c == cell) {
-            Some((_, slot)) => *slot = None,
-            None => self.cells.push((cell, None)),
+        match self.find(cell) {
+            Ok(at) => self.cells[at].1 = None,
+            Err(at) => self.cells.insert(at, (cell, None)),
         }
+    }
+
+    /// Where cell `cell` is in `cells`, or would go.
+    fn find(&self, cell: u64) -> Result<usize, usize> {
+        self.cells.binary_search_by_key(&cell, |(c, _)| *c)
     }
 
     /// Drops every cell's replica (an update the bot could not read may have touched any).
@@ -287,7 +320,9 @@ impl CellReplicas {
 
     /// Cell `cell` left the view.
     fn remove(&mut self, cell: u64) {
-        self.cells.retain(|(c, _)| *c != cell);
+        if let Ok(at) = self.find(cell) {
+            self.cells.remove(at);
+        }
     }
 }
 

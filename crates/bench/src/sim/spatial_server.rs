@@ -1,8 +1,10 @@
-//! The B3 `spatial` game servers: a 300 × 300 m world split into 15 × 15 cells of 20 m, owned
-//! by 3 × 3 spatial servers. Each server simulates the characters in its block at 30 frames per
-//! second (the same walk, jump and collisions as `single`) and publishes them with
-//! `spatial.publish`; the gateway hands a character over when it walks into another server's
-//! block, and the servers release and acquire it (docs/protocol.md section 14).
+//! The game servers of the B3 scenarios played in the spatial world: `spatial`, a 300 × 300 m
+//! world split into 15 × 15 cells of 20 m, owned by 3 × 3 spatial servers; and `lod`, the
+//! `single` arena (200 × 200 m) as 20 × 20 cells of 10 m owned by one server ([`WorldSpec`]).
+//! Each server simulates the characters in its block at 30 frames per second (the same walk,
+//! jump and collisions as `single`) and publishes them with `spatial.publish`; the gateway hands
+//! a character over when it walks into another server's block, and the servers release and
+//! acquire it (docs/protocol.md section 14).
 //!
 //! Spawning is the bench harness's job here (a master server's in a game): a bot asks the
 //! server of its spawn point, in process, to spawn its character with the bot as controller.
@@ -26,15 +28,60 @@ use tokio_util::sync::CancellationToken;
 
 use super::server::{BLOCKED, InputMessage, ServerStats, Unanswered, now_us};
 use super::world::{Arena, Character, FPS, Input};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
-/// Half the world's side, in metres.
-pub const HALF_SIZE: f32 = 150.0;
-/// Obstacles in the 300 × 300 m world: the `single` arena's density (60 per 200 × 200 m).
-pub const OBSTACLES: usize = 135;
-/// Servers along each axis, and cells along each axis.
-pub const SERVERS: u32 = 3;
-pub const CELLS: u32 = 15;
-pub const CELL_SIZE: f32 = 20.0;
+/// A square world centred on the origin, its grid and its servers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorldSpec {
+    /// Half the world's side, in metres.
+    pub half_size: f32,
+    /// Obstacles in the arena.
+    pub obstacles: usize,
+    /// Servers along each axis, and cells along each axis.
+    pub servers: u32,
+    pub cells: u32,
+    pub cell_size: f32,
+    /// What each client sees.
+    pub interest: Interest,
+}
+
+/// A client's area of interest in a [`WorldSpec`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Interest {
+    /// A sphere of this radius around the client's character, re-centred only when the
+    /// character changes cell (channeld's report: "updated only on handover").
+    Sphere(f32),
+    /// Every cell, with BENCHMARKS.md's B3 `lod` bands around the character: updates at 20 Hz,
+    /// and in them the cells within 10 m at every one, within 50 m every 100 ms, the rest once
+    /// a second; re-centred when the character changes cell.
+    Lod,
+}
+
+/// The `spatial` world: 300 × 300 m, the `single` arena's density of obstacles (60 per
+/// 200 × 200 m), 3 × 3 servers over 15 × 15 cells of 20 m (channeld's report).
+pub const SPATIAL: WorldSpec = WorldSpec {
+    half_size: 150.0,
+    obstacles: 135,
+    servers: 3,
+    cells: 15,
+    cell_size: 20.0,
+    interest: Interest::Sphere(30.0),
+};
+
+/// The `lod` world: the `single` arena (200 × 200 m, 60 obstacles, the same seed) under one
+/// server, in 20 × 20 cells of 10 m, the width of the nearest level-of-detail band.
+pub const LOD: WorldSpec = WorldSpec {
+    half_size: super::server::HALF_SIZE,
+    obstacles: super::server::OBSTACLES,
+    servers: 1,
+    cells: 20,
+    cell_size: 10.0,
+    interest: Interest::Lod,
+};
+
+/// The seed of the worlds' arenas (`single`'s too).
+const ARENA_SEED: u64 = 7;
 
 /// One entity's value: field 0 is the publish time, so a counting client finds it first in
 /// every entity op (docs/protocol.md 12.2: a struct's fields come in order).
@@ -45,34 +92,51 @@ pub const ENTITY_SCHEMA: &str = r#"{"fields": [
     {"name": "blocked", "type": "bool"}
 ]}"#;
 
-/// The gateway settings of the scenario (`--set` values); `schema_file` holds [`ENTITY_SCHEMA`].
-pub fn gateway_overrides(schema_file: &std::path::Path) -> Vec<String> {
-    vec![
-        format!("spatial.origin=[{}, {}]", -HALF_SIZE, -HALF_SIZE),
-        format!("spatial.cell_size={CELL_SIZE}"),
-        format!("spatial.cells=[{CELLS}, {CELLS}]"),
-        format!("spatial.servers=[{SERVERS}, {SERVERS}]"),
-        "spatial.server_interest_border=0".into(),
-        format!("channels.entity.schema_file={:?}", schema_file.display().to_string()),
-    ]
-}
-
-/// The scenario's `[spatial]` layout.
-pub fn layout() -> tickwire_spatial::LayoutConfig {
-    tickwire_spatial::LayoutConfig {
-        origin: [-HALF_SIZE, -HALF_SIZE],
-        cell_size: CELL_SIZE,
-        cells: [CELLS, CELLS],
-        servers: [SERVERS, SERVERS],
-        server_interest_border: 0,
+impl WorldSpec {
+    /// The gateway settings of the world (`--set` values); `schema_file` holds
+    /// [`ENTITY_SCHEMA`]. A client may see every cell (`limits.outbox_capacity`: see
+    /// docs/protocol.md 14.4).
+    pub fn gateway_overrides(&self, schema_file: &std::path::Path) -> Vec<String> {
+        let (h, c, n) = (self.half_size, self.cells, self.servers);
+        vec![
+            format!("spatial.origin=[{}, {}]", -h, -h),
+            format!("spatial.cell_size={}", self.cell_size),
+            format!("spatial.cells=[{c}, {c}]"),
+            format!("spatial.servers=[{n}, {n}]"),
+            "spatial.server_interest_border=0".into(),
+            format!("limits.outbox_capacity={}", (c * c + 16).max(256)),
+            format!("channels.entity.schema_file={:?}", schema_file.display().to_string()),
+        ]
     }
-}
 
-/// The server slot whose block holds `(x, z)`.
-pub fn slot_of(at: [f32; 2]) -> usize {
-    let block = (2.0 * HALF_SIZE) / SERVERS as f32;
-    let along = |v: f32| (((v + HALF_SIZE) / block).floor() as i64).clamp(0, i64::from(SERVERS) - 1) as usize;
-    along(at[1]) * SERVERS as usize + along(at[0])
+    /// The world's `[spatial]` layout.
+    pub fn layout(&self) -> tickwire_spatial::LayoutConfig {
+        tickwire_spatial::LayoutConfig {
+            origin: [-self.half_size, -self.half_size],
+            cell_size: self.cell_size,
+            cells: [self.cells, self.cells],
+            servers: [self.servers, self.servers],
+            server_interest_border: 0,
+        }
+    }
+
+    /// The server slots.
+    pub fn slots(&self) -> u32 {
+        self.servers * self.servers
+    }
+
+    /// The server slot whose block holds `(x, z)`.
+    pub fn slot_of(&self, at: [f32; 2]) -> usize {
+        let (h, n) = (self.half_size, self.servers);
+        let block = (2.0 * h) / n as f32;
+        let along = |v: f32| (((v + h) / block).floor() as i64).clamp(0, i64::from(n) - 1) as usize;
+        along(at[1]) * n as usize + along(at[0])
+    }
+
+    /// The arena: the same in every process that builds it (the bench and its bot workers).
+    pub fn arena(&self) -> Arena {
+        Arena::generate(&mut SmallRng::seed_from_u64(ARENA_SEED), self.half_size, self.obstacles)
+    }
 }
 
 /// A bot's request to its spawn point's server.
@@ -301,6 +365,7 @@ mod tests {
 
     #[test]
     fn slots_are_the_report_blocks() {
+        let slot_of = |at| SPATIAL.slot_of(at);
         assert_eq!(slot_of([-149.0, -149.0]), 0);
         assert_eq!(slot_of([-50.1, -149.0]), 0);
         assert_eq!(slot_of([-49.9, -149.0]), 1);
@@ -308,5 +373,22 @@ mod tests {
         assert_eq!(slot_of([0.0, 0.0]), 4);
         assert_eq!(slot_of([149.0, 149.0]), 8);
         assert_eq!(slot_of([-149.0, 60.0]), 6);
+        assert_eq!(LOD.slot_of([99.0, -99.0]), 0, "one server");
+    }
+
+    #[test]
+    fn the_lod_world_is_the_single_arena() {
+        assert_eq!(LOD.arena().obstacles.len(), super::super::server::arena(ARENA_SEED).obstacles.len());
+        let (a, b) = (LOD.arena(), super::super::server::arena(ARENA_SEED));
+        assert!(a.obstacles.iter().zip(&b.obstacles).all(|(x, y)| x.min == y.min && x.max == y.max));
+        assert_eq!(a.half_size, b.half_size);
+        // Every one of the 400 cells fits a session's outbox, with room for its events.
+        let overrides = LOD.gateway_overrides(std::path::Path::new("e.json"));
+        assert!(overrides.contains(&"limits.outbox_capacity=416".to_string()), "{overrides:?}");
+        assert!(
+            SPATIAL
+                .gateway_overrides(std::path::Path::new("e.json"))
+                .contains(&"limits.outbox_capacity=256".into())
+        );
     }
 }

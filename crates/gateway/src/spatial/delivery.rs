@@ -194,19 +194,20 @@ impl Mailbox {
     }
 }
 
-/// A cell in a viewer's view, as its delivery keeps it.
+/// A cell in a viewer's view, as its delivery keeps it: 40 bytes (a pass reads the cells in view
+/// of every due viewer, and with level of detail that may be every cell of the world).
 #[derive(Debug, Clone, Copy)]
 struct Held {
-    cell: u32,
     /// The version of the cell the client holds (`None`: it needs a snapshot).
     version: Option<Version>,
-    /// Level of detail: the cell changes in the viewer's updates at most once per `interval`
-    /// on average (zero: in every update).
-    interval: Duration,
     /// With an interval: the pass instant from which the cell may change in an update again.
     /// Counted from the previous one, as the scheduler counts a viewer's due times, so passes
     /// that fall between keep the rate.
     next: Instant,
+    cell: u32,
+    /// Level of detail: the cell changes in the viewer's updates at most once per this many
+    /// milliseconds on average (0: in every update).
+    interval_ms: u32,
 }
 
 impl Held {
@@ -218,25 +219,30 @@ impl Held {
     /// Whether the cell may change in an update at pass instant `at`: always when the client
     /// needs its snapshot.
     fn due(&self, at: Instant) -> bool {
-        self.interval.is_zero() || self.version.is_none() || at >= self.next
+        self.interval_ms == 0 || self.version.is_none() || at >= self.next
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.interval_ms))
     }
 
     /// The cell changed in an update at pass instant `at`.
     fn sent(&mut self, at: Instant) {
-        if self.interval.is_zero() {
+        if self.interval_ms == 0 {
             return;
         }
-        self.next += self.interval;
+        self.next += self.interval();
         if self.next <= at {
-            self.next = at + self.interval;
+            self.next = at + self.interval();
         }
     }
 
     /// A new interval, counted from the cell's last update (or at once, if that is sooner).
-    fn set_interval(&mut self, interval: Duration) {
-        if interval != self.interval {
-            self.next = self.next.checked_sub(self.interval).map_or(self.next, |last| last + interval);
-            self.interval = interval;
+    fn set_interval(&mut self, interval_ms: u32) {
+        if interval_ms != self.interval_ms {
+            let last = self.next.checked_sub(self.interval());
+            self.interval_ms = interval_ms;
+            self.next = last.map_or(self.next, |last| last + self.interval());
         }
     }
 }
@@ -433,12 +439,15 @@ impl Delivery {
                     }
                     keep
                 });
-                let interval = |i: usize| view.intervals.get(i).copied().unwrap_or_default();
+                let interval = |i: usize| {
+                    let interval = view.intervals.get(i).copied().unwrap_or_default();
+                    u32::try_from(interval.as_millis()).unwrap_or(u32::MAX)
+                };
                 for (i, &cell) in view.cells.iter().enumerate() {
                     match viewer.held.binary_search_by_key(&cell, |held| held.cell) {
                         Ok(at) => viewer.held[at].set_interval(interval(i)),
                         Err(at) => {
-                            let held = Held { cell, version: None, interval: interval(i), next: view.at };
+                            let held = Held { version: None, next: view.at, cell, interval_ms: interval(i) };
                             viewer.held.insert(at, held);
                             entered = true;
                         }
@@ -490,33 +499,6 @@ impl Delivery {
             let cells = &frame.cells;
             // Cells the viewer lacks that its level of detail holds back for now.
             let mut waiting = false;
-            let mut stale = false;
-            for held in viewer.held.iter().filter(|h| h.stale(frame)) {
-                if held.due(at) {
-                    stale = true;
-                    break;
-                }
-                waiting = true;
-            }
-            if !stale {
-                // Nothing to send now. Holding back cells it lacks, it stays due (its base
-                // unknown) until they may go, or it would not be due again in a world that
-                // stopped changing.
-                let outcome = if from.is_some() || waiting {
-                    Outcome::Empty
-                } else {
-                    Outcome::Sent { to: frame.world_version }
-                };
-                schedule.record(conn, frame.scheduled, outcome);
-                continue;
-            }
-            // A viewer without room is refused before its message is gathered.
-            if let Err(hold) = viewer.handle.flow.room(now) {
-                counts.held_back[hold.index()] += 1;
-                schedule.record(conn, frame.scheduled, Outcome::Refused);
-                behind.push(conn);
-                continue;
-            }
             parts.clear();
             advanced.clear();
             let mut missing = false;
@@ -526,7 +508,7 @@ impl Delivery {
             let mut catch_up = 0;
             let (n, first) = (viewer.held.len(), viewer.first);
             let mut stopped_at = 0;
-            for index in (0..n).map(|j| (first + j) % n) {
+            for index in (first..n).chain(0..first) {
                 let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
@@ -566,6 +548,26 @@ impl Delivery {
                         break;
                     }
                 }
+            }
+            if !missing && parts.is_empty() {
+                // Nothing to send now. Holding back cells it lacks, it stays due (its base
+                // unknown) until they may go, or it would not be due again in a world that
+                // stopped changing.
+                let outcome = if from.is_some() || waiting {
+                    Outcome::Empty
+                } else {
+                    Outcome::Sent { to: frame.world_version }
+                };
+                schedule.record(conn, frame.scheduled, outcome);
+                continue;
+            }
+            // Gathered first (one scan of the cells in view, not two), then refused without
+            // room: what a refusal costs is dropping the entries' handles.
+            if let Err(hold) = viewer.handle.flow.room(now) {
+                counts.held_back[hold.index()] += 1;
+                schedule.record(conn, frame.scheduled, Outcome::Refused);
+                behind.push(conn);
+                continue;
             }
             if missing {
                 // All or nothing: a message carries every cell in view that changed. The viewer
@@ -620,7 +622,7 @@ impl Delivery {
         let soon = slow
             .iter()
             .chain(fresh.iter())
-            .filter(|&&conn| schedule.next_due(conn).is_some_and(|at| at <= next_pass));
+            .filter(|&&conn| schedule.next_due(conn).is_some_and(|due| due <= next_pass));
         for conn in behind.iter().filter(|&conn| !slow.contains(conn)).chain(soon) {
             if let Some(viewer) = viewers.get(conn)
                 && !viewer.handle.flow.stalled(now)
