@@ -4,7 +4,8 @@
 //! system bench runs the world on cores it shares with everything else, where its pass's CPU
 //! time varies by 10–20% between runs; this is the quick, steady loop for working on the pass
 //! (`tickwire_gateway::WorldHarness`). It leaves out handovers and the wake-ups of session
-//! tasks.
+//! tasks. The `lod_world` group does the same in the B3 `lod` layout (20×20 cells of 10 m, one
+//! server, every client seeing every cell with level-of-detail bands at 20 Hz).
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -13,8 +14,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use tickwire_bench::sim::spatial_server::{ENTITY_SCHEMA, Interest, SPATIAL};
+use tickwire_bench::sim::spatial_bots::interest;
+use tickwire_bench::sim::spatial_server::{ENTITY_SCHEMA, Interest, LOD, SPATIAL, WorldSpec};
 use tickwire_gateway::WorldHarness;
+use tickwire_wire::proto::{SetInterest, set_interest};
 
 // The allocator `tickwire` runs with: a pass allocates per client, a publish per entity.
 #[global_allocator]
@@ -31,22 +34,38 @@ fn value_json(frame: u64, at: [f32; 3]) -> String {
     )
 }
 
-/// `players` entities at random places at least 1 m inside their cell, each with a client
-/// seeing around it.
-fn world(players: usize, schema: &std::path::Path, now: Instant) -> (WorldHarness, HashMap<u64, [f32; 3]>) {
-    let mut h = WorldHarness::new(&SPATIAL.gateway_overrides(schema), now).expect("the B3 spatial layout");
+/// `players` entities at random places of `spec`'s world at least 1 m inside their cell, each
+/// with a client seeing what `spec` says: the report's sphere, or every cell with the `lod`
+/// bands.
+fn world(
+    spec: &WorldSpec,
+    players: usize,
+    schema: &std::path::Path,
+    now: Instant,
+) -> (WorldHarness, HashMap<u64, [f32; 3]>) {
+    let mut h = WorldHarness::new(&spec.gateway_overrides(schema), now).expect("a B3 layout");
     let mut rng = SmallRng::seed_from_u64(7);
     let mut at = HashMap::new();
-    let (half, size) = (SPATIAL.half_size, SPATIAL.cell_size);
-    let Interest::Sphere(radius) = SPATIAL.interest else { unreachable!("the report's sphere") };
+    let (half, size) = (spec.half_size, spec.cell_size);
     for _ in 0..players {
         let coord = |rng: &mut SmallRng| {
-            let cell = rng.random_range(0..SPATIAL.cells) as f32;
+            let cell = rng.random_range(0..spec.cells) as f32;
             -half + cell * size + rng.random_range(1.0..size - 1.0)
         };
         let p = [coord(&mut rng), 0.0, coord(&mut rng)];
-        let id = h.spawn_player(p, &value_json(0, p), radius, now).expect("spawned");
-        at.insert(id, p);
+        let id = match spec.interest {
+            Interest::Sphere(radius) => h.spawn_player(p, &value_json(0, p), radius, now),
+            Interest::Lod => {
+                let SetInterest { area: Some(set_interest::Area::Sphere(sphere)), options, lod, .. } =
+                    interest(spec, [p[0], p[2]])
+                else {
+                    unreachable!("the lod scenario's area is a sphere")
+                };
+                let options = options.unwrap_or_default();
+                h.spawn_player_lod(p, &value_json(0, p), sphere.radius, options, lod, now)
+            }
+        };
+        at.insert(id.expect("spawned"), p);
     }
     (h, at)
 }
@@ -137,7 +156,7 @@ fn spatial_world(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(name, players), |b| {
                 let run = run.get_or_insert_with(|| {
                     let start = Instant::now();
-                    let (h, at) = world(players, schema.path(), start);
+                    let (h, at) = world(&SPATIAL, players, schema.path(), start);
                     Run { h, at, frame: 0, start }
                 });
                 b.iter_custom(|iters| frames(run, players, timed, iters));
@@ -154,5 +173,55 @@ fn spatial_world(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, spatial_world);
+/// The time of the next `iters` passes of the `lod` world, each after a frame that moves every
+/// entity (as [`frames`]); clients read everything. Clients are due every 50 ms, so a pass
+/// serves about two in five of them.
+fn lod_frames(run: &mut Run, players: usize, iters: u64) -> Duration {
+    let Run { h, at, frame: frames_run, start } = run;
+    let mut total = Duration::ZERO;
+    let mut messages = 0;
+    for _ in 0..iters {
+        *frames_run += 1;
+        let frame = *frames_run;
+        h.publish_frame(|id| {
+            let p = at[&id];
+            let p = [p[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, p[1], p[2]];
+            (p, value_json(frame, p))
+        })
+        .expect("published");
+        let now = *start + Duration::from_millis(20 * frame);
+        let t0 = Instant::now();
+        black_box(h.tick(now));
+        total += t0.elapsed();
+        messages += h.drain(now).expect("read").0;
+    }
+    // 20 Hz against 50 passes a second: at most one message per client per two passes.
+    assert!(messages <= iters.div_ceil(2) * players as u64 + players as u64, "{messages}");
+    total
+}
+
+fn lod_world(c: &mut Criterion) {
+    let schema = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(schema.path(), ENTITY_SCHEMA).expect("the schema written");
+    let mut group = c.benchmark_group("lod_world");
+    group.sample_size(20).measurement_time(Duration::from_secs(6));
+    for players in [1000, 2000] {
+        let mut run = None;
+        group.bench_function(BenchmarkId::new("pass", players), |b| {
+            let run = run.get_or_insert_with(|| {
+                let start = Instant::now();
+                let (h, at) = world(&LOD, players, schema.path(), start);
+                Run { h, at, frame: 0, start }
+            });
+            b.iter_custom(|iters| lod_frames(run, players, iters));
+        });
+        if let Some(Run { h, frame, .. }) = &run {
+            let encodings = h.counts().encodings as f64 / *frame as f64;
+            println!("lod pass/{players}: {encodings:.1} cell updates encoded per pass over {frame} passes");
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, spatial_world, lod_world);
 criterion_main!(benches);
