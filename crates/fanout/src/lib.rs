@@ -82,6 +82,10 @@ pub enum Outcome {
     /// The delta from the subscriber's base carries nothing for it (for example every change
     /// was in fields it filters out). Nothing was sent; its base and schedule stay as they were.
     Empty,
+    /// Nothing was sent: what the subscriber lacks, the caller holds back for now (the spatial
+    /// world's level of detail). Its base stays, and it is due again one interval later, even
+    /// if the version does not move.
+    Deferred,
 }
 
 #[derive(Debug, Clone)]
@@ -197,7 +201,7 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
         match outcome {
             Outcome::Empty => return,
             Outcome::Sent { to } => sub.base = Some(to),
-            Outcome::Refused => {}
+            Outcome::Refused | Outcome::Deferred => {}
         }
         // Counted from the due time, so a late pass does not lower the rate (given the pass's
         // due instant as `now`; see the module comment); never later than one interval from now.
@@ -302,6 +306,19 @@ mod tests {
         assert_eq!(s.base(1), Some(4));
         assert_eq!(due(&s, t0 + 15 * MS, 9), vec![]);
         assert_eq!(due(&s, t0 + 20 * MS, 9), vec![Due { id: 1, from: Some(4) }]);
+    }
+
+    #[test]
+    fn a_deferred_subscriber_is_due_again_one_interval_later_at_the_same_version() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new();
+        s.join(1, opts(10, 0, false), t0, 0);
+        s.record(1, t0, Outcome::Sent { to: 4 });
+        s.resnapshot(1);
+        s.record(1, t0 + 10 * MS, Outcome::Deferred);
+        assert_eq!(s.base(1), None);
+        assert_eq!(due(&s, t0 + 15 * MS, 4), vec![], "not at every pass");
+        assert_eq!(due(&s, t0 + 20 * MS, 4), vec![Due { id: 1, from: None }], "the version did not move");
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! from its area's reference point (channeld's LOD and distance damping: near things often,
 //! far things seldom). A client gives *bands*, each a distance and an interval; a cell takes the
 //! interval of the first band that reaches it. Distances count to the cell's nearest point, so
-//! every entity in a cell is at least that far: a client never hears of an entity less often
-//! than its own band asks. Bands come from clients, so [`Bands::new`] refuses anything that is
-//! not finite, increasing and bounded.
+//! every entity in a cell is at least that far, and as intervals may not shrink from band to
+//! band, a client never hears of an entity less often than the band of its distance from the
+//! reference point asks. Bands come from clients, so [`Bands::new`] refuses anything that is not
+//! finite, increasing and bounded.
 
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub enum LodError {
     NotIncreasing { index: usize, got: f32, previous: f32 },
     #[error("band {index}: its interval must be at most {max:?}, got {got:?}")]
     Interval { index: usize, got: Duration, max: Duration },
+    #[error("band {index}: intervals must not shrink from band to band ({got:?} after {previous:?})")]
+    Shrinking { index: usize, got: Duration, previous: Duration },
 }
 
 /// A client's bands, checked, nearest first. Empty: no level of detail (every cell at every
@@ -43,11 +46,17 @@ pub enum LodError {
 pub struct Bands(Vec<Band>);
 
 impl Bands {
-    pub fn new(bands: impl IntoIterator<Item = Band>) -> Result<Bands, LodError> {
-        let bands: Vec<Band> = bands.into_iter().take(MAX_BANDS + 1).collect();
+    /// `bands`, nearest first, if they make sense.
+    pub fn new<I>(bands: I) -> Result<Bands, LodError>
+    where
+        I: IntoIterator<Item = Band>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let bands = bands.into_iter();
         if bands.len() > MAX_BANDS {
             return Err(LodError::TooMany { got: bands.len(), max: MAX_BANDS });
         }
+        let bands: Vec<Band> = bands.collect();
         for (index, band) in bands.iter().enumerate() {
             if !band.within.is_finite() || band.within < 0.0 {
                 return Err(LodError::Distance { index, got: band.within });
@@ -55,10 +64,13 @@ impl Bands {
             if band.interval > MAX_INTERVAL {
                 return Err(LodError::Interval { index, got: band.interval, max: MAX_INTERVAL });
             }
-            if let Some(previous) = index.checked_sub(1).map(|i| bands[i].within)
-                && band.within <= previous
-            {
-                return Err(LodError::NotIncreasing { index, got: band.within, previous });
+            let Some(before) = index.checked_sub(1).map(|i| bands[i]) else { continue };
+            if band.within <= before.within {
+                return Err(LodError::NotIncreasing { index, got: band.within, previous: before.within });
+            }
+            if band.interval < before.interval {
+                let (got, previous) = (band.interval, before.interval);
+                return Err(LodError::Shrinking { index, got, previous });
             }
         }
         Ok(Bands(bands))
@@ -131,7 +143,7 @@ mod tests {
     fn bad_bands_are_refused_with_their_reason() {
         let band = |within: f32, ms: u64| Band { within, interval: MS * ms as u32 };
         let refused = |bands: Vec<Band>| Bands::new(bands).unwrap_err();
-        assert!(matches!(refused(vec![band(1.0, 10); 9]), LodError::TooMany { got: 9, max: 8 }));
+        assert!(matches!(refused(vec![band(1.0, 10); 20]), LodError::TooMany { got: 20, max: 8 }));
         assert!(matches!(refused(vec![band(f32::NAN, 10)]), LodError::Distance { index: 0, .. }));
         assert!(matches!(refused(vec![band(f32::INFINITY, 10)]), LodError::Distance { .. }));
         assert!(matches!(refused(vec![band(5.0, 10), band(-1.0, 10)]), LodError::Distance { index: 1, .. }));
@@ -142,6 +154,7 @@ mod tests {
         assert!(matches!(refused(vec![band(5.0, 60_001)]), LodError::Interval { index: 0, .. }));
         let message = refused(vec![band(5.0, 10), band(2.0, 20)]).to_string();
         assert!(message.contains("increase"), "{message}");
+        assert!(matches!(refused(vec![band(5.0, 100), band(9.0, 50)]), LodError::Shrinking { index: 1, .. }));
         assert!(
             Bands::new(
                 vec![band(1.0, 10); 8]

@@ -102,8 +102,9 @@ fn lod_scenario_bots_in_two_worker_processes_hold_20_hz_with_far_cells_less_ofte
     assert!(rate["p5"].as_f64().unwrap() >= 19.0 && rate["mean"].as_f64().unwrap() <= 21.0, "{step}");
     // The replica bot sees all 40 characters, each moving every frame. At 20 Hz each it would
     // get 800 entity updates a second; its bands (20 Hz within 10 m, 10 Hz within 50 m, 1 Hz
-    // beyond) leave far fewer, and still at least one a second of nearly every character.
+    // beyond) leave far fewer: about 130 by the layout (docs/benchmarks.md), measured 147 and
+    // 148. Middle cells (most of what it gets) that starved would leave about 60.
     let entities = step["entity_updates_per_client_per_s"].as_f64().unwrap();
-    assert!((30.0..=500.0).contains(&entities), "{step}");
+    assert!((110.0..=400.0).contains(&entities), "{step}");
     assert_eq!(step["handovers_per_s"], 0.0, "one server: {step}");
 }

@@ -67,6 +67,9 @@ export class Spatial {
   private schema: Schema | undefined;
   /** Updates that arrived before the first `spatial.interest` answer (same read), bounded. */
   private early: { channelId: bigint; codec: DeltaCodec; update: Uint8Array }[] = [];
+  /** When each cell in view was last updated, as a count of updates applied. */
+  private updatedAt = new Map<bigint, number>();
+  private applied = 0;
   private readonly cellListeners = new Set<Listener<[bigint, Change[]]>>();
   private readonly leftListeners = new Set<Listener<[bigint]>>();
   private readonly eventListeners = new Set<Listener<[SpatialEvent]>>();
@@ -84,6 +87,7 @@ export class Spatial {
   dispose(): void {
     this.off();
     this.cells.clear();
+    this.updatedAt.clear();
   }
 
   /**
@@ -129,12 +133,23 @@ export class Spatial {
     return result.cells;
   }
 
-  /** Every entity of every cell in view (filter by position for those inside the area). */
+  /**
+   * Every entity of every cell in view, once (filter by position for those inside the area). An
+   * entity that crossed from one cell to another may be in both replicas for a while: the
+   * cells' updates come at different times with level of detail, or after a message that was
+   * full (§14.2, §14.4). The copy from the cell updated last is the one given.
+   */
   *entities(): Generator<Entity> {
+    const latest = new Map<string, { entity: Entity; at: number }>();
     for (const [cell, replica] of this.cells) {
+      const at = this.updatedAt.get(cell) ?? 0;
       const map = replica.state["entities"] as { [id: string]: { [field: string]: Value } } | undefined;
-      for (const [id, value] of Object.entries(map ?? {})) yield { id, cell, value };
+      for (const [id, value] of Object.entries(map ?? {})) {
+        const seen = latest.get(id);
+        if (!seen || at > seen.at) latest.set(id, { entity: { id, cell, value }, at });
+      }
     }
+    for (const { entity } of latest.values()) yield entity;
   }
 
   /** After each update of a cell, with its changes (a snapshot starts with a `reset`). */
@@ -172,6 +187,7 @@ export class Spatial {
       case "channel.event": {
         const e = decodeBody(ChannelEventSchema, body);
         if (e.channelId >= FIRST_CELL_ID && e.channelId < FIRST_ENTITY_ID && e.kind === ChannelEventKind.UNSUBSCRIBED) {
+          this.updatedAt.delete(e.channelId);
           if (this.cells.delete(e.channelId)) emit(this.client.report, this.leftListeners, e.channelId);
         }
         return;
@@ -208,6 +224,7 @@ export class Spatial {
       void this.resync().catch(() => {});
       return;
     }
+    this.updatedAt.set(channelId, ++this.applied);
     if (changes) emit(this.client.report, this.cellListeners, channelId, changes);
   }
 }

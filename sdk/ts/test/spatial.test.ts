@@ -83,7 +83,7 @@ test("a watcher's area of interest: cells, an entity that moves, areas that shri
   server.close();
 });
 
-test("level of detail: bands are sent, a cell beyond them still fills, and bad bands are refused", async () => {
+test("level of detail: a far cell's changes come later, an entity that crossed shows once, bad bands are refused", async () => {
   const server = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "server:slot-3" });
   await server.call("spatial.register", toBinary(RegisterServerSchema, create(RegisterServerSchema, { slot: 3 })));
   const spawn = create(SpawnEntitySchema, { position: { x: 90, y: 0, z: 90 }, valueJson: '{"data": "far"}' });
@@ -92,19 +92,30 @@ test("level of detail: bands are sent, a cell beyond them still fills, and bad b
 
   const watcher = await Client.connect({ connect: tcp(gw.tcp.host, gw.tcp.port), token: "lod-watcher" });
   const view = new Spatial(watcher);
-  // From (-90, -90), the entity's cell is about 230 m away: the last band's, twice a second.
+  // The box's reference point is its centre, (0, 0): cell [5, 5] (0..20 m) is at distance 0,
+  // in every update; cell [9, 9], where the entity is, 113 m away: once every 1.5 s.
   const lod = [
     { within: 10, intervalMs: 0 },
     { within: 50, intervalMs: 100 },
-    { within: 100, intervalMs: 500 },
+    { within: 1000, intervalMs: 1500 },
   ];
   const cells = await view.interest({ box: { min: [-100, 0, -100], max: [100, 0, 100] } }, { lod });
   assert.equal(cells.length, 100);
-  const value = () => [...view.entities()].find((e) => e.id === id)?.value["data"];
-  await until("the far entity in view", () => value() === "far");
-  const move = create(PublishSchema, { entities: [{ entityId: spawned.entityId, position: { x: 91, y: 0, z: 90 }, valueJson: '{"data": "moved"}' }] });
+  const copies = () => [...view.cells].filter(([, r]) => id in ((r.state["entities"] as object | undefined) ?? {}));
+  await until("the far entity in view", () => copies().length === 1);
+
+  // It walks into the near cell: that cell's update comes at once, the far cell's removal up to
+  // 1.5 s later. Meanwhile both replicas hold it, and `entities()` gives it once, as the near
+  // cell has it.
+  const move = create(PublishSchema, { entities: [{ entityId: spawned.entityId, position: { x: 10, y: 0, z: 10 }, valueJson: '{"data": "near"}' }] });
   await server.call("spatial.publish", toBinary(PublishSchema, move));
-  await until("its change, within the band's interval", () => value() === "moved");
+  const near = () => [...view.entities()].filter((e) => e.id === id);
+  await until("the entity in the near cell", () => near().some((e) => e.cell === cellId(5, 5)));
+  assert.equal(copies().length, 2, "the far cell's removal is held back");
+  assert.deepEqual(near().map((e) => [e.cell, e.value["data"]]), [[cellId(5, 5), "near"]]);
+  // The held-back removal comes in the end.
+  await until("the far cell's removal", () => copies().length === 1);
+  assert.deepEqual(copies().map(([cell]) => cell), [cellId(5, 5)]);
 
   await assert.rejects(
     view.interest({ sphere: { center: [0, 0, 0], radius: 5 } }, { lod: [{ within: 50, intervalMs: 0 }, { within: 10, intervalMs: 100 }] }),

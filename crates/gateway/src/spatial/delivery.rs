@@ -24,6 +24,11 @@
 //! message would lack an entry the pass did not have gets nothing until a pass has them all: the
 //! entries are asked for, and it stays due. Nothing is lost either way: a viewer's version
 //! of a cell changes only when an update for it is queued.
+//!
+//! Level of detail (docs/protocol.md 14.4) holds a cell's changes back from a viewer until its
+//! interval lets them go ([`held::Held`]). Such a cell does not take part in all or nothing: it
+//! goes in a later message when the pass lacks its entry (asked for), and a viewer with cells
+//! held back stays due one interval after another until they have gone.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +43,9 @@ use tickwire_wire::proto::{ChannelEvent, ChannelEventKind, DeltaCodec};
 use tokio::sync::Notify;
 
 use super::frame::{Frame, base_for, codec_index};
+use held::Held;
+
+mod held;
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
 
@@ -191,59 +199,6 @@ impl Mailbox {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.wake.notify_one();
-    }
-}
-
-/// A cell in a viewer's view, as its delivery keeps it: 40 bytes (a pass reads the cells in view
-/// of every due viewer, and with level of detail that may be every cell of the world).
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    /// The version of the cell the client holds (`None`: it needs a snapshot).
-    version: Option<Version>,
-    /// With an interval: the pass instant from which the cell may change in an update again.
-    /// Counted from the previous one, as the scheduler counts a viewer's due times, so passes
-    /// that fall between keep the rate.
-    next: Instant,
-    cell: u32,
-    /// Level of detail: the cell changes in the viewer's updates at most once per this many
-    /// milliseconds on average (0: in every update).
-    interval_ms: u32,
-}
-
-impl Held {
-    /// Whether the client lacks the cell's version at `frame`.
-    fn stale(&self, frame: &Frame) -> bool {
-        self.version != Some(frame.cells[self.cell as usize].version)
-    }
-
-    /// Whether the cell may change in an update at pass instant `at`: always when the client
-    /// needs its snapshot.
-    fn due(&self, at: Instant) -> bool {
-        self.interval_ms == 0 || self.version.is_none() || at >= self.next
-    }
-
-    fn interval(&self) -> Duration {
-        Duration::from_millis(u64::from(self.interval_ms))
-    }
-
-    /// The cell changed in an update at pass instant `at`.
-    fn sent(&mut self, at: Instant) {
-        if self.interval_ms == 0 {
-            return;
-        }
-        self.next += self.interval();
-        if self.next <= at {
-            self.next = at + self.interval();
-        }
-    }
-
-    /// A new interval, counted from the cell's last update (or at once, if that is sooner).
-    fn set_interval(&mut self, interval_ms: u32) {
-        if interval_ms != self.interval_ms {
-            let last = self.next.checked_sub(self.interval());
-            self.interval_ms = interval_ms;
-            self.next = last.map_or(self.next, |last| last + self.interval());
-        }
     }
 }
 
@@ -543,6 +498,13 @@ impl Delivery {
                             catch_up += 1;
                         }
                     }
+                    // A cell its level of detail held back until now may wait on: asked for,
+                    // it goes at a later pass (a pass can come later than the one it was asked
+                    // for ahead of, when the world's timer skipped a tick).
+                    None if viewer.held[index].interval_ms != 0 && held.is_some() => {
+                        report.wants.insert((cell, held, k));
+                        waiting = true;
+                    }
                     None => {
                         missing = true;
                         break;
@@ -550,10 +512,12 @@ impl Delivery {
                 }
             }
             if !missing && parts.is_empty() {
-                // Nothing to send now. Holding back cells it lacks, it stays due (its base
-                // unknown) until they may go, or it would not be due again in a world that
+                // Nothing to send now. Holding back cells it lacks, it is due again one interval
+                // later whatever the version, or it would not be due again in a world that
                 // stopped changing.
-                let outcome = if from.is_some() || waiting {
+                let outcome = if waiting {
+                    Outcome::Deferred
+                } else if from.is_some() {
                     Outcome::Empty
                 } else {
                     Outcome::Sent { to: frame.world_version }
@@ -570,7 +534,8 @@ impl Delivery {
                 continue;
             }
             if missing {
-                // All or nothing: a message carries every cell in view that changed. The viewer
+                // All or nothing: a message carries every cell in view that changed (but those
+                // its level of detail holds back, and those it let go just now). The viewer
                 // asks for all of it, what this pass had too (a later pass may not have it), and
                 // stays due, base and schedule as they were, until a pass has it all.
                 viewer.want_stale(frame, next_pass, &mut report.wants);

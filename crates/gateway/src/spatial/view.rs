@@ -294,7 +294,12 @@ impl World {
         if cells.len() > self.settings.max_view_cells {
             return;
         }
-        // With bands, the cells' distances moved with the area even if its cells did not.
+        // With bands, the cells' distances moved with the area even if its cells did not;
+        // measured again when the entity changes cell, so a client that follows every move
+        // (`FOLLOW_ALWAYS`) does not cost a new view per move.
+        if !cell_changed && cells == viewer.cells {
+            return;
+        }
         let intervals = self.intervals(conn, &area, &cells);
         let Some(viewer) = self.viewers.get(&conn) else { return };
         if cells != viewer.cells || intervals != viewer.intervals {

@@ -118,6 +118,7 @@ fn bands_that_do_not_make_sense_are_refused_and_the_area_stays() {
         (vec![band(f32::NAN, 0)], "finite"),
         (vec![band(-1.0, 0)], "at least 0"),
         (vec![band(10.0, 60_001)], "interval"),
+        (vec![band(10.0, 100), band(50.0, 50)], "shrink"),
         ((0..9).map(|i| band(i as f32, 10)).collect(), "at most 8"),
     ];
     for (lod, says) in cases {
