@@ -82,6 +82,8 @@ fn spatial_scenario_bots_in_two_worker_processes_get_their_characters_spawned() 
     assert!(step["fanout_hz"]["mean"].as_f64().unwrap() > 25.0, "{step}");
     // The replica bot sees at least its own character, which moves every frame.
     assert!(step["entity_updates_per_client_per_s"].as_f64().is_some_and(|n| n >= 25.0), "{step}");
+    // Every cell in view with a character changes at every frame, and goes at every update.
+    assert!(step["longest_cell_wait_ms"].as_f64().is_some_and(|ms| ms < 500.0), "{step}");
     // Present only if the gateway reported the counter it is made from.
     assert!(step["held_back_per_client_per_s"].as_f64().is_some(), "{step}");
     // 30 characters walk: on average at least one cell changes per pass, and each changed cell
@@ -107,4 +109,8 @@ fn lod_scenario_bots_in_two_worker_processes_hold_20_hz_with_far_cells_less_ofte
     let entities = step["entity_updates_per_client_per_s"].as_f64().unwrap();
     assert!((110.0..=400.0).contains(&entities), "{step}");
     assert_eq!(step["handovers_per_s"], 0.0, "one server: {step}");
+    // Far cells wait about a second for each update (not every 50 ms), and no longer than the
+    // rule's 1.5 s.
+    let wait = step["longest_cell_wait_ms"].as_f64().unwrap();
+    assert!((800.0..=1500.0).contains(&wait), "{step}");
 }

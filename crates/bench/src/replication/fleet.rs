@@ -92,6 +92,8 @@ pub(crate) struct BotSample {
     /// Nice levels the bots' threads run below their process's, as applied; merged over
     /// processes, the fewest.
     pub load_nice: Option<i32>,
+    /// [`BotStats::longest_cell_wait_us`] since the last sample; merged, the longest.
+    pub longest_cell_wait_us: u64,
 }
 
 /// A histogram as (value, count) pairs, for the pipe.
@@ -115,6 +117,7 @@ impl BotSample {
             ages_us,
             load_lag_us,
             load_nice: Some(stats.load_nice.load(Ordering::Relaxed)),
+            longest_cell_wait_us: stats.longest_cell_wait_us.swap(0, Ordering::Relaxed),
         }
     }
 
@@ -128,6 +131,7 @@ impl BotSample {
         self.entities_per_replica_bot.extend(other.entities_per_replica_bot);
         self.ages_us.extend(other.ages_us);
         self.load_lag_us.extend(other.load_lag_us);
+        self.longest_cell_wait_us = self.longest_cell_wait_us.max(other.longest_cell_wait_us);
         self.load_nice = match (self.load_nice, other.load_nice) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

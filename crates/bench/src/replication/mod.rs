@@ -440,6 +440,9 @@ async fn hold(
     let mut load_lag = crate::sim::ages::histogram();
     let mut rates = Vec::new();
     let mut fewest_connected = sample0.connected;
+    // The longest a moving cell waited for an update, over the hold (the first sample took
+    // what the ramp recorded).
+    let mut longest_cell_wait_us = 0;
     let started = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     // A late second is followed by a full one, not by a burst of short ones.
@@ -458,6 +461,7 @@ async fn hold(
         let dt = last_at.elapsed().as_secs_f64();
         last_at = Instant::now();
         fewest_connected = fewest_connected.min(sample.connected);
+        longest_cell_wait_us = longest_cell_wait_us.max(sample.longest_cell_wait_us);
         let mut second = rates_between(&last_counts, &sample.updates_per_bot, dt);
         let second_p5 = p5(&mut second);
         let mut ages = crate::sim::ages::histogram();
@@ -510,6 +514,8 @@ async fn hold(
     sample1.record_ages(&mut latency)?;
     sample1.record_load_lag(&mut load_lag)?;
     let counts1 = BotCounts::of(&sample1);
+    longest_cell_wait_us = longest_cell_wait_us.max(sample1.longest_cell_wait_us);
+    let longest_cell_wait_ms = longest_cell_wait_us as f64 / 1e3;
     let seconds = started.elapsed().as_secs_f64();
     let server_fps = slowest(&frames(), &frames0, seconds);
     // What each client must get: every frame, or as many as it asked for if fewer (`lod`).
@@ -578,6 +584,13 @@ async fn hold(
     // delivery on the I/O threads; a delivery that fell so far behind that it dropped passes
     // did not keep up either. (By default the world delivers, within its pass, and drops none.)
     let hold = if spatial { hold.none("passes dropped by a delivery", passes_dropped) } else { hold };
+    // Level of detail holds cells back; none may starve.
+    let hold = match args.scenario.longest_cell_wait_ms() {
+        Some(most) => {
+            hold.at_most("longest wait of a moving cell for an update", longest_cell_wait_ms, most, "ms")
+        }
+        None => hold,
+    };
     let step = Step {
         clients,
         connected: fewest_connected as usize,
@@ -610,6 +623,7 @@ async fn hold(
         entity_updates_per_client_per_s: (!entity_rates.is_empty()).then(|| mean(&entity_rates)),
         replica_bots: entity_rates.len(),
         handovers_per_s: spatial.then(|| per_s("spatial_handovers")),
+        longest_cell_wait_ms: spatial.then_some(longest_cell_wait_ms),
         held_back_per_client_per_s: (spatial && last.has(HELD_BACK))
             .then(|| per_s(HELD_BACK) / clients.max(1) as f64),
         held_back_by_reason: last

@@ -139,6 +139,12 @@ pub struct Step {
     /// dropped until the cell's next snapshot. A bot that joined during the hold counts from
     /// its first snapshot, over the whole hold.
     pub replica_bots: usize,
+    /// Spatial scenarios: the longest a cell in a client's view waited for an update after one
+    /// that carried a character (every character moves at every frame), over every client and
+    /// the hold, in ms, as the clients saw it. `lod` holds only if it is at most its longest
+    /// band's interval and 500 ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub longest_cell_wait_ms: Option<f64>,
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handovers_per_s: Option<f64>,
@@ -304,6 +310,9 @@ pub(super) fn print_row(step: &Step) {
             s.msgs_out_per_s / step.clients.max(1) as f64,
             step.held_back_per_client_per_s.unwrap_or(0.0),
         );
+        if let Some(wait) = step.longest_cell_wait_ms {
+            println!("  longest wait of a cell with a moving character for its next update: {wait:.0} ms");
+        }
         if !step.held_back_by_reason.is_empty() {
             let by: Vec<String> =
                 step.held_back_by_reason.iter().map(|(r, n)| format!("{r} {n:.2}")).collect();

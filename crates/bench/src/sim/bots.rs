@@ -47,6 +47,10 @@ pub struct BotStats {
     /// Nice levels the bots' threads were lowered below their process's (`--load-nice`, as
     /// applied).
     pub load_nice: AtomicI32,
+    /// Spatial scenarios: the longest a cell in a bot's view whose last update carried a
+    /// character went without another update, in µs, over the bots, since it was last taken
+    /// (`fetch_max`; the characters move every frame, so such a cell changes at every one).
+    pub longest_cell_wait_us: AtomicU64,
     /// Each bot's update counter, with the bot's index.
     per_bot: Counters,
     /// Each replica bot's count of entity updates received ([`Replica::entries_applied`]),
@@ -65,6 +69,7 @@ impl Default for BotStats {
             latency_us: Ages::default(),
             load_lag_us: Ages::default(),
             load_nice: AtomicI32::new(0),
+            longest_cell_wait_us: AtomicU64::new(0),
             per_bot: Mutex::new(Vec::new()),
             entities_per_bot: Mutex::new(Vec::new()),
         }

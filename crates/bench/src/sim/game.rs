@@ -50,6 +50,14 @@ impl Scenario {
         (self == Scenario::Lod).then(|| 1e3 / f64::from(super::spatial_bots::LOD_INTERVAL_MS))
     }
 
+    /// The longest a cell with characters in a client's view may wait for an update, in ms:
+    /// `lod`'s longest band interval and half a second (passes, and the bots' own lateness).
+    /// `None`: not a rule (every cell goes at every update).
+    pub fn longest_cell_wait_ms(self) -> Option<f64> {
+        let longest = super::spatial_bots::lod_bands().iter().map(|b| b.interval_ms).max()?;
+        (self == Scenario::Lod).then(|| f64::from(longest) + 500.0)
+    }
+
     /// The gateway counters of updates queued and of the subscribers they went to.
     pub fn fanout_series(self) -> (&'static str, &'static str) {
         match self {

@@ -146,6 +146,10 @@ async fn session(
         let push = tokio::select! {
             () = &mut cancelled => break Ok(()),
             _ = second.tick() => {
+                // A cell that stopped getting updates shows here even if none ever comes.
+                if let Some(waited) = held.longest_wait(now_us()) {
+                    stats.longest_cell_wait_us.fetch_max(waited.max(0) as u64, Ordering::Relaxed);
+                }
                 if let Some(input) = bot.every_second() {
                     requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
                 }
@@ -184,7 +188,10 @@ async fn session(
                         continue;
                     };
                     stats.check_chain(peeked.snapshot, peeked.from, held.get(update.channel_id));
-                    held.set(update.channel_id, peeked.to);
+                    let waited = held.set(update.channel_id, peeked.to, peeked.ts.is_some(), now);
+                    if let Some(waited) = waited {
+                        stats.longest_cell_wait_us.fetch_max(waited.max(0) as u64, Ordering::Relaxed);
+                    }
                     if let Some(replicas) = &mut replicas
                         && replicas.apply(update.channel_id, peeked.snapshot, &update.update).is_err()
                     {
@@ -221,25 +228,55 @@ async fn session(
     result
 }
 
-/// The version a bot holds of each cell in its view, sorted by cell: a handful of cells in
-/// `spatial`, all 400 in `lod`.
+/// What a bot holds of each cell in its view, sorted by cell: a handful of cells in `spatial`,
+/// all 400 in `lod`.
 #[derive(Debug, Default)]
-struct Held(Vec<(u64, Version)>);
+struct Held(Vec<HeldCell>);
+
+#[derive(Debug)]
+struct HeldCell {
+    cell: u64,
+    version: Version,
+    /// When (µs) its last update arrived, if that update carried a character: every character
+    /// moves at every frame, so the cell changes at every one until it is empty.
+    moving_since: Option<i64>,
+}
 
 impl Held {
-    fn get(&self, cell: u64) -> Option<Version> {
-        self.0.binary_search_by_key(&cell, |&(c, _)| c).ok().map(|at| self.0[at].1)
+    fn find(&self, cell: u64) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&cell, |h| h.cell)
     }
 
-    fn set(&mut self, cell: u64, version: Version) {
-        match self.0.binary_search_by_key(&cell, |&(c, _)| c) {
-            Ok(at) => self.0[at].1 = version,
-            Err(at) => self.0.insert(at, (cell, version)),
+    fn get(&self, cell: u64) -> Option<Version> {
+        self.find(cell).ok().map(|at| self.0[at].version)
+    }
+
+    /// Cell `cell`'s update to `version` arrived at `now`, carrying a character or not. Returns
+    /// how long (µs) the cell had waited for it, if its previous update carried one.
+    fn set(&mut self, cell: u64, version: Version, moving: bool, now: i64) -> Option<i64> {
+        let moving_since = moving.then_some(now);
+        match self.find(cell) {
+            Ok(at) => {
+                let held = &mut self.0[at];
+                let waited = held.moving_since.map(|since| now - since);
+                (held.version, held.moving_since) = (version, moving_since);
+                waited
+            }
+            Err(at) => {
+                self.0.insert(at, HeldCell { cell, version, moving_since });
+                None
+            }
         }
     }
 
+    /// How long (µs) the cell that has waited longest for an update since one that carried a
+    /// character has waited by `now`.
+    fn longest_wait(&self, now: i64) -> Option<i64> {
+        self.0.iter().filter_map(|h| h.moving_since).min().map(|since| now - since)
+    }
+
     fn remove(&mut self, cell: u64) {
-        if let Ok(at) = self.0.binary_search_by_key(&cell, |&(c, _)| c) {
+        if let Ok(at) = self.find(cell) {
             self.0.remove(at);
         }
     }
@@ -462,12 +499,19 @@ mod tests {
     fn held_versions_are_set_replaced_and_removed_per_cell() {
         let mut held = Held::default();
         assert_eq!(held.get(7), None);
-        held.set(7, 3);
-        held.set(9, 1);
-        held.set(7, 5);
+        assert_eq!(held.set(7, 3, true, 1_000), None, "a first update waited for nothing");
+        held.set(9, 1, false, 1_000);
+        assert_eq!(held.set(7, 5, true, 1_400), Some(400));
         assert_eq!((held.get(7), held.get(9), held.0.len()), (Some(5), Some(1), 2));
+        // Cell 9's last update carried no character: it is not waited for.
+        assert_eq!(held.longest_wait(2_000), Some(600));
+        assert_eq!(held.set(9, 2, true, 2_100), None);
         held.remove(7);
-        assert_eq!((held.get(7), held.get(9)), (None, Some(1)));
+        assert_eq!((held.get(7), held.get(9)), (None, Some(2)));
+        assert_eq!(held.longest_wait(2_600), Some(500));
+        // An update without a character (the cell emptied) ends the wait.
+        held.set(9, 3, false, 2_700);
+        assert_eq!(held.longest_wait(9_000), None);
     }
 
     #[test]
