@@ -440,8 +440,8 @@ async fn hold(
     let mut load_lag = crate::sim::ages::histogram();
     let mut rates = Vec::new();
     let mut fewest_connected = sample0.connected;
-    // The longest a moving cell waited for an update, over the hold (the first sample took
-    // what the ramp recorded).
+    // The longest a cell waited for an update that merged its changes, over the hold (the
+    // first sample took what the ramp recorded).
     let mut longest_cell_wait_us = 0;
     let started = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
@@ -587,7 +587,7 @@ async fn hold(
     // Level of detail holds cells back; none may starve.
     let hold = match args.scenario.longest_cell_wait_ms() {
         Some(most) => {
-            hold.at_most("longest wait of a moving cell for an update", longest_cell_wait_ms, most, "ms")
+            hold.at_most("longest wait of a cell for a merged update", longest_cell_wait_ms, most, "ms")
         }
         None => hold,
     };

@@ -140,9 +140,11 @@ pub struct Step {
     /// its first snapshot, over the whole hold.
     pub replica_bots: usize,
     /// Spatial scenarios: the longest a cell in a client's view waited for an update after one
-    /// that carried a character (every character moves at every frame), over every client and
-    /// the hold, in ms, as the clients saw it. `lod` holds only if it is at most its longest
-    /// band's interval and 500 ms.
+    /// that carried a character, counting updates that merged several changes of the cell (the
+    /// gateway had changes it did not send: level of detail, or a window that held updates
+    /// back; a character that stood still and then moved is not counted), over every client
+    /// and the hold, in ms, between arrivals. `lod` holds only if it is at most its longest
+    /// band's interval and 500 ms. A cell that never gets another update is not counted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub longest_cell_wait_ms: Option<f64>,
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
@@ -311,7 +313,7 @@ pub(super) fn print_row(step: &Step) {
             step.held_back_per_client_per_s.unwrap_or(0.0),
         );
         if let Some(wait) = step.longest_cell_wait_ms {
-            println!("  longest wait of a cell with a moving character for its next update: {wait:.0} ms");
+            println!("  longest wait of a cell for an update that merged its changes: {wait:.0} ms");
         }
         if !step.held_back_by_reason.is_empty() {
             let by: Vec<String> =

@@ -48,8 +48,8 @@ pub struct BotStats {
     /// applied).
     pub load_nice: AtomicI32,
     /// Spatial scenarios: the longest a cell in a bot's view whose last update carried a
-    /// character went without another update, in µs, over the bots, since it was last taken
-    /// (`fetch_max`; the characters move every frame, so such a cell changes at every one).
+    /// character waited for an update that merged several of its changes (so the gateway held
+    /// changes back), in µs, over the bots, since it was last taken (`fetch_max`).
     pub longest_cell_wait_us: AtomicU64,
     /// Each bot's update counter, with the bot's index.
     per_bot: Counters,

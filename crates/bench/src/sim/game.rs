@@ -50,7 +50,8 @@ impl Scenario {
         (self == Scenario::Lod).then(|| 1e3 / f64::from(super::spatial_bots::LOD_INTERVAL_MS))
     }
 
-    /// The longest a cell with characters in a client's view may wait for an update, in ms:
+    /// The longest a cell with characters in a client's view may wait for an update that
+    /// merges its changes, in ms (`Step::longest_cell_wait_ms`):
     /// `lod`'s longest band interval and half a second (passes, and the bots' own lateness).
     /// `None`: not a rule (every cell goes at every update).
     pub fn longest_cell_wait_ms(self) -> Option<f64> {

@@ -146,10 +146,6 @@ async fn session(
         let push = tokio::select! {
             () = &mut cancelled => break Ok(()),
             _ = second.tick() => {
-                // A cell that stopped getting updates shows here even if none ever comes.
-                if let Some(waited) = held.longest_wait(now_us()) {
-                    stats.longest_cell_wait_us.fetch_max(waited.max(0) as u64, Ordering::Relaxed);
-                }
                 if let Some(input) = bot.every_second() {
                     requests.send(&mut conn, "channel.send", input_body(entity_id, &player, input)?)?;
                 }
@@ -237,8 +233,7 @@ struct Held(Vec<HeldCell>);
 struct HeldCell {
     cell: u64,
     version: Version,
-    /// When (µs) its last update arrived, if that update carried a character: every character
-    /// moves at every frame, so the cell changes at every one until it is empty.
+    /// When (µs) its last update arrived, if that update carried a character.
     moving_since: Option<i64>,
 }
 
@@ -252,13 +247,16 @@ impl Held {
     }
 
     /// Cell `cell`'s update to `version` arrived at `now`, carrying a character or not. Returns
-    /// how long (µs) the cell had waited for it, if its previous update carried one.
+    /// how long (µs) the cell had waited for it, if its previous update carried one and this
+    /// one skips versions: the gateway had changes of the cell it did not send (a character
+    /// that stood still, and then moved, made one change, and is not counted).
     fn set(&mut self, cell: u64, version: Version, moving: bool, now: i64) -> Option<i64> {
         let moving_since = moving.then_some(now);
         match self.find(cell) {
             Ok(at) => {
                 let held = &mut self.0[at];
-                let waited = held.moving_since.map(|since| now - since);
+                let skipped = version > held.version + 1;
+                let waited = held.moving_since.filter(|_| skipped).map(|since| now - since);
                 (held.version, held.moving_since) = (version, moving_since);
                 waited
             }
@@ -267,12 +265,6 @@ impl Held {
                 None
             }
         }
-    }
-
-    /// How long (µs) the cell that has waited longest for an update since one that carried a
-    /// character has waited by `now`.
-    fn longest_wait(&self, now: i64) -> Option<i64> {
-        self.0.iter().filter_map(|h| h.moving_since).min().map(|since| now - since)
     }
 
     fn remove(&mut self, cell: u64) {
@@ -501,17 +493,18 @@ mod tests {
         assert_eq!(held.get(7), None);
         assert_eq!(held.set(7, 3, true, 1_000), None, "a first update waited for nothing");
         held.set(9, 1, false, 1_000);
+        // Versions 4 and 5 merged into one update: it waited.
         assert_eq!(held.set(7, 5, true, 1_400), Some(400));
         assert_eq!((held.get(7), held.get(9), held.0.len()), (Some(5), Some(1), 2));
-        // Cell 9's last update carried no character: it is not waited for.
-        assert_eq!(held.longest_wait(2_000), Some(600));
-        assert_eq!(held.set(9, 2, true, 2_100), None);
+        // The next version only (the cell did not change meanwhile): it did not wait.
+        assert_eq!(held.set(7, 6, true, 9_000), None);
+        // Cell 9's last update carried no character: it was not waited for.
+        assert_eq!(held.set(9, 4, true, 2_100), None);
+        assert_eq!(held.set(9, 8, false, 2_600), Some(500));
         held.remove(7);
-        assert_eq!((held.get(7), held.get(9)), (None, Some(2)));
-        assert_eq!(held.longest_wait(2_600), Some(500));
+        assert_eq!((held.get(7), held.get(9)), (None, Some(8)));
         // An update without a character (the cell emptied) ends the wait.
-        held.set(9, 3, false, 2_700);
-        assert_eq!(held.longest_wait(9_000), None);
+        assert_eq!(held.set(9, 10, true, 3_000), None);
     }
 
     #[test]
