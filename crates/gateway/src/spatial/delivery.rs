@@ -26,9 +26,9 @@
 //! of a cell changes only when an update for it is queued.
 //!
 //! Level of detail (docs/protocol.md 14.4) holds a cell's changes back from a viewer until its
-//! interval lets them go ([`held::Held`]). Such a cell does not take part in all or nothing: it
-//! goes in a later message when the pass lacks its entry (asked for), and a viewer with cells
-//! held back stays due one interval after another until they have gone.
+//! interval lets them go ([`held::Held`]); a viewer with cells held back stays due, one interval
+//! after another, until they have gone. When a cell's interval lets it go, it takes part in all
+//! or nothing like any other.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -498,13 +498,6 @@ impl Delivery {
                             catch_up += 1;
                         }
                     }
-                    // A cell its level of detail held back until now may wait on: asked for,
-                    // it goes at a later pass (a pass can come later than the one it was asked
-                    // for ahead of, when the world's timer skipped a tick).
-                    None if viewer.held[index].interval_ms != 0 && held.is_some() => {
-                        report.wants.insert((cell, held, k));
-                        waiting = true;
-                    }
                     None => {
                         missing = true;
                         break;
@@ -535,7 +528,7 @@ impl Delivery {
             }
             if missing {
                 // All or nothing: a message carries every cell in view that changed (but those
-                // its level of detail holds back, and those it let go just now). The viewer
+                // its level of detail holds back). The viewer
                 // asks for all of it, what this pass had too (a later pass may not have it), and
                 // stays due, base and schedule as they were, until a pass has it all.
                 viewer.want_stale(frame, next_pass, &mut report.wants);

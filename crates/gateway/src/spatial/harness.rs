@@ -322,6 +322,12 @@ impl WorldHarness {
         self.world.viewers.get(&conn).map(|v| v.intervals().to_vec()).unwrap_or_default()
     }
 
+    /// Cell `cell`'s version in the world.
+    #[cfg(test)]
+    pub fn cell_version(&self, cell: u32) -> u64 {
+        self.world.cells[cell as usize].state.version()
+    }
+
     /// The version of each cell replica client `index` keeps (with
     /// [`WorldHarness::keep_replicas`]), by channel id.
     #[cfg(test)]

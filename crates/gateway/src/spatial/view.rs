@@ -253,9 +253,17 @@ impl World {
         for &cell in &viewer.cells {
             view_count[cell as usize][old] -= 1;
         }
-        for &cell in &cells {
+        let interval = |intervals: &[Duration], at: usize| intervals.get(at).copied().unwrap_or_default();
+        for (at, &cell) in cells.iter().enumerate() {
             view_count[cell as usize][new] += 1;
-            if old != new || viewer.cells.binary_search(&cell).is_err() {
+            // A cell entered needs its snapshot; so may one whose level of detail now lets its
+            // changes go sooner, held back until now (its entry is then in this pass, not
+            // asked for at the next).
+            let wants = match viewer.cells.binary_search(&cell) {
+                Err(_) => true,
+                Ok(was) => old != new || interval(&intervals, at) < interval(&viewer.intervals, was),
+            };
+            if wants {
                 wanted.insert((cell, new));
             }
         }

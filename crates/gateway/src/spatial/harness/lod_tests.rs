@@ -106,6 +106,44 @@ fn bands_count_from_where_the_area_follows_its_entity() {
     assert!(h.view_intervals(0).is_empty());
 }
 
+/// A cell held back for a while whose band gets faster as the area follows its entity goes in
+/// the very next update: the pass encodes its snapshot, as for a cell entered, rather than
+/// leaving the whole message to wait a pass for an entry no one asked for.
+#[test]
+fn a_cell_whose_band_gets_faster_goes_in_the_next_update() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let own = h.spawn_player_lod([5.0, 0.0, 5.0], r#"{"yaw": 0}"#, 200.0, Default::default(), bands(), start);
+    let own = own.unwrap();
+    // The area follows the latest entity the client controls: this one, in cell [2, 2], 49.5 m
+    // from the area's centre (5, 5), every 500 ms.
+    let mover = h.spawn_for(0, [45.0, 0.0, 45.0], r#"{"yaw": 0}"#).unwrap();
+    let mut at = HashMap::from([(own, [5.0, 0.0, 5.0]), (mover, [45.0, 0.0, 45.0])]);
+    let far = CELL_BASE + u64::from(cell(2, 2));
+    for pass in 1..=6u32 {
+        if pass == 6 {
+            // Into cell [2, 1]: the area re-centres on (45, 25), and cell [2, 2] is 15 m away.
+            at.insert(mover, [45.0, 0.0, 25.0]);
+        }
+        h.publish_frame(|id| (at[&id], format!(r#"{{"yaw": {pass}}}"#))).unwrap();
+        let now = start + MS * (20 * pass);
+        h.tick(now);
+        h.drain(now).expect("every update applies");
+        let held = h.replica_versions(0)[&far];
+        if pass == 1 {
+            assert_eq!(held, h.cell_version(cell(2, 2)), "its snapshot");
+        } else if pass < 6 {
+            assert!(held < h.cell_version(cell(2, 2)), "pass {pass}: held back");
+        }
+    }
+    assert_eq!(h.view_intervals(0)[h.view_cells(0).iter().position(|&c| c == cell(2, 2)).unwrap()], MS * 100);
+    // Last sent at 20 ms, now every 100 ms: due at 120 ms, and there.
+    assert_eq!(h.replica_versions(0)[&far], h.cell_version(cell(2, 2)));
+    let near = CELL_BASE + u64::from(cell(2, 1));
+    assert_eq!(h.replica_versions(0)[&near], h.cell_version(cell(2, 1)));
+}
+
 #[test]
 fn bands_that_do_not_make_sense_are_refused_and_the_area_stays() {
     let start = Instant::now();
