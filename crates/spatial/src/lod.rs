@@ -4,8 +4,8 @@
 //! interval of the first band that reaches it. Distances count to the cell's nearest point, so
 //! every entity in a cell is at least that far, and as intervals may not shrink from band to
 //! band, a client never hears of an entity less often than the band of its distance from the
-//! reference point (as the bands were last measured) asks. Bands come from clients, so [`Bands::new`] refuses anything that is not
-//! finite, increasing and bounded.
+//! reference point (as the bands were last measured) asks. Bands come from clients, so
+//! [`Bands::new`] refuses anything that is not finite, increasing and bounded.
 
 use std::time::Duration;
 

@@ -528,9 +528,9 @@ impl Delivery {
             }
             if missing {
                 // All or nothing: a message carries every cell in view that changed (but those
-                // its level of detail holds back). The viewer
-                // asks for all of it, what this pass had too (a later pass may not have it), and
-                // stays due, base and schedule as they were, until a pass has it all.
+                // its level of detail holds back). The viewer asks for all of it, what this pass
+                // had too (a later pass may not have it), and stays due, base and schedule as
+                // they were, until a pass has it all.
                 viewer.want_stale(frame, next_pass, &mut report.wants);
                 schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;

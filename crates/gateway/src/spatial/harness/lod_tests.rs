@@ -138,7 +138,8 @@ fn a_cell_whose_band_gets_faster_goes_in_the_next_update() {
         }
     }
     assert_eq!(h.view_intervals(0)[h.view_cells(0).iter().position(|&c| c == cell(2, 2)).unwrap()], MS * 100);
-    // Last sent at 20 ms, now every 100 ms: due at 120 ms, and there.
+    // Due from 100 ms on (its interval counts from the join), so at the pass of 120 ms, which
+    // carries it and the rest of the update.
     assert_eq!(h.replica_versions(0)[&far], h.cell_version(cell(2, 2)));
     let near = CELL_BASE + u64::from(cell(2, 1));
     assert_eq!(h.replica_versions(0)[&near], h.cell_version(cell(2, 1)));
