@@ -97,29 +97,37 @@ struct Run {
     start: Instant,
 }
 
-/// The time of the next `iters` frames' `timed` half, each frame a publish of every entity
-/// moved (0.2 m along x and back the next frame, never leaving its cell), a pass, and the
-/// clients' reads.
-fn frames(run: &mut Run, players: usize, timed: Timed, iters: u64) -> Duration {
-    let Run { h, at, frame: frames_run, start } = run;
-    let mut total = Duration::ZERO;
-    for _ in 0..iters {
-        *frames_run += 1;
-        let frame = *frames_run;
-        let t0 = Instant::now();
-        let ignored = h
+impl Run {
+    /// The next frame: every entity moved (0.2 m along x and back the next frame, never leaving
+    /// its cell) and published. Returns the frame's number and the instant its pass is due.
+    fn publish_next(&mut self) -> (u64, Instant) {
+        self.frame += 1;
+        let (frame, at) = (self.frame, &self.at);
+        let ignored = self
+            .h
             .publish_frame(|id| {
                 let p = at[&id];
                 let p = [p[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, p[1], p[2]];
                 (p, value_json(frame, p))
             })
             .expect("published");
+        assert_eq!(ignored, 0, "an entity left its server");
+        (frame, self.start + Duration::from_millis(20 * frame))
+    }
+}
+
+/// The time of the next `iters` frames' `timed` half, each frame a publish
+/// ([`Run::publish_next`]), a pass, and the clients' reads.
+fn frames(run: &mut Run, players: usize, timed: Timed, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let (frame, now) = run.publish_next();
         if timed == Timed::Publish {
             total += t0.elapsed();
         }
-        assert_eq!(ignored, 0, "an entity left its server");
+        let h = &mut run.h;
         // The pass seals the frame, so the next one writes over a sealed version.
-        let now = *start + Duration::from_millis(20 * frame);
         let t0 = Instant::now();
         let sent = black_box(h.tick(now));
         if timed != Timed::Publish {
@@ -173,27 +181,18 @@ fn spatial_world(c: &mut Criterion) {
     group.finish();
 }
 
-/// The time of the next `iters` passes of the `lod` world, each after a frame that moves every
-/// entity (as [`frames`]); clients read everything. Clients are due every 50 ms, so a pass
+/// The time of the next `iters` passes of the `lod` world, each after a frame
+/// ([`Run::publish_next`]); clients read everything. Clients are due every 50 ms, so a pass
 /// serves about two in five of them.
 fn lod_frames(run: &mut Run, players: usize, iters: u64) -> Duration {
-    let Run { h, at, frame: frames_run, start } = run;
     let mut total = Duration::ZERO;
     let mut messages = 0;
     for _ in 0..iters {
-        *frames_run += 1;
-        let frame = *frames_run;
-        h.publish_frame(|id| {
-            let p = at[&id];
-            let p = [p[0] + if frame % 2 == 1 { 0.2 } else { 0.0 }, p[1], p[2]];
-            (p, value_json(frame, p))
-        })
-        .expect("published");
-        let now = *start + Duration::from_millis(20 * frame);
+        let (_, now) = run.publish_next();
         let t0 = Instant::now();
-        black_box(h.tick(now));
+        black_box(run.h.tick(now));
         total += t0.elapsed();
-        messages += h.drain(now).expect("read").0;
+        messages += run.h.drain(now).expect("read").0;
     }
     // 20 Hz against 50 passes a second: at most one message per client per two passes.
     assert!(messages <= iters.div_ceil(2) * players as u64 + players as u64, "{messages}");

@@ -79,9 +79,8 @@ pub async fn run(mut opts: DemoOptions, runtimes: &[Handle]) -> anyhow::Result<V
     if let Some(world) = opts.scenario.world() {
         std::fs::write(schema_file.path(), spatial_server::ENTITY_SCHEMA)?;
         opts.config.spatial = Some(world.layout());
-        // Room for every cell in a session's outbox (docs/protocol.md 14.4).
-        let cells = (world.cells * world.cells) as usize;
-        opts.config.limits.outbox_capacity = opts.config.limits.outbox_capacity.max(cells + 16);
+        let capacity = &mut opts.config.limits.outbox_capacity;
+        *capacity = (*capacity).max(world.outbox_capacity());
         opts.config.channels.entity.schema_file = Some(schema_file.path().to_owned());
     }
     // Our own handle on the router, to read the gateway's figures.

@@ -104,9 +104,16 @@ impl WorldSpec {
             format!("spatial.cells=[{c}, {c}]"),
             format!("spatial.servers=[{n}, {n}]"),
             "spatial.server_interest_border=0".into(),
-            format!("limits.outbox_capacity={}", (c * c + 16).max(256)),
+            format!("limits.outbox_capacity={}", self.outbox_capacity()),
             format!("channels.entity.schema_file={:?}", schema_file.display().to_string()),
         ]
+    }
+
+    /// A session outbox with room for every cell in view, and the events of leaving them all
+    /// (docs/protocol.md 14.4: a view holds at most the outbox's capacity less 16 cells), and at
+    /// least the gateway's default, 256.
+    pub fn outbox_capacity(&self) -> usize {
+        (self.cells as usize * self.cells as usize + 16).max(256)
     }
 
     /// The world's `[spatial]` layout.

@@ -208,8 +208,6 @@ struct Viewer {
     codec: usize,
     /// The cells in view, sorted.
     held: Vec<Held>,
-    /// Some cell in view has an interval (level of detail).
-    lod: bool,
     /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
     /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
     first: usize,
@@ -376,7 +374,7 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), lod: false, first: 0 }
+                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0 }
                 });
                 // Positions in `held` move with the view: the next message starts at its first.
                 viewer.first = 0;
@@ -409,7 +407,7 @@ impl Delivery {
                     }
                 }
                 // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
-                viewer.lod = view.intervals.iter().any(|&i| i > view.options.interval);
+                let lod = view.intervals.iter().any(|&i| i > view.options.interval);
                 if !self.schedule.set_options(conn, view.options, false) {
                     self.schedule.join(conn, view.options, view.at, 0);
                 }
@@ -419,7 +417,7 @@ impl Delivery {
                     self.schedule.resnapshot(conn);
                 }
                 // (A delay is `fresh`'s: it counts only before the first update.)
-                if view.options.interval > self.tick || viewer.lod {
+                if view.options.interval > self.tick || lod {
                     self.slow.insert(conn);
                 } else {
                     self.slow.remove(&conn);

@@ -309,7 +309,6 @@ impl World {
             return;
         }
         let intervals = self.intervals(conn, &area, &cells);
-        let Some(viewer) = self.viewers.get(&conn) else { return };
         if cells != viewer.cells || intervals != viewer.intervals {
             let codec = viewer.codec;
             self.show_in(conn, &cells, intervals, codec);
