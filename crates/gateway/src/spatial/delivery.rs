@@ -14,7 +14,8 @@
 //! its pass: on 2 cores, where the I/O threads are the busiest, that kept clients' rates
 //! higher at the knee in most paired rounds.
 //!
-//! The world and a delivery talk through two bounded mailboxes: the world posts each viewer's
+//! The world and a delivery talk through two bounded mailboxes (`delivery/mailbox.rs`): the
+//! world posts each viewer's
 //! latest view (cells, codec, schedule) and each pass (up to 8 waiting); the delivery posts the
 //! entries its viewers will need that its last pass did not have (for a viewer behind, one due
 //! less often than every pass, or a new one not yet due), and the viewers whose session has
@@ -28,179 +29,36 @@
 //! Level of detail (docs/protocol.md 14.4) holds a cell's changes back from a viewer until its
 //! interval lets them go ([`held::Held`]); a viewer with cells held back stays due, one interval
 //! after another, until they have gone. When a cell's interval lets it go, it takes part in all
-//! or nothing like any other.
+//! or nothing like any other. A cell that goes takes with it each cell in view that an entity
+//! it lost went to ([`force_moves`], from the cells' logs of moves: `moves.rs`), so an entity
+//! walking into a slower band never vanishes from the client's view in between.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
-use tickwire_fanout::{Due, Options, Outcome, Scheduler, Version};
-use tickwire_wire::proto::{ChannelEvent, ChannelEventKind, DeltaCodec};
-use tokio::sync::Notify;
+use tickwire_fanout::{Due, Outcome, Scheduler, Version};
+use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 
-use super::frame::{Frame, base_for, codec_index};
+use super::frame::{CellFrame, Entry, Frame, base_for, codec_index};
+use super::moves::MoveLog;
 use held::Held;
 
 mod held;
+mod mailbox;
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
+use mailbox::{Change, MAX_WAITING_PASSES, Then, lock};
+pub(super) use mailbox::{Mailbox, Report, View, Want};
 
 /// The most bytes of cell entries one `channel.updates` message carries (one entry always, even
 /// past it: a cell's state is bounded by `channels.max_state_bytes`). A viewer with more to
 /// catch up on (snapshots of many cells just entered) gets the rest at its next passes, so no
 /// message outgrows the session's bound on unacknowledged data or the frame size.
 const MAX_MESSAGE_BYTES: usize = 256 << 10;
-
-/// A viewer as the world last set it.
-#[derive(Debug, Clone)]
-pub(super) struct View {
-    pub handle: SessionHandle,
-    pub codec: DeltaCodec,
-    pub options: Options,
-    /// The cells in view, sorted.
-    pub cells: Vec<u32>,
-    /// Level of detail: how often each of `cells` may change in the viewer's updates (in
-    /// order; empty: at every update).
-    pub intervals: Vec<Duration>,
-    /// When the world set it: a new viewer's first update waits `options.delay` from then.
-    pub at: Instant,
-}
-
-/// What the world asks of a viewer, kept until the delivery's next run. Bounded: a viewer's
-/// latest view, and whether its cells were cleared before it.
-#[derive(Debug, Default)]
-struct Change {
-    /// Every cell left the view (the client is told) before `then`.
-    cleared: bool,
-    /// The viewer left and was shown again since the delivery's last run: it starts over, as
-    /// a new viewer (its delay, a schedule from the new view's `at`), after `cleared`.
-    forget: bool,
-    then: Option<Then>,
-}
-
-#[derive(Debug)]
-enum Then {
-    Show(View),
-    /// The session is gone: forget the viewer, telling it nothing.
-    Gone,
-}
-
-/// An entry a viewer will need at the next pass: (cell, the version the viewer holds (`None`:
-/// it needs a snapshot), codec index). The world chooses the entry with [`base_for`] at that
-/// pass, as the delivery will.
-pub(super) type Want = (u32, Option<Version>, usize);
-
-/// What a delivery tells the world after a run.
-#[derive(Debug, Default)]
-pub(super) struct Report {
-    /// Entries its viewers need that its passes did not have, as of its latest run.
-    pub wants: HashSet<Want>,
-    /// Viewers whose session ended.
-    pub gone: Vec<u64>,
-}
-
-/// The report as the mailbox keeps it.
-#[derive(Debug, Default)]
-struct Reported {
-    /// The latest run's wants.
-    wants: HashSet<Want>,
-    gone: Vec<u64>,
-    /// The wants have not been taken since the delivery wrote them.
-    fresh: bool,
-}
-
-/// Passes a delivery may have waiting. An I/O thread that gets no core for a while (the world's
-/// tick is 20 ms; a loaded machine's scheduler can keep a thread waiting longer) delivers the
-/// passes it missed in order when it runs, as the sessions' outboxes held them before; past
-/// this many, the oldest are dropped, and viewers that needed them catch up from later passes
-/// (the world encodes again what a delivery last asked for in each pass it posts to a full
-/// mailbox).
-const MAX_WAITING_PASSES: usize = 8;
-
-#[derive(Debug, Default)]
-struct Inbox {
-    passes: VecDeque<Arc<Frame>>,
-    changes: HashMap<u64, Change>,
-}
-
-/// The mailboxes between the world and one delivery.
-#[derive(Debug, Default)]
-pub(super) struct Mailbox {
-    inbox: Mutex<Inbox>,
-    report: Mutex<Reported>,
-    wake: Notify,
-    closed: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing that holds these locks panics or waits; a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Mailbox {
-    /// The viewer `conn` sees `view` from now on.
-    pub fn show(&self, conn: u64, view: View) {
-        let mut inbox = lock(&self.inbox);
-        let change = inbox.changes.entry(conn).or_default();
-        if matches!(change.then, Some(Then::Gone)) {
-            change.forget = true;
-        }
-        change.then = Some(Then::Show(view));
-    }
-
-    /// Every cell leaves `conn`'s view, and it is told so; it stays a viewer until shown again
-    /// or gone.
-    pub fn clear(&self, conn: u64) {
-        let mut inbox = lock(&self.inbox);
-        let change = inbox.changes.entry(conn).or_default();
-        change.cleared = true;
-        change.then = None;
-    }
-
-    /// `conn`'s session has gone.
-    pub fn gone(&self, conn: u64) {
-        lock(&self.inbox).changes.entry(conn).or_default().then = Some(Then::Gone);
-    }
-
-    /// A pass to deliver, and a wake for the delivery. Returns whether an older pass had to
-    /// be dropped to make room (`MAX_WAITING_PASSES`).
-    pub fn pass(&self, frame: Arc<Frame>) -> bool {
-        let dropped = {
-            let mut inbox = lock(&self.inbox);
-            let full = inbox.passes.len() >= MAX_WAITING_PASSES;
-            if full {
-                inbox.passes.pop_front();
-            }
-            inbox.passes.push_back(frame);
-            full
-        };
-        self.wake.notify_one();
-        dropped
-    }
-
-    /// What the delivery reported since the last call: the sessions it found gone, and its
-    /// latest wants if they are new or if the next pass posted will drop one (a delivery that
-    /// stays 8 or more passes behind must find them in a pass it keeps; once it has dropped
-    /// one, its mailbox stays full until it runs, and a run that delivers reports anew).
-    pub fn take_report(&self) -> Report {
-        // Full: the pass about to be posted drops one, maybe the one that carried them.
-        let full = lock(&self.inbox).passes.len() >= MAX_WAITING_PASSES;
-        let mut report = lock(&self.report);
-        let wants = if report.fresh || full { report.wants.clone() } else { HashSet::new() };
-        report.fresh = false;
-        Report { wants, gone: std::mem::take(&mut report.gone) }
-    }
-
-    /// The world has stopped: the delivery's task ends.
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.wake.notify_one();
-    }
-}
 
 /// A viewer, as its delivery keeps it.
 struct Viewer {
@@ -211,15 +69,121 @@ struct Viewer {
     /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
     /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
     first: usize,
+    /// Its level of detail holds some cells back: those entities moved into go with the cells
+    /// they left ([`force_moves`]).
+    banded: bool,
 }
 
 impl Viewer {
     /// Asks for every cell in view that `frame` has moved past and that may change in an
-    /// update at pass instant `at`, from the version held.
-    fn want_stale(&self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
+    /// update at pass instant `at`, from the version held: with level of detail, those the
+    /// moves out of such cells make go too.
+    fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
+        if self.banded {
+            self.force_all_moves(frame, at);
+        }
         for held in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((held.cell, held.version, self.codec));
         }
+    }
+
+    /// [`force_moves`] for every cell that may change in an update at `at`, and for every
+    /// cell that makes go, and so on.
+    fn force_all_moves(&mut self, frame: &Frame, at: Instant) {
+        let moved = |h: &Held| {
+            let c = &frame.cells[h.cell as usize];
+            h.version.is_some_and(|v| v != c.version && c.moves.any_since(v)) && h.due(at)
+        };
+        let mut work: Vec<usize> = (0..self.held.len()).filter(|&i| moved(&self.held[i])).collect();
+        while let Some(i) = work.pop() {
+            let Held { cell, version: Some(held), .. } = self.held[i] else { continue };
+            let c = &frame.cells[cell as usize];
+            force_moves(&mut self.held, frame, &c.moves, held, c.version, at, |d| work.push(d));
+        }
+    }
+}
+
+/// Both sides of a move in one update (docs/protocol.md 14.4, "Entities between cells"): a
+/// viewer's update takes cell `moves`' changes from version `since` to `to`, among them the
+/// removal of each entity that left it since; each cell in view such an entity went to, whose
+/// version the viewer holds predates the entity's arrival, goes in the same update even if its
+/// band holds it back ([`Held::force`]), or the entity would vanish from the client's view
+/// until that cell's turn. `forced` gets the index of each cell forced. If the log no longer
+/// reaches back to `since`, every cell in view the viewer lacks changes of goes.
+fn force_moves(
+    held: &mut [Held],
+    frame: &Frame,
+    moves: &MoveLog,
+    since: Version,
+    to: Version,
+    at: Instant,
+    mut forced: impl FnMut(usize),
+) {
+    let Some(moves) = moves.since(since, to) else {
+        for (index, h) in held.iter_mut().enumerate() {
+            if h.stale(frame) && !h.due(at) {
+                h.force(at);
+                forced(index);
+            }
+        }
+        return;
+    };
+    for m in moves {
+        let Ok(index) = held.binary_search_by_key(&m.to, |h| h.cell) else { continue };
+        let h = &mut held[index];
+        if h.version.is_some_and(|v| v < m.arrived_at) && !h.due(at) {
+            h.force(at);
+            forced(index);
+        }
+    }
+}
+
+/// The entry of cell `c` that applies to what a viewer holding `held` has, in codec `codec`.
+/// Any will do when the one [`base_for`] chooses is not there: a delta from its version (the
+/// world chose by the lengths it knew while encoding the pass, which may differ from the
+/// pass's last), or a snapshot, which applies to anything.
+fn entry_for(c: &CellFrame, held: Option<Version>, codec: usize) -> Option<&Entry> {
+    let base = base_for(held, c, codec);
+    c.find(base, codec)
+        .or_else(|| held.filter(|&h| h != base).and_then(|h| c.find(h, codec)))
+        .or_else(|| c.find(0, codec))
+}
+
+/// One viewer's message as a pass gathers it (kept between viewers for its buffers).
+#[derive(Default)]
+struct Gather {
+    parts: Vec<Bytes>,
+    /// (index in `held`, version reached).
+    advanced: Vec<(usize, Version)>,
+    bytes: usize,
+    /// Snapshots in place of a delta of its own.
+    catch_up: u64,
+    /// Cells a move forced that the scan of the cells in view had passed.
+    late: Vec<usize>,
+}
+
+impl Gather {
+    fn clear(&mut self) {
+        self.parts.clear();
+        self.advanced.clear();
+        self.late.clear();
+        self.bytes = 0;
+        self.catch_up = 0;
+    }
+
+    /// Adds `entry`, for the cell at `index` in view of which the viewer holds `held`; false,
+    /// adding nothing, if it would take a message that has an entry past `MAX_MESSAGE_BYTES`.
+    fn take(&mut self, index: usize, held: Option<Version>, entry: &Entry) -> bool {
+        if !self.parts.is_empty() && self.bytes + entry.field.len() > MAX_MESSAGE_BYTES {
+            return false;
+        }
+        self.bytes += entry.field.len();
+        self.parts.push(entry.field.clone());
+        self.advanced.push((index, entry.to));
+        if held.is_some_and(|h| h != 0) && entry.from == 0 {
+            self.catch_up += 1;
+        }
+        true
     }
 }
 
@@ -256,6 +220,8 @@ pub(super) struct Delivery {
     /// their cells may come before they are due.
     fresh: HashSet<u64>,
     due: Vec<Due<u64>>,
+    /// The latest pass it has seen: where the moves out of a cell that leaves a view are read.
+    latest: Option<Arc<Frame>>,
 }
 
 impl Delivery {
@@ -269,6 +235,7 @@ impl Delivery {
             slow: HashSet::new(),
             fresh: HashSet::new(),
             due: Vec::new(),
+            latest: None,
         }
     }
 
@@ -311,8 +278,12 @@ impl Delivery {
             (std::mem::take(&mut inbox.passes), std::mem::take(&mut inbox.changes))
         };
         let mut report = Report::default();
+        if let Some(frame) = passes.back() {
+            self.latest = Some(frame.clone());
+        }
+        let latest = self.latest.clone();
         for (conn, change) in changes {
-            self.apply(conn, change);
+            self.apply(conn, change, latest.as_deref());
         }
         let waited = passes.len().saturating_sub(1) as u64;
         self.figures.passes_waited.fetch_add(waited, Ordering::Relaxed);
@@ -355,7 +326,8 @@ impl Delivery {
         self.fresh.remove(&conn);
     }
 
-    fn apply(&mut self, conn: u64, change: Change) {
+    /// Applies `change` to viewer `conn`; `latest` is the latest pass the delivery has seen.
+    fn apply(&mut self, conn: u64, change: Change, latest: Option<&Frame>) {
         if change.cleared
             && let Some(viewer) = self.viewers.get_mut(&conn)
         {
@@ -374,8 +346,9 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0 }
+                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0, banded: false }
                 });
+                viewer.banded = view.intervals.iter().any(|i| !i.is_zero());
                 // Positions in `held` move with the view: the next message starts at its first.
                 viewer.first = 0;
                 // A new codec: every cell again from a snapshot, due even if nothing changed.
@@ -385,10 +358,12 @@ impl Delivery {
                     viewer.held.iter_mut().for_each(|held| held.version = None);
                 }
                 // Cells that left the view: the client drops their entities (section 14.2).
+                let mut left = Vec::new();
                 viewer.held.retain(|held| {
                     let keep = view.cells.binary_search(&held.cell).is_ok();
                     if !keep {
                         unsubscribed(&viewer.handle, held.cell);
+                        left.extend(held.version.map(|version| (held.cell, version)));
                     }
                     keep
                 });
@@ -404,6 +379,23 @@ impl Delivery {
                             viewer.held.insert(at, held);
                             entered = true;
                         }
+                    }
+                }
+                // An entity that left a cell now out of view for one still in it goes with the
+                // viewer's next update, as if the cell it left had gone (`force_moves`), from
+                // the moves the latest pass knows.
+                if let (true, Some(frame)) = (viewer.banded, latest) {
+                    for (cell, version) in left {
+                        let c = &frame.cells[cell as usize];
+                        force_moves(
+                            &mut viewer.held,
+                            frame,
+                            &c.moves,
+                            version,
+                            c.version,
+                            frame.scheduled,
+                            |_| {},
+                        );
                     }
                 }
                 // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
@@ -439,9 +431,7 @@ impl Delivery {
         schedule.due(frame.scheduled, frame.world_version, due);
         let mut counts = Counts::default();
         let mut sent = 0;
-        let mut parts: Vec<Bytes> = Vec::new();
-        // (index in `held`, version reached).
-        let mut advanced: Vec<(usize, Version)> = Vec::new();
+        let mut g = Gather::default();
         // Viewers due at the next pass whose entries this one lacked.
         let mut behind: Vec<u64> = Vec::new();
         let at = frame.scheduled;
@@ -452,16 +442,13 @@ impl Delivery {
             let cells = &frame.cells;
             // Cells the viewer lacks that its level of detail holds back for now.
             let mut waiting = false;
-            parts.clear();
-            advanced.clear();
+            g.clear();
             let mut missing = false;
             // Cells left for a later pass: the message was full.
             let mut partial = false;
-            let mut bytes = 0;
-            let mut catch_up = 0;
             let (n, first) = (viewer.held.len(), viewer.first);
             let mut stopped_at = 0;
-            for index in (first..n).chain(0..first) {
+            for (scanned, index) in (first..n).chain(0..first).enumerate() {
                 let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
@@ -471,38 +458,48 @@ impl Delivery {
                     waiting = true;
                     continue;
                 }
-                let base = base_for(held, c, viewer.codec);
-                // Any entry that applies to what the viewer holds will do when the one the rule
-                // chose is not there: a delta from its version (the world chose by the lengths
-                // it knew while encoding the pass, which may differ from the pass's last), or a
-                // snapshot, which applies to anything.
-                let k = viewer.codec;
-                let entry = c
-                    .find(base, k)
-                    .or_else(|| held.filter(|&h| h != base).and_then(|h| c.find(h, k)))
-                    .or_else(|| c.find(0, k));
-                match entry {
-                    Some(entry) if !parts.is_empty() && bytes + entry.field.len() > MAX_MESSAGE_BYTES => {
-                        partial = true;
-                        stopped_at = index;
-                        break;
-                    }
-                    Some(entry) => {
-                        bytes += entry.field.len();
-                        parts.push(entry.field.clone());
-                        advanced.push((index, entry.to));
-                        // A snapshot in place of a delta of its own.
-                        if held.is_some_and(|h| h != 0) && entry.from == 0 {
-                            catch_up += 1;
+                let Some(entry) = entry_for(c, held, viewer.codec) else {
+                    missing = true;
+                    break;
+                };
+                if !g.take(index, held, entry) {
+                    partial = true;
+                    stopped_at = index;
+                    break;
+                }
+                if let (true, Some(held)) = (viewer.banded, held) {
+                    // The cells its entities went to go too: those the scan reaches later are
+                    // due now; those it has passed are taken below.
+                    let late = &mut g.late;
+                    force_moves(&mut viewer.held, frame, &c.moves, held, entry.to, at, |forced| {
+                        if (forced + n - first) % n < scanned {
+                            late.push(forced);
                         }
-                    }
-                    None => {
-                        missing = true;
-                        break;
-                    }
+                    });
                 }
             }
-            if !missing && parts.is_empty() {
+            while !missing
+                && !partial
+                && let Some(index) = g.late.pop()
+            {
+                let Held { cell, version: held, .. } = viewer.held[index];
+                let c = &cells[cell as usize];
+                let Some(entry) = entry_for(c, held, viewer.codec) else {
+                    missing = true;
+                    break;
+                };
+                if !g.take(index, held, entry) {
+                    // Due at the next pass, forced: it goes first there.
+                    partial = true;
+                    stopped_at = index;
+                    break;
+                }
+                if let Some(held) = held {
+                    let late = &mut g.late;
+                    force_moves(&mut viewer.held, frame, &c.moves, held, entry.to, at, |f| late.push(f));
+                }
+            }
+            if !missing && g.parts.is_empty() {
                 // Nothing to send now. Holding back cells it lacks, it is due again one interval
                 // later whatever the version, or it would not be due again in a world that
                 // stopped changing.
@@ -533,17 +530,17 @@ impl Delivery {
                 schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;
             }
-            let next = Vec::with_capacity(parts.len());
-            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut parts, next) };
+            let next = Vec::with_capacity(g.parts.len());
+            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut g.parts, next) };
             match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
                 Ok(()) => {
-                    for &(index, to) in &advanced {
+                    for &(index, to) in &g.advanced {
                         let held = &mut viewer.held[index];
                         held.version = Some(to);
                         held.sent(at);
                     }
                     counts.fanouts += 1;
-                    counts.catch_up += catch_up;
+                    counts.catch_up += g.catch_up;
                     fresh.remove(&conn);
                     sent += 1;
                     schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
@@ -580,7 +577,7 @@ impl Delivery {
             .chain(fresh.iter())
             .filter(|&&conn| schedule.next_due(conn).is_some_and(|due| due <= next_pass));
         for conn in behind.iter().filter(|&conn| !slow.contains(conn)).chain(soon) {
-            if let Some(viewer) = viewers.get(conn)
+            if let Some(viewer) = viewers.get_mut(conn)
                 && !viewer.handle.flow.stalled(now)
             {
                 viewer.want_stale(frame, next_pass, &mut report.wants);

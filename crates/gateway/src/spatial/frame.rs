@@ -9,6 +9,7 @@
 //! viewers behind or due less often (a delta from the version they hold, or a snapshot), encoded
 //! at this pass's version.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use tickwire_fanout::Version;
 use tickwire_state::Key;
 use tickwire_wire::proto::{ChannelUpdate, DeltaCodec};
 
+use super::moves::MoveLog;
 use super::world::CellState;
 use super::{CELL_BASE, SpatialFigures};
 use crate::channel::state_codec;
@@ -71,6 +73,8 @@ pub(super) struct CellFrame {
     pub latest_len: [Option<usize>; 2],
     pub snapshot_len: [usize; 2],
     pub entries: Vec<Entry>,
+    /// Where the entities that left the cell lately went, as of the pass.
+    pub moves: Arc<MoveLog>,
 }
 
 impl CellFrame {
@@ -160,6 +164,7 @@ impl CellFrame {
             latest_len: latest_len(c),
             snapshot_len: c.snapshot_len,
             entries: Vec::new(),
+            moves: c.moves.clone(),
         }
     }
 
@@ -203,6 +208,7 @@ mod tests {
             latest_len: [(0, 0); 2],
             cache: PreparedCache::default(),
             entities: HashSet::new(),
+            moves: Arc::default(),
         }
     }
 

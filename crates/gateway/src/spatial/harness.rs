@@ -28,7 +28,7 @@ use tickwire_wire::proto::{
 };
 use tokio::sync::mpsc;
 
-use super::world::World;
+use super::world::{CellState, World};
 use super::{CELL_BASE, HELD_BACK_REASONS, SpatialRouter};
 use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter, state_codec};
@@ -43,16 +43,25 @@ struct Sink {
     /// With [`WorldHarness::keep_replicas`]: a replica of each cell in view, built from the
     /// `channel.updates` read, as a client would.
     replicas: Option<HashMap<u64, Replica>>,
+    /// It has level-of-detail bands: each update it reads is checked to bring, with a cell past
+    /// an entity's leaving, the cell in view it went to past its arrival.
+    banded: bool,
 }
 
 impl Sink {
     fn new(conn_id: u64, role: Role, config: &crate::GatewayConfig) -> Sink {
         let (handle, outbox) = SessionHandle::unattached(conn_id, role, config);
-        Sink { handle, outbox, seq: 0, replicas: None }
+        Sink { handle, outbox, seq: 0, replicas: None, banded: false }
     }
 
-    /// Applies a message read to the replicas, if kept.
-    fn apply(&mut self, message: Bytes, schema: &Arc<Schema>) -> Result<(), HarnessError> {
+    /// Applies a message read to the replicas, if kept; `cells` are the world's, for their
+    /// moves.
+    fn apply(
+        &mut self,
+        message: Bytes,
+        schema: &Arc<Schema>,
+        cells: &[CellState],
+    ) -> Result<(), HarnessError> {
         let Some(replicas) = self.replicas.as_mut() else { return Ok(()) };
         let Ok(envelope::Kind::Push(push)) = decode_envelope(message) else {
             return Err(HarnessError::Read("a message that is not a push".into()));
@@ -61,12 +70,20 @@ impl Sink {
             "channel.updates" => {
                 let batch = ChannelUpdates::decode(push.body)
                     .map_err(|e| HarnessError::Read(format!("channel.updates: {e}")))?;
+                // (cell, the version held before) of each cell held before the update.
+                let mut before = Vec::new();
                 for u in batch.updates {
                     let replica =
                         replicas.entry(u.channel_id).or_insert_with(|| Replica::new(schema.clone()));
+                    if replica.version() > 0 {
+                        before.push((u.channel_id, replica.version()));
+                    }
                     replica
                         .apply_codec(state_codec(u.codec()), &u.update)
                         .map_err(|e| HarnessError::Read(format!("cell {}: {e}", u.channel_id)))?;
+                }
+                if self.banded {
+                    both_sides_of_each_move(replicas, &before, cells)?;
                 }
             }
             "channel.event" => {
@@ -81,7 +98,12 @@ impl Sink {
 
     /// Reads the whole outbox; every update is sent and acknowledged at `now`. Returns the
     /// messages and bytes read.
-    fn drain(&mut self, now: Instant, schema: &Arc<Schema>) -> Result<(u64, u64), HarnessError> {
+    fn drain(
+        &mut self,
+        now: Instant,
+        schema: &Arc<Schema>,
+        cells: &[CellState],
+    ) -> Result<(u64, u64), HarnessError> {
         let (mut messages, mut bytes) = (0, 0);
         let flow = self.handle.flow.clone();
         let mut window = flow.lock();
@@ -101,11 +123,41 @@ impl Sink {
                 }
             };
             bytes += message.len() as u64;
-            self.apply(message, schema)?;
+            self.apply(message, schema, cells)?;
         }
         window.acked(now, self.seq);
         Ok((messages, bytes))
     }
+}
+
+/// Every entity that left a cell `before` lists, as of the version the update brought it to,
+/// for a cell `replicas` hold: that cell is at or past its arrival (docs/protocol.md 14.4).
+/// Moves the world's log no longer reaches are not checked.
+fn both_sides_of_each_move(
+    replicas: &HashMap<u64, Replica>,
+    before: &[(u64, u64)],
+    cells: &[CellState],
+) -> Result<(), HarnessError> {
+    for &(channel, held) in before {
+        let now = replicas[&channel].version();
+        let Some(moves) = cells[(channel - CELL_BASE) as usize].moves.since(held, now) else { continue };
+        for m in moves {
+            let to = CELL_BASE + u64::from(m.to);
+            match replicas.get(&to) {
+                Some(replica) if replica.version() < m.arrived_at => {
+                    return Err(HarnessError::MoveTorn(format!(
+                        "cell {channel} went from version {held} to {now}, past an entity's leaving \
+                         at {}, and cell {to}, which it went to, stayed at {} of {}",
+                        m.left_at,
+                        replica.version(),
+                        m.arrived_at
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A world with its servers and clients, each client controlling one entity and seeing a
@@ -149,6 +201,8 @@ pub struct PassCounts {
 pub enum HarnessError {
     #[error("a client could not read what it was sent: {0}")]
     Read(String),
+    #[error("an update showed one side of a move: {0}")]
+    MoveTorn(String),
     #[error("the configuration: {0}")]
     Config(#[from] crate::ConfigError),
     #[error("the world: {0}")]
@@ -250,6 +304,7 @@ impl WorldHarness {
         let mut client = Sink::new(conn, Role::Player, &self.config);
         let (entity_id, slot) = self.spawn_entity(position, value_json, conn)?;
         let area = set_interest::Area::Sphere(Sphere { center: v3(position), radius });
+        let banded = !lod.is_empty();
         let req = SetInterest { area: Some(area), follow: Follow::Cell as i32, options: Some(options), lod };
         let id = self.request_id();
         let r = self.world.set_interest(&client.handle, req, id, now);
@@ -258,6 +313,7 @@ impl WorldHarness {
         }
         self.entities.push((entity_id, slot, self.clients.len()));
         if self.keep_replicas {
+            client.banded = banded;
             client.replicas = Some(HashMap::new());
         }
         self.clients.push(client);
@@ -334,6 +390,27 @@ impl WorldHarness {
     pub fn replica_versions(&self, index: usize) -> HashMap<u64, u64> {
         let replicas = self.clients[index].replicas.iter().flatten();
         replicas.map(|(&channel, replica)| (channel, replica.version())).collect()
+    }
+
+    /// The entities in the cell replicas client `index` keeps (with
+    /// [`WorldHarness::keep_replicas`]): what its client shows.
+    #[cfg(test)]
+    pub fn replica_entities(&self, index: usize) -> std::collections::BTreeSet<u64> {
+        use tickwire_state::{Key, Value};
+        let replicas = self.clients[index].replicas.iter().flatten();
+        let maps = replicas.filter_map(|(_, replica)| match replica.value() {
+            Value::Struct(mut fields) if !fields.is_empty() => match fields.swap_remove(0) {
+                Value::Map(map) => Some(map),
+                _ => None,
+            },
+            _ => None,
+        });
+        let keys = maps.flat_map(|map| map.into_keys());
+        keys.filter_map(|key| match key {
+            Key::Int(id) => u64::try_from(id).ok(),
+            _ => None,
+        })
+        .collect()
     }
 
     /// The entities spawned, in order.
@@ -436,12 +513,13 @@ impl WorldHarness {
         mut reads: impl FnMut(usize) -> bool,
     ) -> Result<(u64, u64), HarnessError> {
         let schema = self.world.cells[0].state.schema().clone();
+        let cells = &self.world.cells;
         for server in &mut self.servers {
-            server.drain(now, &schema)?;
+            server.drain(now, &schema, cells)?;
         }
         let (mut messages, mut bytes) = (0, 0);
         for (_, client) in self.clients.iter_mut().enumerate().filter(|&(i, _)| reads(i)) {
-            let (m, b) = client.drain(now, &schema)?;
+            let (m, b) = client.drain(now, &schema, cells)?;
             messages += m;
             bytes += b;
         }

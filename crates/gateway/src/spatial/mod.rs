@@ -18,6 +18,7 @@ mod frame;
 #[cfg(any(test, feature = "harness"))]
 pub(crate) mod harness;
 mod inbox;
+mod moves;
 mod view;
 mod world;
 

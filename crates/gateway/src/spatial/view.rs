@@ -245,11 +245,13 @@ impl World {
     /// UNSUBSCRIBED event; the client drops their entities), and the next pass encodes a
     /// snapshot of each cell it enters.
     fn show_in(&mut self, conn: u64, cells: &[u32], intervals: Vec<Duration>, codec: DeltaCodec) {
-        let World { viewers, view_count, wanted, .. } = self;
+        let World { viewers, view_count, wanted, banded, .. } = self;
         let Some(viewer) = viewers.get_mut(&conn) else { return };
         debug_assert!(cells.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
         let cells = cells.to_vec();
         let (old, new) = (codec_index(viewer.codec), codec_index(codec));
+        banded[old] -= u32::from(!viewer.intervals.is_empty());
+        banded[new] += u32::from(!intervals.is_empty());
         for &cell in &viewer.cells {
             view_count[cell as usize][old] -= 1;
         }
@@ -356,6 +358,7 @@ impl World {
         for &cell in &viewer.cells {
             self.view_count[cell as usize][k] -= 1;
         }
+        self.banded[k] -= u32::from(!viewer.intervals.is_empty());
         Some(viewer)
     }
 
@@ -373,6 +376,23 @@ impl World {
         self.inline.run(now).sent
     }
 
+    /// Logs the moves since the last pass in the cells they left, at the versions just sealed.
+    /// Viewers with level-of-detail bands may get a cell an entity entered before its band lets
+    /// it go, to go with the cell the entity left (`delivery.rs`), from a version the pass has
+    /// no delta from: so the pass encodes that cell's snapshot for them.
+    fn log_moves(&mut self) {
+        let World { cells, moves_since_pass, wanted, banded, view_count, .. } = self;
+        for (from, to) in moves_since_pass.drain() {
+            let arrived_at = cells[to as usize].state.version();
+            let c = &mut cells[from as usize];
+            let left_at = c.state.version();
+            super::moves::record(&mut c.moves, [super::moves::Move { left_at, to, arrived_at }]);
+            for k in (0..2).filter(|&k| banded[k] > 0 && view_count[to as usize][k] > 0) {
+                wanted.insert((to, k));
+            }
+        }
+    }
+
     /// [`World::tick`] but for the world's own delivery: the pass, encoded and handed to every
     /// delivery, the world's own included, which has not run it yet.
     pub fn post_pass(&mut self, scheduled: Instant) {
@@ -387,6 +407,7 @@ impl World {
         if !changed.is_empty() {
             self.world_version += 1;
         }
+        self.log_moves();
         let merged: u32 =
             self.publishes_since_pass.iter_mut().map(|n| std::mem::take(n).saturating_sub(1)).sum();
         self.figures.frames_merged.fetch_add(u64::from(merged), Ordering::Relaxed);

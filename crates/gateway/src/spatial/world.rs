@@ -26,6 +26,7 @@ use tickwire_wire::proto::{
 };
 
 use super::delivery::{Delivery, Mailbox};
+use super::moves::MoveLog;
 use super::view::Viewer;
 use super::{CELL_BASE, SpatialFigures, SpatialSettings};
 use crate::router::{SessionHandle, error_response};
@@ -50,6 +51,8 @@ pub(super) struct CellState {
     pub latest_len: [(Version, usize); 2],
     pub cache: PreparedCache,
     pub entities: HashSet<u64>,
+    /// Where the entities that left the cell lately went (`moves.rs`), shared with the passes.
+    pub moves: Arc<MoveLog>,
 }
 
 /// A message for an entity, as it waits in its route.
@@ -109,8 +112,15 @@ pub(super) struct World {
     pub viewers: HashMap<u64, Viewer>,
     /// Per cell, per codec (`frame::codec_index`): how many viewers see it.
     pub view_count: Vec<[u32; 2]>,
-    /// Cells (and codec) a viewer entered since the last pass: the next encodes their snapshot.
+    /// Cells (and codec) whose snapshot the next pass encodes: a viewer entered them or their
+    /// band got faster (`view.rs`), or an entity moved into them while viewers have bands
+    /// (`World::log_moves`).
     pub wanted: HashSet<(u32, usize)>,
+    /// Per codec: how many viewers have level-of-detail bands.
+    pub banded: [u32; 2],
+    /// (from, to) of each entity that moved from one cell to another since the last pass,
+    /// each pair once: the pass logs them in the cells' [`MoveLog`]s at the versions it seals.
+    pub moves_since_pass: HashSet<(u32, u32)>,
     /// With `channels.spatial_delivery = "io_threads"`, the delivery of each I/O thread that
     /// has viewers, by thread (`delivery.rs`).
     pub deliveries: HashMap<usize, Arc<Mailbox>>,
@@ -158,6 +168,7 @@ impl World {
                 latest_len: [(0, 0); 2],
                 cache: PreparedCache::default(),
                 entities: HashSet::new(),
+                moves: Arc::default(),
             })
             .collect();
         let [sx, sz] = layout.config().servers;
@@ -175,6 +186,8 @@ impl World {
             next_entity: 0,
             view_count: vec![[0; 2]; cell_count],
             wanted: HashSet::new(),
+            banded: [0; 2],
+            moves_since_pass: HashSet::new(),
             deliveries: HashMap::new(),
             inline: Delivery::new(figures.clone(), settings.tick),
             viewers: HashMap::new(),

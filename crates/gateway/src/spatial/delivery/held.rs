@@ -53,6 +53,13 @@ impl Held {
         }
     }
 
+    /// The cell may change in an update at pass instant `at`, whatever its interval (both
+    /// sides of a move go together: `delivery::force_moves`); its interval counts from that
+    /// update.
+    pub fn force(&mut self, at: Instant) {
+        self.next = self.next.min(at);
+    }
+
     /// A new interval, counted from the cell's last update (or at once, if that is sooner).
     pub fn set_interval(&mut self, interval_ms: u32) {
         if interval_ms != self.interval_ms {

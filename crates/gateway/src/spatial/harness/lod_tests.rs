@@ -145,6 +145,137 @@ fn a_cell_whose_band_gets_faster_goes_in_the_next_update() {
     assert_eq!(h.replica_versions(0)[&near], h.cell_version(cell(2, 1)));
 }
 
+/// An entity that walks from cells the client hears of often into one its band holds back
+/// (and back) never vanishes from the client's view: the update that carries its leaving
+/// carries the cell it entered too, even before that cell's band lets it go; otherwise the far
+/// cell still goes at its band's rate.
+#[test]
+fn an_entity_walking_into_a_slower_band_never_vanishes() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let yaw = r#"{"yaw": 0}"#;
+    let own = h.spawn_player_lod([5.0, 0.0, 5.0], yaw, 200.0, Default::default(), bands(), start).unwrap();
+    // Client 1, far away, controls the walker, so client 0's area stays where it is.
+    h.spawn_player([115.0, 0.0, 115.0], yaw, 5.0, start).unwrap();
+    let walker = h.spawn_for(1, [15.0, 0.0, 5.0], yaw).unwrap();
+    // And an entity that stays in [1, 0], so that the cell changes at every pass: the update
+    // that forces it needs it from a version no pass was asked for, and the pass of the move
+    // encodes its snapshot.
+    let stander = h.spawn_for(1, [30.0, 0.0, 15.0], yaw).unwrap();
+    // Along z = 5 m, 1.5 m a pass, from x = 15 to 57 and back: through cell [0, 0] (client 0's
+    // own: every update), [1, 0] (15 m away: every 100 ms) and [2, 0] (35 m: every 500 ms).
+    let (mut x, mut dx) = (15.0f32, 1.5f32);
+    let far = CELL_BASE + u64::from(cell(2, 0));
+    let mut far_changes = Vec::new();
+    let mut far_version = 0;
+    let mut walker_cells = std::collections::BTreeSet::new();
+    for pass in 1..=80u32 {
+        x += dx;
+        if !(6.0..57.0).contains(&x) {
+            dx = -dx;
+        }
+        h.publish_frame(|id| {
+            let at = if id == walker {
+                [x, 0.0, 5.0]
+            } else if id == stander {
+                [30.0, 0.0, 15.0]
+            } else if id == own {
+                [5.0, 0.0, 5.0]
+            } else {
+                [115.0, 0.0, 115.0]
+            };
+            (at, format!(r#"{{"yaw": {pass}}}"#))
+        })
+        .unwrap();
+        walker_cells.insert((x / 20.0) as u32);
+        let now = start + MS * (20 * pass);
+        h.tick(now);
+        h.drain(now).expect("every update applies, with both sides of each move");
+        assert!(h.replica_entities(0).contains(&walker), "pass {pass}: the walker vanished at x = {x}");
+        // Forcing a cell costs no pass: the update with it went at once (its own cell changes
+        // at every pass), the pass had what it needed.
+        let home = CELL_BASE + u64::from(cell(0, 0));
+        assert_eq!(
+            h.replica_versions(0)[&home],
+            h.cell_version(cell(0, 0)),
+            "pass {pass}: an update withheld"
+        );
+        let version = h.replica_versions(0)[&far];
+        if version != far_version {
+            far_changes.push(pass);
+            far_version = version;
+        }
+    }
+    assert_eq!(walker_cells, [0, 1, 2].into(), "it walked through all three");
+    // The far cell, empty until the walker comes, changed in the client's replica twice: at
+    // 380 ms, with the update that carried the walker's leaving [1, 0] (whose turns its entry
+    // there from [0, 0] had moved to 80 + 100k ms), though the walker had entered it at 340 ms
+    // and its band's next turn was at 500 ms; and one interval later, at 880 ms, with its
+    // leaving (it went back into [1, 0] at 800 ms). Its band still holds it back.
+    assert_eq!(far_changes, [19, 44]);
+    // Once the world is quiet, every cell comes to the client.
+    for pass in 81..=110u32 {
+        let now = start + MS * (20 * pass);
+        h.tick(now);
+        h.drain(now).expect("every update applies");
+    }
+    assert_eq!(h.replicas_differ(), None);
+}
+
+/// An entity that leaves a cell just as the cell leaves the client's view, for a cell still in
+/// view that its band holds back, does not vanish either: the cell it entered goes with the
+/// client's next update.
+#[test]
+fn an_entity_leaving_a_cell_that_leaves_the_view_never_vanishes() {
+    let start = Instant::now();
+    let mut h = small_world(start);
+    h.keep_replicas();
+    let yaw = r#"{"yaw": 0}"#;
+    let own = h.spawn_player_lod([5.0, 0.0, 5.0], yaw, 5.0, Default::default(), bands(), start).unwrap();
+    h.spawn_player([115.0, 0.0, 115.0], yaw, 5.0, start).unwrap();
+    let mover = h.spawn_for(1, [15.0, 0.0, 5.0], yaw).unwrap();
+    let stander = h.spawn_for(1, [30.0, 0.0, 15.0], yaw).unwrap();
+    // Client 0's area, where it is put: around (55, 10), cell [2, 0] every update, [1, 0] (15 m
+    // away) every 100 ms, [0, 0] (35 m away) every 500 ms.
+    let area = |x: f32, radius: f32| SetInterest {
+        area: Some(set_interest::Area::Sphere(Sphere { center: v3([x, 0.0, 10.0]), radius })),
+        follow: Follow::Off as i32,
+        lod: bands(),
+        ..Default::default()
+    };
+    assert_eq!(h.set_interest(0, area(55.0, 50.0), start).status, Status::Ok as i32);
+    let mut mover_at = [15.0, 0.0, 5.0];
+    for pass in 1..=8u32 {
+        if pass == 8 {
+            // The mover steps from [0, 0] into [1, 0]; and the area moves to around (75, 10)
+            // with a radius of 40 m: [0, 0] leaves the view, [1, 0] (35 m away) is held back
+            // every 500 ms, and changed at 80 ms (the stander), so the update due at 160 ms
+            // would not carry it.
+            mover_at = [25.0, 0.0, 5.0];
+        }
+        h.publish_frame(|id| {
+            let at = match id {
+                id if id == mover => mover_at,
+                id if id == stander => [30.0, 0.0, 15.0],
+                id if id == own => [5.0, 0.0, 5.0],
+                _ => [115.0, 0.0, 115.0],
+            };
+            (at, format!(r#"{{"yaw": {pass}}}"#))
+        })
+        .unwrap();
+        if pass == 8 {
+            assert_eq!(h.set_interest(0, area(75.0, 40.0), start).status, Status::Ok as i32);
+            assert!(!h.view_cells(0).contains(&cell(0, 0)) && h.view_cells(0).contains(&cell(1, 0)));
+        }
+        let now = start + MS * (20 * pass);
+        h.tick(now);
+        h.drain(now).expect("every update applies");
+        assert!(h.replica_entities(0).contains(&mover), "pass {pass}: the mover vanished");
+    }
+    assert_eq!(h.replica_versions(0)[&(CELL_BASE + u64::from(cell(1, 0)))], h.cell_version(cell(1, 0)));
+}
+
 #[test]
 fn bands_that_do_not_make_sense_are_refused_and_the_area_stays() {
     let start = Instant::now();

@@ -156,6 +156,7 @@ impl World {
             self.remove_from_cell(from_cell, entity_id);
             self.cells[target as usize].entities.insert(entity_id);
             self.figures.cell_changes.fetch_add(1, Ordering::Relaxed);
+            self.moves_since_pass.insert((from_cell, target));
         }
         let e = self.entities.get_mut(&entity_id).expect("looked up above");
         if let Some(value) = value {
