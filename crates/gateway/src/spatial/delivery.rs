@@ -44,7 +44,6 @@ use tickwire_fanout::{Due, Outcome, Scheduler, Version};
 use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 
 use super::frame::{CellFrame, Entry, Frame, base_for, codec_index};
-use super::moves::MoveLog;
 use held::Held;
 
 mod held;
@@ -76,29 +75,43 @@ struct Viewer {
 
 impl Viewer {
     /// Asks for every cell in view that `frame` has moved past and that may change in an
-    /// update at pass instant `at`, from the version held: with level of detail, those the
-    /// moves out of such cells make go too.
+    /// update at pass instant `at`, from the version held ([`Viewer::want`]).
     fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
-        if self.banded {
-            self.force_all_moves(frame, at);
+        // Cells forced that the scan had passed (those after are due when it reaches them).
+        let mut forced = Vec::new();
+        for index in 0..self.held.len() {
+            let h = &self.held[index];
+            if h.stale(frame) && h.due(at) {
+                self.want_one(frame, at, index, wants, |f| {
+                    if f < index {
+                        forced.push(f);
+                    }
+                });
+            }
         }
-        for held in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
-            wants.insert((held.cell, held.version, self.codec));
+        while let Some(index) = forced.pop() {
+            self.want_one(frame, at, index, wants, |f| forced.push(f));
         }
     }
 
-    /// [`force_moves`] for every cell that may change in an update at `at`, and for every
-    /// cell that makes go, and so on.
-    fn force_all_moves(&mut self, frame: &Frame, at: Instant) {
-        let moved = |h: &Held| {
-            let c = &frame.cells[h.cell as usize];
-            h.version.is_some_and(|v| v != c.version && c.moves.any_since(v)) && h.due(at)
-        };
-        let mut work: Vec<usize> = (0..self.held.len()).filter(|&i| moved(&self.held[i])).collect();
-        while let Some(i) = work.pop() {
-            let Held { cell, version: Some(held), .. } = self.held[i] else { continue };
-            let c = &frame.cells[cell as usize];
-            force_moves(&mut self.held, frame, &c.moves, held, c.version, at, |d| work.push(d));
+    /// Asks for the cell at `index` in `held` (one `frame` has moved past and that may change
+    /// in an update at `at`), from the version held; with level of detail, makes the cells the
+    /// moves out of it need go too ([`force_moves`]), calling `forced` with each.
+    fn want_one(
+        &mut self,
+        frame: &Frame,
+        at: Instant,
+        index: usize,
+        wants: &mut HashSet<Want>,
+        forced: impl FnMut(usize),
+    ) {
+        let h = self.held[index];
+        wants.insert((h.cell, h.version, self.codec));
+        let c = &frame.cells[h.cell as usize];
+        if let (true, Some(held)) = (self.banded, h.version)
+            && c.moved_since(held)
+        {
+            force_moves(&mut self.held, frame, c, held, c.version, at, forced);
         }
     }
 }
@@ -113,29 +126,39 @@ impl Viewer {
 fn force_moves(
     held: &mut [Held],
     frame: &Frame,
-    moves: &MoveLog,
+    c: &CellFrame,
     since: Version,
     to: Version,
     at: Instant,
     mut forced: impl FnMut(usize),
 ) {
-    let Some(moves) = moves.since(since, to) else {
+    let known = c.moves_since(since, to, |m| {
+        let Some(index) = index_of(held, m.to) else { return };
+        let h = &mut held[index];
+        if h.version.is_some_and(|v| v < m.arrived_at) && !h.due(at) {
+            h.force(at);
+            forced(index);
+        }
+    });
+    if !known {
         for (index, h) in held.iter_mut().enumerate() {
             if h.stale(frame) && !h.due(at) {
                 h.force(at);
                 forced(index);
             }
         }
-        return;
-    };
-    for m in moves {
-        let Ok(index) = held.binary_search_by_key(&m.to, |h| h.cell) else { continue };
-        let h = &mut held[index];
-        if h.version.is_some_and(|v| v < m.arrived_at) && !h.due(at) {
-            h.force(at);
-            forced(index);
-        }
     }
+}
+
+/// Where cell `cell` is in `held` (sorted by cell), if it is in view. A view is most often every
+/// cell of a rectangle, or the whole world, where the cell's index says where it is.
+fn index_of(held: &[Held], cell: u32) -> Option<usize> {
+    let first = held.first()?.cell;
+    let guess = cell.checked_sub(first)? as usize;
+    if held.get(guess).is_some_and(|h| h.cell == cell) {
+        return Some(guess);
+    }
+    held.binary_search_by_key(&cell, |h| h.cell).ok()
 }
 
 /// The entry of cell `c` that applies to what a viewer holding `held` has, in codec `codec`.
@@ -387,15 +410,7 @@ impl Delivery {
                 if let (true, Some(frame)) = (viewer.banded, latest) {
                     for (cell, version) in left {
                         let c = &frame.cells[cell as usize];
-                        force_moves(
-                            &mut viewer.held,
-                            frame,
-                            &c.moves,
-                            version,
-                            c.version,
-                            frame.scheduled,
-                            |_| {},
-                        );
+                        force_moves(&mut viewer.held, frame, c, version, c.version, frame.scheduled, |_| {});
                     }
                 }
                 // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
@@ -467,12 +482,16 @@ impl Delivery {
                     stopped_at = index;
                     break;
                 }
-                if let (true, Some(held)) = (viewer.banded, held) {
+                if let (true, Some(held)) = (viewer.banded, held)
+                    && c.moved_since(held)
+                {
                     // The cells its entities went to go too: those the scan reaches later are
                     // due now; those it has passed are taken below.
                     let late = &mut g.late;
-                    force_moves(&mut viewer.held, frame, &c.moves, held, entry.to, at, |forced| {
-                        if (forced + n - first) % n < scanned {
+                    force_moves(&mut viewer.held, frame, c, held, entry.to, at, |forced| {
+                        // Where it is in the scan's order, which starts at `first`.
+                        let position = if forced >= first { forced - first } else { forced + n - first };
+                        if position < scanned {
                             late.push(forced);
                         }
                     });
@@ -494,9 +513,9 @@ impl Delivery {
                     stopped_at = index;
                     break;
                 }
-                if let Some(held) = held {
+                if let Some(held) = held.filter(|&held| c.moved_since(held)) {
                     let late = &mut g.late;
-                    force_moves(&mut viewer.held, frame, &c.moves, held, entry.to, at, |f| late.push(f));
+                    force_moves(&mut viewer.held, frame, c, held, entry.to, at, |f| late.push(f));
                 }
             }
             if !missing && g.parts.is_empty() {

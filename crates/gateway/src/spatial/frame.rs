@@ -19,7 +19,7 @@ use tickwire_fanout::Version;
 use tickwire_state::Key;
 use tickwire_wire::proto::{ChannelUpdate, DeltaCodec};
 
-use super::moves::MoveLog;
+use super::moves::{Move, MoveLog, Recent};
 use super::world::CellState;
 use super::{CELL_BASE, SpatialFigures};
 use crate::channel::state_codec;
@@ -75,9 +75,30 @@ pub(super) struct CellFrame {
     pub entries: Vec<Entry>,
     /// Where the entities that left the cell lately went, as of the pass.
     pub moves: Arc<MoveLog>,
+    /// The last of them.
+    pub recent: Recent,
 }
 
 impl CellFrame {
+    /// Whether an entity left the cell since version `held`.
+    pub fn moved_since(&self, held: Version) -> bool {
+        self.recent.newest() > held
+    }
+
+    /// Calls `each` with every entity's move out of the cell since version `held`, up to
+    /// version `to`, from the recent ones if they reach back that far; false if the log does
+    /// not either.
+    pub fn moves_since(&self, held: Version, to: Version, mut each: impl FnMut(&Move)) -> bool {
+        if let Some(moves) = self.recent.since(held, to) {
+            moves.for_each(&mut each);
+        } else if let Some(moves) = self.moves.since(held, to) {
+            moves.for_each(&mut each);
+        } else {
+            return false;
+        }
+        true
+    }
+
     /// The entry from `from` in codec `codec`, if the pass encoded it.
     pub fn find(&self, from: Version, codec: usize) -> Option<&Entry> {
         self.entries.iter().find(|e| e.from == from && e.codec == codec)
@@ -165,6 +186,7 @@ impl CellFrame {
             snapshot_len: c.snapshot_len,
             entries: Vec::new(),
             moves: c.moves.clone(),
+            recent: c.moves.recent(),
         }
     }
 

@@ -5,7 +5,9 @@
 //!
 //! Each cell keeps its latest moves out ([`MoveLog`]), shared read-only with the deliveries
 //! through every pass (`frame.rs`): a new move copies the log (a few times a second per cell)
-//! so that a pass only clones a pointer.
+//! so that a pass only clones a pointer. Each pass also copies the last few moves beside the
+//! cell's version ([`Recent`]): a delivery reads the cell there anyway, and most viewers lack
+//! only those, so most checks never read the log.
 
 use std::sync::Arc;
 
@@ -18,8 +20,12 @@ use tickwire_fanout::Version;
 /// past any band's interval that scene uses.
 pub(super) const MOVES_KEPT: usize = 64;
 
+/// Moves a pass copies beside each cell ([`Recent`]): a cell at the B3 `lod` density sees about 3
+/// a second, so 4 cover a viewer that holds a version under a second old.
+pub(super) const RECENT: usize = 4;
+
 /// An entity left a cell for another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Move {
     /// The version of the cell left from which it no longer holds the entity.
     pub left_at: Version,
@@ -37,22 +43,62 @@ pub(super) struct MoveLog {
     complete_after: Version,
 }
 
+/// The moves of `moves` (oldest first, holding every move with a `left_at` above
+/// `complete_after`) that a viewer holding version `held` lacks, up to version `to` (the
+/// version an update brings it to); `None` if they no longer reach back to `held`.
+fn since(
+    moves: &[Move],
+    complete_after: Version,
+    held: Version,
+    to: Version,
+) -> Option<impl Iterator<Item = &Move>> {
+    if held < complete_after {
+        return None;
+    }
+    let first = moves.partition_point(|m| m.left_at <= held);
+    Some(moves[first..].iter().take_while(move |m| m.left_at <= to))
+}
+
+/// The last [`RECENT`] moves of a log, by value.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Recent {
+    moves: [Move; RECENT],
+    len: u8,
+    /// Every move with a `left_at` above this is here.
+    complete_after: Version,
+}
+
+impl Recent {
+    /// [`MoveLog::since`], for a viewer whose version is recent enough.
+    pub fn since(&self, held: Version, to: Version) -> Option<impl Iterator<Item = &Move>> {
+        since(&self.moves[..usize::from(self.len)], self.complete_after, held, to)
+    }
+
+    /// The version of the cell its latest move out left (0: none): a viewer holding it or a
+    /// later one lacks no move.
+    pub fn newest(&self) -> Version {
+        self.moves[..usize::from(self.len)].last().map_or(0, |m| m.left_at)
+    }
+}
+
 impl MoveLog {
     /// The moves out of the cell that a viewer holding version `held` lacks, up to version `to`
     /// (the version an update brings it to); `None` if the log no longer reaches back to
     /// `held`.
     pub fn since(&self, held: Version, to: Version) -> Option<impl Iterator<Item = &Move>> {
-        if held < self.complete_after {
-            return None;
-        }
-        let first = self.moves.partition_point(|m| m.left_at <= held);
-        Some(self.moves[first..].iter().take_while(move |m| m.left_at <= to))
+        since(&self.moves, self.complete_after, held, to)
     }
 
-    /// Whether any move out of the cell is newer than version `held`: the cheap test a delivery
-    /// makes for each cell it sends.
-    pub fn any_since(&self, held: Version) -> bool {
-        self.moves.last().is_some_and(|m| m.left_at > held)
+    /// Its last [`RECENT`] moves.
+    pub fn recent(&self) -> Recent {
+        let first = self.moves.len().saturating_sub(RECENT);
+        let mut recent = Recent {
+            len: (self.moves.len() - first) as u8,
+            complete_after: first.checked_sub(1).map_or(self.complete_after, |i| self.moves[i].left_at),
+            ..Recent::default()
+        };
+        recent.moves[..usize::from(recent.len)].copy_from_slice(&self.moves[first..]);
+        recent
     }
 }
 
@@ -87,7 +133,8 @@ mod tests {
         assert_eq!(since(3, 9), Some(vec![5, 9]));
         assert_eq!(since(3, 8), Some(vec![5]));
         assert_eq!(since(9, 12), Some(vec![]));
-        assert!(log.any_since(8) && !log.any_since(9));
+        assert_eq!(log.recent().newest(), 9);
+        assert_eq!(MoveLog::default().recent().newest(), 0);
     }
 
     #[test]
@@ -123,9 +170,18 @@ mod tests {
             let got = log.since(held, upto).map(|got| got.copied().collect::<Vec<_>>());
             prop_assert_eq!(got.is_some(), reaches);
             if let Some(got) = got {
+                prop_assert_eq!(got, want.clone());
+            }
+            prop_assert_eq!(log.recent().newest() > held, all.iter().any(|m| m.left_at > held));
+            // The recent moves answer the same, whenever they reach back to `held`.
+            let recent = log.recent();
+            prop_assert_eq!(recent.newest(), log.recent().newest());
+            let reaches = all.len() <= RECENT || held >= all[all.len() - RECENT - 1].left_at;
+            let got = recent.since(held, upto).map(|got| got.copied().collect::<Vec<_>>());
+            prop_assert_eq!(got.is_some(), reaches && log.since(held, upto).is_some());
+            if let Some(got) = got {
                 prop_assert_eq!(got, want);
             }
-            prop_assert_eq!(log.any_since(held), all.iter().any(|m| m.left_at > held));
         }
     }
 }
