@@ -30,7 +30,7 @@
 //! interval lets them go ([`held::Held`]); a viewer with cells held back stays due, one interval
 //! after another, until they have gone. When a cell's interval lets it go, it takes part in all
 //! or nothing like any other. A cell that goes takes with it each cell in view that an entity
-//! it lost went to ([`force_moves`], from the cells' logs of moves: `moves.rs`), so an entity
+//! it lost went to ([`forced_by`], from the cells' logs of moves: `moves.rs`), so an entity
 //! walking into a slower band never vanishes from the client's view in between.
 
 use std::sync::Arc;
@@ -69,62 +69,75 @@ struct Viewer {
     /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
     first: usize,
     /// Its level of detail holds some cells back: those entities moved into go with the cells
-    /// they left ([`force_moves`]).
+    /// they left ([`forced_by`]).
     banded: bool,
+    /// Where its bands' turns count from (`held.rs`): when it became a viewer.
+    anchor: Instant,
+    /// Cells that go with its next update whatever their band: an entity went to each from a
+    /// cell that left the view, or a full update left it out.
+    owed: Vec<u32>,
 }
 
 impl Viewer {
     /// Asks for every cell in view that `frame` has moved past and that may change in an
-    /// update at pass instant `at`, from the version held ([`Viewer::want`]).
+    /// update at pass instant `at`, from the version held; with level of detail, also for
+    /// those that would go with them ([`forced_by`]) and the cells owed.
     fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
-        // Cells forced that the scan had passed (those after are due when it reaches them).
         let mut forced = Vec::new();
-        for index in 0..self.held.len() {
-            let h = &self.held[index];
-            if h.stale(frame) && h.due(at) {
-                self.want_one(frame, at, index, wants, |f| {
-                    if f < index {
-                        forced.push(f);
-                    }
-                });
+        for h in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
+            wants.insert((h.cell, h.version, self.codec));
+            let c = &frame.cells[h.cell as usize];
+            if let (true, Some(held)) = (self.banded, h.version)
+                && c.moved_since(held)
+            {
+                forced_by(&self.held, frame, c, held, c.version, at, |f| add(&mut forced, f));
             }
         }
-        while let Some(index) = forced.pop() {
-            self.want_one(frame, at, index, wants, |f| forced.push(f));
+        if !self.banded {
+            return;
+        }
+        self.owed_now(frame, at, &mut forced);
+        let mut next = 0;
+        while let Some(&index) = forced.get(next) {
+            next += 1;
+            let h = self.held[index];
+            wants.insert((h.cell, h.version, self.codec));
+            let c = &frame.cells[h.cell as usize];
+            if let Some(held) = h.version.filter(|&held| c.moved_since(held)) {
+                forced_by(&self.held, frame, c, held, c.version, at, |f| add(&mut forced, f));
+            }
         }
     }
 
-    /// Asks for the cell at `index` in `held` (one `frame` has moved past and that may change
-    /// in an update at `at`), from the version held; with level of detail, makes the cells the
-    /// moves out of it need go too ([`force_moves`]), calling `forced` with each.
-    fn want_one(
-        &mut self,
-        frame: &Frame,
-        at: Instant,
-        index: usize,
-        wants: &mut HashSet<Want>,
-        forced: impl FnMut(usize),
-    ) {
-        let h = self.held[index];
-        wants.insert((h.cell, h.version, self.codec));
-        let c = &frame.cells[h.cell as usize];
-        if let (true, Some(held)) = (self.banded, h.version)
-            && c.moved_since(held)
-        {
-            force_moves(&mut self.held, frame, c, held, c.version, at, forced);
+    /// Adds to `forced` the cells owed that an update at `at` would otherwise leave out.
+    fn owed_now(&self, frame: &Frame, at: Instant, forced: &mut Vec<usize>) {
+        for &cell in &self.owed {
+            if let Some(index) = index_of(&self.held, cell)
+                && self.held[index].stale(frame)
+                && !self.held[index].due(at)
+            {
+                add(forced, index);
+            }
         }
     }
 }
 
-/// Both sides of a move in one update (docs/protocol.md 14.4, "Entities between cells"): a
-/// viewer's update takes cell `moves`' changes from version `since` to `to`, among them the
-/// removal of each entity that left it since; each cell in view such an entity went to, whose
-/// version the viewer holds predates the entity's arrival, goes in the same update even if its
-/// band holds it back ([`Held::force`]), or the entity would vanish from the client's view
-/// until that cell's turn. `forced` gets the index of each cell forced. If the log no longer
-/// reaches back to `since`, every cell in view the viewer lacks changes of goes.
-fn force_moves(
-    held: &mut [Held],
+/// Adds `index` to `list` unless it is there (a short list: the cells forced into one update).
+fn add(list: &mut Vec<usize>, index: usize) {
+    if !list.contains(&index) {
+        list.push(index);
+    }
+}
+
+/// Both sides of a move in one update (docs/protocol.md 14.4, "Entities between cells"): an
+/// update that takes cell `c` from version `since` to `to` removes each entity that left it
+/// since; each cell in view such an entity went to, whose version the viewer holds predates the
+/// entity's arrival and whose band holds it back at `at`, must go in the same update, or the
+/// entity would vanish from the client's view until that cell's turn. Calls `forced` with the
+/// index of each (maybe more than once). If the cell's log no longer reaches back to `since`,
+/// every cell in view held back that the viewer lacks changes of.
+fn forced_by(
+    held: &[Held],
     frame: &Frame,
     c: &CellFrame,
     since: Version,
@@ -134,16 +147,14 @@ fn force_moves(
 ) {
     let known = c.moves_since(since, to, |m| {
         let Some(index) = index_of(held, m.to) else { return };
-        let h = &mut held[index];
+        let h = &held[index];
         if h.version.is_some_and(|v| v < m.arrived_at) && !h.due(at) {
-            h.force(at);
             forced(index);
         }
     });
     if !known {
-        for (index, h) in held.iter_mut().enumerate() {
+        for (index, h) in held.iter().enumerate() {
             if h.stale(frame) && !h.due(at) {
-                h.force(at);
                 forced(index);
             }
         }
@@ -181,15 +192,16 @@ struct Gather {
     bytes: usize,
     /// Snapshots in place of a delta of its own.
     catch_up: u64,
-    /// Cells a move forced that the scan of the cells in view had passed.
-    late: Vec<usize>,
+    /// Cells that must go with the update though their band holds them back, in the order
+    /// found ([`forced_by`]).
+    forced: Vec<usize>,
 }
 
 impl Gather {
     fn clear(&mut self) {
         self.parts.clear();
         self.advanced.clear();
-        self.late.clear();
+        self.forced.clear();
         self.bytes = 0;
         self.catch_up = 0;
     }
@@ -369,9 +381,18 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer { handle: view.handle.clone(), codec, held: Vec::new(), first: 0, banded: false }
+                    Viewer {
+                        handle: view.handle.clone(),
+                        codec,
+                        held: Vec::new(),
+                        first: 0,
+                        banded: false,
+                        anchor: view.at,
+                        owed: Vec::new(),
+                    }
                 });
                 viewer.banded = view.intervals.iter().any(|i| !i.is_zero());
+                viewer.anchor = view.at;
                 // Positions in `held` move with the view: the next message starts at its first.
                 viewer.first = 0;
                 // A new codec: every cell again from a snapshot, due even if nothing changed.
@@ -396,7 +417,7 @@ impl Delivery {
                 };
                 for (i, &cell) in view.cells.iter().enumerate() {
                     match viewer.held.binary_search_by_key(&cell, |held| held.cell) {
-                        Ok(at) => viewer.held[at].set_interval(interval(i)),
+                        Ok(at) => viewer.held[at].set_interval(interval(i), view.at),
                         Err(at) => {
                             let held = Held { version: None, next: view.at, cell, interval_ms: interval(i) };
                             viewer.held.insert(at, held);
@@ -405,12 +426,21 @@ impl Delivery {
                     }
                 }
                 // An entity that left a cell now out of view for one still in it goes with the
-                // viewer's next update, as if the cell it left had gone (`force_moves`), from
-                // the moves the latest pass knows.
+                // viewer's next update, as if the cell it left had gone (`forced_by`), from the
+                // moves the latest pass knows.
                 if let (true, Some(frame)) = (viewer.banded, latest) {
+                    let mut owed: Vec<usize> = Vec::new();
                     for (cell, version) in left {
                         let c = &frame.cells[cell as usize];
-                        force_moves(&mut viewer.held, frame, c, version, c.version, frame.scheduled, |_| {});
+                        forced_by(&viewer.held, frame, c, version, c.version, frame.scheduled, |f| {
+                            add(&mut owed, f)
+                        });
+                    }
+                    for index in owed {
+                        let cell = viewer.held[index].cell;
+                        if !viewer.owed.contains(&cell) {
+                            viewer.owed.push(cell);
+                        }
                     }
                 }
                 // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
@@ -463,7 +493,9 @@ impl Delivery {
             let mut partial = false;
             let (n, first) = (viewer.held.len(), viewer.first);
             let mut stopped_at = 0;
-            for (scanned, index) in (first..n).chain(0..first).enumerate() {
+            // Cells forced that a full update left out.
+            let mut owed = Vec::new();
+            for index in (first..n).chain(0..first) {
                 let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
@@ -482,41 +514,38 @@ impl Delivery {
                     stopped_at = index;
                     break;
                 }
-                if let (true, Some(held)) = (viewer.banded, held)
-                    && c.moved_since(held)
-                {
-                    // The cells its entities went to go too: those the scan reaches later are
-                    // due now; those it has passed are taken below.
-                    let late = &mut g.late;
-                    force_moves(&mut viewer.held, frame, c, held, entry.to, at, |forced| {
-                        // Where it is in the scan's order, which starts at `first`.
-                        let position = if forced >= first { forced - first } else { forced + n - first };
-                        if position < scanned {
-                            late.push(forced);
-                        }
-                    });
-                }
             }
-            while !missing
-                && !partial
-                && let Some(index) = g.late.pop()
-            {
-                let Held { cell, version: held, .. } = viewer.held[index];
-                let c = &cells[cell as usize];
-                let Some(entry) = entry_for(c, held, viewer.codec) else {
-                    missing = true;
-                    break;
-                };
-                if !g.take(index, held, entry) {
-                    // Due at the next pass, forced: it goes first there.
-                    partial = true;
-                    stopped_at = index;
-                    break;
+            if viewer.banded && !missing {
+                // The cells entities went to from those it takes (and from those, and so on),
+                // and the cells owed, go too. A full update leaves them owed.
+                viewer.owed_now(frame, at, &mut g.forced);
+                let (mut read, mut took) = (0, 0);
+                loop {
+                    if let Some(&(index, to)) = g.advanced.get(read) {
+                        read += 1;
+                        let Held { cell, version, .. } = viewer.held[index];
+                        let c = &cells[cell as usize];
+                        if let Some(held) = version.filter(|&held| c.moved_since(held)) {
+                            let forced = &mut g.forced;
+                            forced_by(&viewer.held, frame, c, held, to, at, |f| add(forced, f));
+                        }
+                    } else if let (false, Some(&index)) = (partial, g.forced.get(took)) {
+                        let Held { cell, version: held, .. } = viewer.held[index];
+                        let Some(entry) = entry_for(&cells[cell as usize], held, viewer.codec) else {
+                            missing = true;
+                            break;
+                        };
+                        if !g.take(index, held, entry) {
+                            partial = true;
+                            stopped_at = index;
+                        } else {
+                            took += 1;
+                        }
+                    } else {
+                        break;
+                    }
                 }
-                if let Some(held) = held.filter(|&held| c.moved_since(held)) {
-                    let late = &mut g.late;
-                    force_moves(&mut viewer.held, frame, c, held, entry.to, at, |f| late.push(f));
-                }
+                owed = g.forced[took..].iter().map(|&index| viewer.held[index].cell).collect();
             }
             if !missing && g.parts.is_empty() {
                 // Nothing to send now. Holding back cells it lacks, it is due again one interval
@@ -556,8 +585,9 @@ impl Delivery {
                     for &(index, to) in &g.advanced {
                         let held = &mut viewer.held[index];
                         held.version = Some(to);
-                        held.sent(at);
+                        held.sent(at, viewer.anchor);
                     }
+                    viewer.owed = owed;
                     counts.fanouts += 1;
                     counts.catch_up += g.catch_up;
                     fresh.remove(&conn);

@@ -1,6 +1,11 @@
 //! One cell in a viewer's view as its delivery keeps it: the version the client holds, and
 //! when the cell's level of detail (docs/protocol.md 14.4) lets its changes go next. Apart from
 //! `delivery.rs` because it is the rule of when, kept small and tested alone.
+//!
+//! A band's turns fall on one grid per viewer: the instants its anchor (when it became a
+//! viewer) plus a whole number of intervals. So the cells of a band that have changes go in the
+//! same updates, and an entity that walks between two of them never needs the cell it entered
+//! sent out of turn (`delivery::forced_by`); bands whose intervals divide each other share turns.
 
 use std::time::{Duration, Instant};
 
@@ -14,14 +19,22 @@ use super::super::frame::Frame;
 pub(super) struct Held {
     /// The version of the cell the client holds (`None`: it needs a snapshot).
     pub version: Option<Version>,
-    /// With an interval: the pass instant from which the cell may change in an update again.
-    /// Counted from the previous one, as the scheduler counts a viewer's due times, so passes
-    /// that fall between keep the rate.
+    /// With an interval: the band's turn from which the cell may change in an update again.
+    /// With none: the last update it changed in.
     pub next: Instant,
     pub cell: u32,
     /// Level of detail: the cell changes in the viewer's updates at most once per this many
-    /// milliseconds on average (0: in every update).
+    /// milliseconds on average (0: in every update), but when it goes with a cell an entity
+    /// left for it.
     pub interval_ms: u32,
+}
+
+/// The first of `anchor + k * interval` (k ≥ 0) after `t`.
+fn turn_after(anchor: Instant, interval: Duration, t: Instant) -> Instant {
+    let Some(since) = t.checked_duration_since(anchor) else { return anchor };
+    let n = interval.as_nanos().max(1);
+    let turns = since.as_nanos() / n + 1;
+    anchor + Duration::from_nanos(u64::try_from(turns * n).unwrap_or(u64::MAX))
 }
 
 impl Held {
@@ -40,33 +53,24 @@ impl Held {
         Duration::from_millis(u64::from(self.interval_ms))
     }
 
-    /// The cell changed in an update at pass instant `at`.
-    pub fn sent(&mut self, at: Instant) {
-        if self.interval_ms == 0 {
-            // Kept, so that a slower band set later counts from this update.
-            self.next = at;
+    /// The cell changed in an update at pass instant `at`: it goes next at its band's first
+    /// turn after `at`, on the grid from `anchor`. A cell sent out of turn (with a cell an
+    /// entity left for it) so keeps its turn.
+    pub fn sent(&mut self, at: Instant, anchor: Instant) {
+        self.next = if self.interval_ms == 0 { at } else { turn_after(anchor, self.interval(), at) };
+    }
+
+    /// A new interval: the cell goes next at the new band's first turn after its last update
+    /// (or at once, if that has passed).
+    pub fn set_interval(&mut self, interval_ms: u32, anchor: Instant) {
+        if interval_ms == self.interval_ms {
             return;
         }
-        self.next += self.interval();
-        if self.next <= at {
-            self.next = at + self.interval();
-        }
-    }
-
-    /// The cell may change in an update at pass instant `at`, whatever its interval (both
-    /// sides of a move go together: `delivery::force_moves`); its interval counts from that
-    /// update.
-    pub fn force(&mut self, at: Instant) {
-        self.next = self.next.min(at);
-    }
-
-    /// A new interval, counted from the cell's last update (or at once, if that is sooner).
-    pub fn set_interval(&mut self, interval_ms: u32) {
-        if interval_ms != self.interval_ms {
-            let last = self.next.checked_sub(self.interval());
-            self.interval_ms = interval_ms;
-            self.next = last.map_or(self.next, |last| last + self.interval());
-        }
+        let last =
+            if self.interval_ms == 0 { Some(self.next) } else { self.next.checked_sub(self.interval()) };
+        let last = last.unwrap_or(self.next);
+        self.interval_ms = interval_ms;
+        self.next = if interval_ms == 0 { last } else { turn_after(anchor, self.interval(), last) };
     }
 }
 
@@ -81,33 +85,48 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_goes_once_per_interval_counted_from_the_previous_time() {
+    fn a_cell_goes_at_its_bands_turns_whenever_it_was_sent() {
         let t0 = Instant::now();
         let mut h = held(100, t0);
         assert!(h.due(t0));
-        h.sent(t0 + 20 * MS);
-        assert_eq!(h.next, t0 + 100 * MS, "from the previous instant, not the send");
+        h.sent(t0 + 20 * MS, t0);
+        assert_eq!(h.next, t0 + 100 * MS, "the band's next turn, not 100 ms after the send");
         assert!(!h.due(t0 + 99 * MS) && h.due(t0 + 100 * MS));
-        // Sent long after: the next counts from the send.
-        h.sent(t0 + 500 * MS);
+        // Sent long after (nothing changed for a while): the next turn after the send.
+        h.sent(t0 + 530 * MS, t0);
         assert_eq!(h.next, t0 + 600 * MS);
+        // On a turn: the one after.
+        h.sent(t0 + 600 * MS, t0);
+        assert_eq!(h.next, t0 + 700 * MS);
+        // Out of turn (an entity came from a cell sent now), before its turn at 800 ms: it
+        // keeps that turn.
+        h.sent(t0 + 740 * MS, t0);
+        assert_eq!(h.next, t0 + 800 * MS);
         // A snapshot needed goes at once.
         h.version = None;
         assert!(h.due(t0));
+        assert_eq!(turn_after(t0 + 5 * MS, 100 * MS, t0), t0 + 5 * MS, "before the anchor: the anchor");
     }
 
     #[test]
-    fn a_new_interval_counts_from_the_last_update_even_one_of_every_update() {
+    fn a_new_interval_counts_from_the_last_update_on_its_own_grid() {
         let t0 = Instant::now();
         let mut h = held(0, t0);
         assert!(h.due(t0), "interval 0: always");
-        h.sent(t0 + 40 * MS);
-        // Moved to a slower band right after an update: not again before the new interval.
-        h.set_interval(100);
-        assert_eq!(h.next, t0 + 140 * MS);
+        h.sent(t0 + 40 * MS, t0);
+        assert_eq!(h.next, t0 + 40 * MS, "interval 0 keeps the last update");
+        // Moved to a slower band right after an update: its first turn after that update.
+        h.set_interval(100, t0);
+        assert_eq!(h.next, t0 + 100 * MS);
         assert!(!h.due(t0 + 60 * MS));
-        // Faster again: from the same last update.
-        h.set_interval(50);
-        assert_eq!(h.next, t0 + 90 * MS);
+        // Slower again, from the same last turn (0 ms): the 500 ms band's first turn after it.
+        h.set_interval(500, t0);
+        assert_eq!(h.next, t0 + 500 * MS);
+        // Faster: the 100 ms band's first turn after the last (0 ms).
+        h.set_interval(100, t0);
+        assert_eq!(h.next, t0 + 100 * MS);
+        // Back to every update: due at once.
+        h.set_interval(0, t0);
+        assert!(h.due(t0 + MS));
     }
 }

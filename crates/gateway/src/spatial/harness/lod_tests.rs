@@ -208,12 +208,12 @@ fn an_entity_walking_into_a_slower_band_never_vanishes() {
         }
     }
     assert_eq!(walker_cells, [0, 1, 2].into(), "it walked through all three");
-    // The far cell, empty until the walker comes, changed in the client's replica twice: at
-    // 380 ms, with the update that carried the walker's leaving [1, 0] (whose turns its entry
-    // there from [0, 0] had moved to 80 + 100k ms), though the walker had entered it at 340 ms
-    // and its band's next turn was at 500 ms; and one interval later, at 880 ms, with its
-    // leaving (it went back into [1, 0] at 800 ms). Its band still holds it back.
-    assert_eq!(far_changes, [19, 44]);
+    // The far cell, empty until the walker comes, changed in the client's replica at 400 ms,
+    // out of its band's turn, with the update that carried the walker's leaving [1, 0] (on that
+    // band's turn: the walker had entered the far cell at 340 ms); then at its own band's
+    // turns, 500 ms and 1000 ms (which carried the walker's leaving for [1, 0] at 800 ms): the
+    // update out of turn did not move its turns.
+    assert_eq!(far_changes, [20, 25, 50]);
     // Once the world is quiet, every cell comes to the client.
     for pass in 81..=110u32 {
         let now = start + MS * (20 * pass);
