@@ -46,10 +46,12 @@ use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 use super::frame::{CellFrame, Entry, Frame, base_for, codec_index};
 use held::Held;
 
+mod forced;
 mod held;
 mod mailbox;
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
+use forced::{Forced, Owed, forced_by};
 use mailbox::{Change, MAX_WAITING_PASSES, Then, lock};
 pub(super) use mailbox::{Mailbox, Report, View, Want};
 
@@ -73,103 +75,55 @@ struct Viewer {
     banded: bool,
     /// Where its bands' turns count from (`held.rs`): when it became a viewer.
     anchor: Instant,
-    /// Cells that go with its next update whatever their band: an entity went to each from a
-    /// cell that left the view, or a full update left it out.
-    owed: Vec<u32>,
+    /// Cells that go with its next update whatever their band.
+    owed: Owed,
 }
 
 impl Viewer {
     /// Asks for every cell in view that `frame` has moved past and that may change in an
     /// update at pass instant `at`, from the version held; with level of detail, also for
-    /// those that would go with them ([`forced_by`]) and the cells owed.
-    fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>) {
-        let mut forced = Vec::new();
+    /// those that would go with them ([`forced_by`]) and the cells owed. `forced` is scratch.
+    fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>, forced: &mut Forced) {
+        forced.reset(self.held.len());
         for h in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((h.cell, h.version, self.codec));
             let c = &frame.cells[h.cell as usize];
             if let (true, Some(held)) = (self.banded, h.version)
                 && c.moved_since(held)
             {
-                forced_by(&self.held, frame, c, held, c.version, at, |f| add(&mut forced, f));
+                self.force(frame, c, (held, c.version), at, forced);
             }
         }
         if !self.banded {
             return;
         }
-        self.owed_now(frame, at, &mut forced);
+        self.owed.now(&self.held, frame, at, forced);
         let mut next = 0;
-        while let Some(&index) = forced.get(next) {
+        while let Some(&index) = forced.list.get(next) {
             next += 1;
             let h = self.held[index];
             wants.insert((h.cell, h.version, self.codec));
             let c = &frame.cells[h.cell as usize];
             if let Some(held) = h.version.filter(|&held| c.moved_since(held)) {
-                forced_by(&self.held, frame, c, held, c.version, at, |f| add(&mut forced, f));
+                self.force(frame, c, (held, c.version), at, forced);
             }
         }
     }
 
-    /// Adds to `forced` the cells owed that an update at `at` would otherwise leave out.
-    fn owed_now(&self, frame: &Frame, at: Instant, forced: &mut Vec<usize>) {
-        for &cell in &self.owed {
-            if let Some(index) = index_of(&self.held, cell)
-                && self.held[index].stale(frame)
-                && !self.held[index].due(at)
-            {
-                add(forced, index);
-            }
-        }
+    /// Adds to `forced` the cells that must go with an update taking cell `c` from version
+    /// `from_to.0` to `from_to.1` ([`forced_by`]).
+    fn force(
+        &self,
+        frame: &Frame,
+        c: &CellFrame,
+        from_to: (Version, Version),
+        at: Instant,
+        forced: &mut Forced,
+    ) {
+        let mut everything = forced.everything;
+        forced_by(&self.held, frame, c, from_to, at, &mut everything, |index, _| forced.add(index));
+        forced.everything = everything;
     }
-}
-
-/// Adds `index` to `list` unless it is there (a short list: the cells forced into one update).
-fn add(list: &mut Vec<usize>, index: usize) {
-    if !list.contains(&index) {
-        list.push(index);
-    }
-}
-
-/// Both sides of a move in one update (docs/protocol.md 14.4, "Entities between cells"): an
-/// update that takes cell `c` from version `since` to `to` removes each entity that left it
-/// since; each cell in view such an entity went to, whose version the viewer holds predates the
-/// entity's arrival and whose band holds it back at `at`, must go in the same update, or the
-/// entity would vanish from the client's view until that cell's turn. Calls `forced` with the
-/// index of each (maybe more than once). If the cell's log no longer reaches back to `since`,
-/// every cell in view held back that the viewer lacks changes of.
-fn forced_by(
-    held: &[Held],
-    frame: &Frame,
-    c: &CellFrame,
-    since: Version,
-    to: Version,
-    at: Instant,
-    mut forced: impl FnMut(usize),
-) {
-    let known = c.moves_since(since, to, |m| {
-        let Some(index) = index_of(held, m.to) else { return };
-        let h = &held[index];
-        if h.version.is_some_and(|v| v < m.arrived_at) && !h.due(at) {
-            forced(index);
-        }
-    });
-    if !known {
-        for (index, h) in held.iter().enumerate() {
-            if h.stale(frame) && !h.due(at) {
-                forced(index);
-            }
-        }
-    }
-}
-
-/// Where cell `cell` is in `held` (sorted by cell), if it is in view. A view is most often every
-/// cell of a rectangle, or the whole world, where the cell's index says where it is.
-fn index_of(held: &[Held], cell: u32) -> Option<usize> {
-    let first = held.first()?.cell;
-    let guess = cell.checked_sub(first)? as usize;
-    if held.get(guess).is_some_and(|h| h.cell == cell) {
-        return Some(guess);
-    }
-    held.binary_search_by_key(&cell, |h| h.cell).ok()
 }
 
 /// The entry of cell `c` that applies to what a viewer holding `held` has, in codec `codec`.
@@ -192,16 +146,14 @@ struct Gather {
     bytes: usize,
     /// Snapshots in place of a delta of its own.
     catch_up: u64,
-    /// Cells that must go with the update though their band holds them back, in the order
-    /// found ([`forced_by`]).
-    forced: Vec<usize>,
+    /// Cells that must go with the update though their band holds them back ([`forced_by`]).
+    forced: Forced,
 }
 
 impl Gather {
     fn clear(&mut self) {
         self.parts.clear();
         self.advanced.clear();
-        self.forced.clear();
         self.bytes = 0;
         self.catch_up = 0;
     }
@@ -388,7 +340,7 @@ impl Delivery {
                         first: 0,
                         banded: false,
                         anchor: view.at,
-                        owed: Vec::new(),
+                        owed: Owed::default(),
                     }
                 });
                 viewer.banded = view.intervals.iter().any(|i| !i.is_zero());
@@ -429,18 +381,22 @@ impl Delivery {
                 // viewer's next update, as if the cell it left had gone (`forced_by`), from the
                 // moves the latest pass knows.
                 if let (true, Some(frame)) = (viewer.banded, latest) {
-                    let mut owed: Vec<usize> = Vec::new();
+                    let Viewer { held, owed, .. } = viewer;
+                    let mut everything = false;
                     for (cell, version) in left {
                         let c = &frame.cells[cell as usize];
-                        forced_by(&viewer.held, frame, c, version, c.version, frame.scheduled, |f| {
-                            add(&mut owed, f)
-                        });
-                    }
-                    for index in owed {
-                        let cell = viewer.held[index].cell;
-                        if !viewer.owed.contains(&cell) {
-                            viewer.owed.push(cell);
-                        }
+                        let from_to = (version, c.version);
+                        forced_by(
+                            held,
+                            frame,
+                            c,
+                            from_to,
+                            frame.scheduled,
+                            &mut everything,
+                            |index, needed| {
+                                owed.owe(held[index].cell, needed);
+                            },
+                        );
                     }
                 }
                 // Slower than the viewer's updates: asked for ahead, as a slow viewer's.
@@ -493,12 +449,13 @@ impl Delivery {
             let mut partial = false;
             let (n, first) = (viewer.held.len(), viewer.first);
             let mut stopped_at = 0;
-            // Cells forced that a full update left out.
-            let mut owed = Vec::new();
+            // Cells forced that a full update left out, with the versions they must reach.
+            let mut left_out = Vec::new();
             for index in (first..n).chain(0..first) {
                 let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
+                    viewer.held[index].quiet(at, viewer.anchor);
                     continue;
                 }
                 if !viewer.held[index].due(at) {
@@ -518,7 +475,8 @@ impl Delivery {
             if viewer.banded && !missing {
                 // The cells entities went to from those it takes (and from those, and so on),
                 // and the cells owed, go too. A full update leaves them owed.
-                viewer.owed_now(frame, at, &mut g.forced);
+                g.forced.reset(n);
+                viewer.owed.now(&viewer.held, frame, at, &mut g.forced);
                 let (mut read, mut took) = (0, 0);
                 loop {
                     if let Some(&(index, to)) = g.advanced.get(read) {
@@ -526,10 +484,9 @@ impl Delivery {
                         let Held { cell, version, .. } = viewer.held[index];
                         let c = &cells[cell as usize];
                         if let Some(held) = version.filter(|&held| c.moved_since(held)) {
-                            let forced = &mut g.forced;
-                            forced_by(&viewer.held, frame, c, held, to, at, |f| add(forced, f));
+                            viewer.force(frame, c, (held, to), at, &mut g.forced);
                         }
-                    } else if let (false, Some(&index)) = (partial, g.forced.get(took)) {
+                    } else if let (false, Some(&index)) = (partial, g.forced.list.get(took)) {
                         let Held { cell, version: held, .. } = viewer.held[index];
                         let Some(entry) = entry_for(&cells[cell as usize], held, viewer.codec) else {
                             missing = true;
@@ -545,7 +502,11 @@ impl Delivery {
                         break;
                     }
                 }
-                owed = g.forced[took..].iter().map(|&index| viewer.held[index].cell).collect();
+                let cell_of = |index: usize| viewer.held[index].cell;
+                left_out = g.forced.list[took..]
+                    .iter()
+                    .map(|&i| (cell_of(i), cells[cell_of(i) as usize].version))
+                    .collect();
             }
             if !missing && g.parts.is_empty() {
                 // Nothing to send now. Holding back cells it lacks, it is due again one interval
@@ -574,7 +535,7 @@ impl Delivery {
                 // its level of detail holds back). The viewer asks for all of it, what this pass
                 // had too (a later pass may not have it), and stays due, base and schedule as
                 // they were, until a pass has it all.
-                viewer.want_stale(frame, next_pass, &mut report.wants);
+                viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
                 schedule.record(conn, frame.scheduled, Outcome::Empty);
                 continue;
             }
@@ -587,7 +548,10 @@ impl Delivery {
                         held.version = Some(to);
                         held.sent(at, viewer.anchor);
                     }
-                    viewer.owed = owed;
+                    viewer.owed.settle(&viewer.held);
+                    for (cell, version) in left_out {
+                        viewer.owed.owe(cell, version);
+                    }
                     counts.fanouts += 1;
                     counts.catch_up += g.catch_up;
                     fresh.remove(&conn);
@@ -598,7 +562,7 @@ impl Delivery {
                         // Due again even if nothing changes, with the entries of the rest of
                         // its cells asked for.
                         schedule.resnapshot(conn);
-                        viewer.want_stale(frame, next_pass, &mut report.wants);
+                        viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
                     } else if waiting {
                         // Due again even if nothing changes: the cells held back go when
                         // their level of detail lets them.
@@ -629,7 +593,7 @@ impl Delivery {
             if let Some(viewer) = viewers.get_mut(conn)
                 && !viewer.handle.flow.stalled(now)
             {
-                viewer.want_stale(frame, next_pass, &mut report.wants);
+                viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
             }
         }
         for &conn in &report.gone {

@@ -482,7 +482,13 @@ impl WorldHarness {
         now: Instant,
     ) -> tickwire_wire::proto::Response {
         let id = self.request_id();
-        self.world.set_interest(&self.clients[index].handle, req, id, now)
+        let banded = !req.lod.is_empty();
+        let answer = self.world.set_interest(&self.clients[index].handle, req, id, now);
+        if answer.status == tickwire_wire::proto::Status::Ok as i32 && self.clients[index].replicas.is_some()
+        {
+            self.clients[index].banded = banded;
+        }
+        answer
     }
 
     /// Client `index`'s session ends: its outbox closes, so what is offered to it fails. The

@@ -34,7 +34,9 @@ fn turn_after(anchor: Instant, interval: Duration, t: Instant) -> Instant {
     let Some(since) = t.checked_duration_since(anchor) else { return anchor };
     let n = interval.as_nanos().max(1);
     let turns = since.as_nanos() / n + 1;
-    anchor + Duration::from_nanos(u64::try_from(turns * n).unwrap_or(u64::MAX))
+    let offset = Duration::from_nanos(u64::try_from(turns * n).unwrap_or(u64::MAX));
+    // Past what an `Instant` holds only after centuries of turns: then one interval on.
+    anchor.checked_add(offset).or_else(|| t.checked_add(interval)).unwrap_or(t)
 }
 
 impl Held {
@@ -60,8 +62,17 @@ impl Held {
         self.next = if self.interval_ms == 0 { at } else { turn_after(anchor, self.interval(), at) };
     }
 
-    /// A new interval: the cell goes next at the new band's first turn after its last update
-    /// (or at once, if that has passed).
+    /// A pass at `at` found the client holding the cell's latest version: once its band's turn
+    /// has come, the turn passes, and a change after it waits for the next turn, as the band's
+    /// other cells' do.
+    pub fn quiet(&mut self, at: Instant, anchor: Instant) {
+        if self.interval_ms > 0 && at >= self.next {
+            self.next = turn_after(anchor, self.interval(), at);
+        }
+    }
+
+    /// A new interval: the cell goes next at the new band's first turn after the old band's
+    /// turn before `next` (about its last update; at once if that has passed).
     pub fn set_interval(&mut self, interval_ms: u32, anchor: Instant) {
         if interval_ms == self.interval_ms {
             return;

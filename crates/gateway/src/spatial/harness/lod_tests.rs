@@ -228,6 +228,17 @@ fn an_entity_walking_into_a_slower_band_never_vanishes() {
 /// client's next update.
 #[test]
 fn an_entity_leaving_a_cell_that_leaves_the_view_never_vanishes() {
+    leaving_the_view(false);
+}
+
+/// The same when the delivery runs late, with two passes waiting: the view change applies
+/// before the older pass, whose version of the cell entered predates the entity's arrival.
+#[test]
+fn an_entity_leaving_a_cell_that_leaves_the_view_never_vanishes_behind_a_late_delivery() {
+    leaving_the_view(true);
+}
+
+fn leaving_the_view(late: bool) {
     let start = Instant::now();
     let mut h = small_world(start);
     h.keep_replicas();
@@ -236,6 +247,9 @@ fn an_entity_leaving_a_cell_that_leaves_the_view_never_vanishes() {
     h.spawn_player([115.0, 0.0, 115.0], yaw, 5.0, start).unwrap();
     let mover = h.spawn_for(1, [15.0, 0.0, 5.0], yaw).unwrap();
     let stander = h.spawn_for(1, [30.0, 0.0, 15.0], yaw).unwrap();
+    // And one that walks into [1, 0] from [1, 1] at pass 8, so that pass encodes [1, 0]'s
+    // snapshot: a delivery could send the cell there, before the mover arrives in it.
+    let visitor = h.spawn_for(1, [30.0, 0.0, 30.0], yaw).unwrap();
     // Client 0's area, where it is put: around (55, 10), cell [2, 0] every update, [1, 0] (15 m
     // away) every 100 ms, [0, 0] (35 m away) every 500 ms.
     let area = |x: f32, radius: f32| SetInterest {
@@ -246,34 +260,53 @@ fn an_entity_leaving_a_cell_that_leaves_the_view_never_vanishes() {
     };
     assert_eq!(h.set_interest(0, area(55.0, 50.0), start).status, Status::Ok as i32);
     let mut mover_at = [15.0, 0.0, 5.0];
-    for pass in 1..=8u32 {
-        if pass == 8 {
-            // The mover steps from [0, 0] into [1, 0]; and the area moves to around (75, 10)
-            // with a radius of 40 m: [0, 0] leaves the view, [1, 0] (35 m away) is held back
-            // every 500 ms, and changed at 80 ms (the stander), so the update due at 160 ms
-            // would not carry it.
+    let mut arrived = 0;
+    // The pass of the move and of the area's change: with a late delivery, the one after a pass
+    // posted and not delivered, so the delivery applies the change, then delivers the older
+    // pass (in which [1, 0] predates the mover's arrival), then the newer.
+    let change = if late { 9 } else { 8 };
+    for pass in 1..=9u32 {
+        if pass == change {
+            // The mover steps from [0, 0] into [1, 0]; and the area shrinks to a radius of 34
+            // m: [0, 0] (35 m away) leaves the view and no cell enters it. [1, 0] (15 m away)
+            // goes every 100 ms, last at 100 ms, next at 200 ms, so the updates due at 160 and
+            // 180 ms would not carry it.
             mover_at = [25.0, 0.0, 5.0];
         }
         h.publish_frame(|id| {
             let at = match id {
                 id if id == mover => mover_at,
                 id if id == stander => [30.0, 0.0, 15.0],
+                id if id == visitor && pass >= 8 => [30.0, 0.0, 18.0],
+                id if id == visitor => [30.0, 0.0, 30.0],
                 id if id == own => [5.0, 0.0, 5.0],
                 _ => [115.0, 0.0, 115.0],
             };
             (at, format!(r#"{{"yaw": {pass}}}"#))
         })
         .unwrap();
-        if pass == 8 {
-            assert_eq!(h.set_interest(0, area(75.0, 40.0), start).status, Status::Ok as i32);
+        if pass == change {
+            assert_eq!(h.set_interest(0, area(55.0, 34.0), start).status, Status::Ok as i32);
             assert!(!h.view_cells(0).contains(&cell(0, 0)) && h.view_cells(0).contains(&cell(1, 0)));
         }
         let now = start + MS * (20 * pass);
+        if late && pass == 8 {
+            // Posted, not delivered: the next pass's delivery runs both.
+            h.pass_without_delivery(now);
+            continue;
+        }
         h.tick(now);
+        if pass == change {
+            arrived = h.cell_version(cell(1, 0));
+        }
         h.drain(now).expect("every update applies");
         assert!(h.replica_entities(0).contains(&mover), "pass {pass}: the mover vanished");
     }
-    assert_eq!(h.replica_versions(0)[&(CELL_BASE + u64::from(cell(1, 0)))], h.cell_version(cell(1, 0)));
+    // [1, 0] went out of its turn with the mover's arrival (and, with the change at the last
+    // pass, waits for its turn since).
+    let held = h.replica_versions(0)[&(CELL_BASE + u64::from(cell(1, 0)))];
+    assert!(held >= arrived, "{held}, {arrived}");
+    assert!(late || held < h.cell_version(cell(1, 0)), "{held}");
 }
 
 #[test]
