@@ -19,9 +19,9 @@
 //! latest view (cells, codec, schedule) and each pass (up to 8 waiting); the delivery posts the
 //! entries its viewers will need that its last pass did not have (for a viewer behind, one due
 //! less often than every pass, or a new one not yet due), and the viewers whose session has
-//! gone. A view change and
-//! a pass are applied in the order the world made them when the delivery keeps up; when it does
-//! not, it applies the latest views and then every waiting pass in order. A viewer whose
+//! gone. A view change and a pass are applied in the order the world made them when the
+//! delivery keeps up; when it does not, it applies the latest views and then every waiting pass
+//! in order. A viewer whose
 //! message would lack an entry the pass did not have gets nothing until a pass has them all: the
 //! entries are asked for, and it stays due. Nothing is lost either way: a viewer's version
 //! of a cell changes only when an update for it is queued.
@@ -30,28 +30,29 @@
 //! interval lets them go ([`held::Held`]); a viewer with cells held back stays due, one interval
 //! after another, until they have gone. When a cell's interval lets it go, it takes part in all
 //! or nothing like any other. A cell that goes takes with it each cell in view that an entity
-//! it lost went to ([`forced_by`], from the cells' logs of moves: `moves.rs`), so an entity
-//! walking into a slower band never vanishes from the client's view in between.
+//! it lost went to (`delivery/forced.rs`, from the cells' logs of moves: `moves.rs`), so an
+//! entity walking into a slower band does not vanish from the client's view in between.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
 use tickwire_fanout::{Due, Outcome, Scheduler, Version};
 use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 
-use super::frame::{CellFrame, Entry, Frame, base_for, codec_index};
-use held::Held;
-
-mod forced;
-mod held;
-mod mailbox;
+use super::frame::{CellFrame, Frame, codec_index};
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
+
+mod forced;
+mod gather;
+mod held;
+mod mailbox;
 use forced::{Forced, Owed, forced_by};
+use gather::{Gather, entry_for};
+use held::Held;
 use mailbox::{Change, MAX_WAITING_PASSES, Then, lock};
 pub(super) use mailbox::{Mailbox, Report, View, Want};
 
@@ -123,54 +124,6 @@ impl Viewer {
         let mut everything = forced.everything;
         forced_by(&self.held, frame, c, from_to, at, &mut everything, |index, _| forced.add(index));
         forced.everything = everything;
-    }
-}
-
-/// The entry of cell `c` that applies to what a viewer holding `held` has, in codec `codec`.
-/// Any will do when the one [`base_for`] chooses is not there: a delta from its version (the
-/// world chose by the lengths it knew while encoding the pass, which may differ from the
-/// pass's last), or a snapshot, which applies to anything.
-fn entry_for(c: &CellFrame, held: Option<Version>, codec: usize) -> Option<&Entry> {
-    let base = base_for(held, c, codec);
-    c.find(base, codec)
-        .or_else(|| held.filter(|&h| h != base).and_then(|h| c.find(h, codec)))
-        .or_else(|| c.find(0, codec))
-}
-
-/// One viewer's message as a pass gathers it (kept between viewers for its buffers).
-#[derive(Default)]
-struct Gather {
-    parts: Vec<Bytes>,
-    /// (index in `held`, version reached).
-    advanced: Vec<(usize, Version)>,
-    bytes: usize,
-    /// Snapshots in place of a delta of its own.
-    catch_up: u64,
-    /// Cells that must go with the update though their band holds them back ([`forced_by`]).
-    forced: Forced,
-}
-
-impl Gather {
-    fn clear(&mut self) {
-        self.parts.clear();
-        self.advanced.clear();
-        self.bytes = 0;
-        self.catch_up = 0;
-    }
-
-    /// Adds `entry`, for the cell at `index` in view of which the viewer holds `held`; false,
-    /// adding nothing, if it would take a message that has an entry past `MAX_MESSAGE_BYTES`.
-    fn take(&mut self, index: usize, held: Option<Version>, entry: &Entry) -> bool {
-        if !self.parts.is_empty() && self.bytes + entry.field.len() > MAX_MESSAGE_BYTES {
-            return false;
-        }
-        self.bytes += entry.field.len();
-        self.parts.push(entry.field.clone());
-        self.advanced.push((index, entry.to));
-        if held.is_some_and(|h| h != 0) && entry.from == 0 {
-            self.catch_up += 1;
-        }
-        true
     }
 }
 

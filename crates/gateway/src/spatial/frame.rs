@@ -5,9 +5,11 @@
 //! What a pass encodes, without looking at any viewer's replica (those live with the
 //! deliveries): the latest change of every cell that changed and has viewers in that codec
 //! (from the version before it, which every viewer that keeps up holds); a snapshot of every
-//! cell a viewer just entered; and whatever the deliveries asked for at the previous pass for
-//! viewers behind or due less often (a delta from the version they hold, or a snapshot), encoded
-//! at this pass's version.
+//! cell a viewer just entered (or whose level-of-detail band got faster), and of every cell an
+//! entity moved into that a viewer's band holds back (it may go out of turn:
+//! `delivery/forced.rs`); and whatever the deliveries asked for at the previous pass for viewers
+//! behind or due less often (a delta from the version they hold, or a snapshot), encoded at this
+//! pass's version. Each cell also carries its latest moves out (`moves.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

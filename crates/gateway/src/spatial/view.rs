@@ -245,19 +245,19 @@ impl World {
     /// UNSUBSCRIBED event; the client drops their entities), and the next pass encodes a
     /// snapshot of each cell it enters.
     fn show_in(&mut self, conn: u64, cells: &[u32], intervals: Vec<Duration>, codec: DeltaCodec) {
-        let World { viewers, view_count, wanted, banded, .. } = self;
+        let World { viewers, view_count, held_back_count, wanted, .. } = self;
         let Some(viewer) = viewers.get_mut(&conn) else { return };
         debug_assert!(cells.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
         let cells = cells.to_vec();
         let (old, new) = (codec_index(viewer.codec), codec_index(codec));
-        banded[old] -= u32::from(!viewer.intervals.is_empty());
-        banded[new] += u32::from(!intervals.is_empty());
-        for &cell in &viewer.cells {
-            view_count[cell as usize][old] -= 1;
-        }
         let interval = |intervals: &[Duration], at: usize| intervals.get(at).copied().unwrap_or_default();
+        for (at, &cell) in viewer.cells.iter().enumerate() {
+            view_count[cell as usize][old] -= 1;
+            held_back_count[cell as usize][old] -= u32::from(!interval(&viewer.intervals, at).is_zero());
+        }
         for (at, &cell) in cells.iter().enumerate() {
             view_count[cell as usize][new] += 1;
+            held_back_count[cell as usize][new] += u32::from(!interval(&intervals, at).is_zero());
             // A cell entered needs its snapshot; so may one whose level of detail now lets its
             // changes go sooner, held back until now (its entry is then in this pass, not
             // asked for at the next).
@@ -355,10 +355,11 @@ impl World {
     fn forget_viewer(&mut self, conn: u64) -> Option<Viewer> {
         let viewer = self.viewers.remove(&conn)?;
         let k = codec_index(viewer.codec);
-        for &cell in &viewer.cells {
+        for (at, &cell) in viewer.cells.iter().enumerate() {
             self.view_count[cell as usize][k] -= 1;
+            let held_back = viewer.intervals.get(at).is_some_and(|i| !i.is_zero());
+            self.held_back_count[cell as usize][k] -= u32::from(held_back);
         }
-        self.banded[k] -= u32::from(!viewer.intervals.is_empty());
         Some(viewer)
     }
 
@@ -376,18 +377,21 @@ impl World {
         self.inline.run(now).sent
     }
 
-    /// Logs the moves since the last pass in the cells they left, at the versions just sealed.
-    /// Viewers with level-of-detail bands may get a cell an entity entered before its band lets
-    /// it go, to go with the cell the entity left (`delivery.rs`), from a version the pass has
-    /// no delta from: so the pass encodes that cell's snapshot for them.
+    /// Logs the moves since the last pass in the cells they left, at the versions just sealed
+    /// (in order of cells, so a pass's forced cells come in the same order from run to run).
+    /// A viewer whose band holds back a cell an entity entered may get it out of turn, to go
+    /// with the cell the entity left (`delivery/forced.rs`), from a version the pass has no
+    /// delta from: so the pass encodes that cell's snapshot for such viewers.
     fn log_moves(&mut self) {
-        let World { cells, moves_since_pass, wanted, banded, view_count, .. } = self;
-        for (from, to) in moves_since_pass.drain() {
+        let World { cells, moves_since_pass, wanted, held_back_count, .. } = self;
+        let mut moves: Vec<(u32, u32)> = moves_since_pass.drain().collect();
+        moves.sort_unstable();
+        for (from, to) in moves {
             let arrived_at = cells[to as usize].state.version();
             let c = &mut cells[from as usize];
             let left_at = c.state.version();
             super::moves::record(&mut c.moves, [super::moves::Move { left_at, to, arrived_at }]);
-            for k in (0..2).filter(|&k| banded[k] > 0 && view_count[to as usize][k] > 0) {
+            for k in (0..2).filter(|&k| held_back_count[to as usize][k] > 0) {
                 wanted.insert((to, k));
             }
         }

@@ -116,8 +116,9 @@ pub(super) struct World {
     /// band got faster (`view.rs`), or an entity moved into them while viewers have bands
     /// (`World::log_moves`).
     pub wanted: HashSet<(u32, usize)>,
-    /// Per codec: how many viewers have level-of-detail bands.
-    pub banded: [u32; 2],
+    /// Per cell, per codec: how many viewers' level of detail holds it back (an interval above
+    /// 0).
+    pub held_back_count: Vec<[u32; 2]>,
     /// (from, to) of each entity that moved from one cell to another since the last pass,
     /// each pair once: the pass logs them in the cells' [`MoveLog`]s at the versions it seals.
     pub moves_since_pass: HashSet<(u32, u32)>,
@@ -186,7 +187,7 @@ impl World {
             next_entity: 0,
             view_count: vec![[0; 2]; cell_count],
             wanted: HashSet::new(),
-            banded: [0; 2],
+            held_back_count: vec![[0; 2]; cell_count],
             moves_since_pass: HashSet::new(),
             deliveries: HashMap::new(),
             inline: Delivery::new(figures.clone(), settings.tick),

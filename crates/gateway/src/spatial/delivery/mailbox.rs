@@ -27,7 +27,8 @@ pub(in crate::spatial) struct View {
     /// Level of detail: how often each of `cells` may change in the viewer's updates (in
     /// order; empty: at every update).
     pub intervals: Vec<Duration>,
-    /// When the world set it: a new viewer's first update waits `options.delay` from then.
+    /// When the client became a viewer: its first update waits `options.delay` from then, and
+    /// its bands' turns count from it (`held.rs`).
     pub at: Instant,
 }
 
