@@ -408,7 +408,6 @@ impl Delivery {
                 let Held { cell, version: held, .. } = viewer.held[index];
                 let c = &cells[cell as usize];
                 if held == Some(c.version) {
-                    viewer.held[index].quiet(at, viewer.anchor);
                     continue;
                 }
                 if !viewer.held[index].due(at) {

@@ -3,9 +3,11 @@
 //! `delivery.rs` because it is the rule of when, kept small and tested alone.
 //!
 //! A band's turns fall on one grid per viewer: the instants its anchor (when it became a
-//! viewer) plus a whole number of intervals. So the cells of a band that have changes go in the
-//! same updates, and an entity that walks between two of them never needs the cell it entered
-//! sent out of turn (`delivery::forced_by`); bands whose intervals divide each other share turns.
+//! viewer) plus a whole number of intervals. So the cells of a band that keep changing go in
+//! the same updates, and an entity that walks between two of them does not need the cell it
+//! entered sent out of turn (`delivery/forced.rs`); bands whose intervals divide each other
+//! share turns. A cell that had nothing to send at a turn goes as soon as it changes, and is
+//! back on the grid after.
 
 use std::time::{Duration, Instant};
 
@@ -60,15 +62,6 @@ impl Held {
     /// entity left for it) so keeps its turn.
     pub fn sent(&mut self, at: Instant, anchor: Instant) {
         self.next = if self.interval_ms == 0 { at } else { turn_after(anchor, self.interval(), at) };
-    }
-
-    /// A pass at `at` found the client holding the cell's latest version: once its band's turn
-    /// has come, the turn passes, and a change after it waits for the next turn, as the band's
-    /// other cells' do.
-    pub fn quiet(&mut self, at: Instant, anchor: Instant) {
-        if self.interval_ms > 0 && at >= self.next {
-            self.next = turn_after(anchor, self.interval(), at);
-        }
     }
 
     /// A new interval: the cell goes next at the new band's first turn after the old band's
