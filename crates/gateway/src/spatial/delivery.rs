@@ -39,10 +39,10 @@ use std::time::{Duration, Instant};
 
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
-use tickwire_fanout::{Due, Outcome, Scheduler, Version};
+use tickwire_fanout::{Due, Outcome, Scheduler};
 use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 
-use super::frame::{CellFrame, Frame, codec_index};
+use super::frame::{Frame, codec_index};
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
 use crate::router::{PushError, PushParts, SessionHandle};
 
@@ -85,14 +85,14 @@ impl Viewer {
     /// update at pass instant `at`, from the version held; with level of detail, also for
     /// those that would go with them ([`forced_by`]) and the cells owed. `forced` is scratch.
     fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>, forced: &mut Forced) {
-        forced.reset(self.held.len());
+        if self.banded {
+            forced.reset(self.held.len());
+        }
         for h in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((h.cell, h.version, self.codec));
-            let c = &frame.cells[h.cell as usize];
-            if let (true, Some(held)) = (self.banded, h.version)
-                && c.moved_since(held)
-            {
-                self.force(frame, c, (held, c.version), at, forced);
+            if self.banded {
+                let c = &frame.cells[h.cell as usize];
+                forced.moved_out(&self.held, frame, c, h.version, c.version, at);
             }
         }
         if !self.banded {
@@ -105,25 +105,8 @@ impl Viewer {
             let h = self.held[index];
             wants.insert((h.cell, h.version, self.codec));
             let c = &frame.cells[h.cell as usize];
-            if let Some(held) = h.version.filter(|&held| c.moved_since(held)) {
-                self.force(frame, c, (held, c.version), at, forced);
-            }
+            forced.moved_out(&self.held, frame, c, h.version, c.version, at);
         }
-    }
-
-    /// Adds to `forced` the cells that must go with an update taking cell `c` from version
-    /// `from_to.0` to `from_to.1` ([`forced_by`]).
-    fn force(
-        &self,
-        frame: &Frame,
-        c: &CellFrame,
-        from_to: (Version, Version),
-        at: Instant,
-        forced: &mut Forced,
-    ) {
-        let mut everything = forced.everything;
-        forced_by(&self.held, frame, c, from_to, at, &mut everything, |index, _| forced.add(index));
-        forced.everything = everything;
     }
 }
 
@@ -434,10 +417,7 @@ impl Delivery {
                     if let Some(&(index, to)) = g.advanced.get(read) {
                         read += 1;
                         let Held { cell, version, .. } = viewer.held[index];
-                        let c = &cells[cell as usize];
-                        if let Some(held) = version.filter(|&held| c.moved_since(held)) {
-                            viewer.force(frame, c, (held, to), at, &mut g.forced);
-                        }
+                        g.forced.moved_out(&viewer.held, frame, &cells[cell as usize], version, to, at);
                     } else if let (false, Some(&index)) = (partial, g.forced.list.get(took)) {
                         let Held { cell, version: held, .. } = viewer.held[index];
                         let Some(entry) = entry_for(&cells[cell as usize], held, viewer.codec) else {

@@ -113,8 +113,8 @@ pub(super) struct World {
     /// Per cell, per codec (`frame::codec_index`): how many viewers see it.
     pub view_count: Vec<[u32; 2]>,
     /// Cells (and codec) whose snapshot the next pass encodes: a viewer entered them or their
-    /// band got faster (`view.rs`), or an entity moved into them while viewers have bands
-    /// (`World::log_moves`).
+    /// band got faster (`view.rs`), or an entity moved into them while a viewer's band holds
+    /// them back (`World::log_moves`).
     pub wanted: HashSet<(u32, usize)>,
     /// Per cell, per codec: how many viewers' level of detail holds it back (an interval above
     /// 0).

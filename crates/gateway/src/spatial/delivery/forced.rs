@@ -38,10 +38,31 @@ impl Forced {
     }
 
     pub fn add(&mut self, index: usize) {
-        if !self.marks[index] {
-            self.marks[index] = true;
-            self.list.push(index);
-        }
+        add(&mut self.list, &mut self.marks, index);
+    }
+
+    /// Adds the cells that must go with an update taking cell `c`, of which the viewer holds
+    /// `version` (`None`: it takes the snapshot, and lost nothing), to version `to`
+    /// ([`forced_by`]).
+    pub fn moved_out(
+        &mut self,
+        held: &[Held],
+        frame: &Frame,
+        c: &CellFrame,
+        version: Option<Version>,
+        to: Version,
+        at: Instant,
+    ) {
+        let Some(since) = version.filter(|&v| c.moved_since(v)) else { return };
+        let Forced { list, marks, everything } = self;
+        forced_by(held, frame, c, (since, to), at, everything, |index, _| add(list, marks, index));
+    }
+}
+
+fn add(list: &mut Vec<usize>, marks: &mut [bool], index: usize) {
+    if !marks[index] {
+        marks[index] = true;
+        list.push(index);
     }
 }
 
