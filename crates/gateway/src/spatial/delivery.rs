@@ -31,7 +31,9 @@
 //! after another, until they have gone. When a cell's interval lets it go, it takes part in all
 //! or nothing like any other. A cell that goes takes with it each cell in view that an entity
 //! it lost went to (`delivery/forced.rs`, from the cells' logs of moves: `moves.rs`), so an
-//! entity walking into a slower band does not vanish from the client's view in between.
+//! entity walking into a slower band does not vanish from the client's view in between. A
+//! pass reads only the cells of a viewer's bands whose turn has come (`delivery/watch.rs`), and
+//! one viewer's pass is `delivery/viewer.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,71 +46,27 @@ use tickwire_wire::proto::{ChannelEvent, ChannelEventKind};
 
 use super::frame::{Frame, codec_index};
 use super::{CELL_BASE, HELD_BACK_QUEUE, HELD_BACK_REASONS, SpatialFigures, WORLD_KEY};
-use crate::router::{PushError, PushParts, SessionHandle};
+use crate::router::SessionHandle;
 
 mod forced;
 mod gather;
 mod held;
 mod mailbox;
-use forced::{Forced, Owed, forced_by};
-use gather::{Gather, entry_for};
+mod viewer;
+mod watch;
+use forced::forced_by;
+use gather::Gather;
 use held::Held;
 use mailbox::{Change, MAX_WAITING_PASSES, Then, lock};
-pub(super) use mailbox::{Mailbox, Report, View, Want};
+pub(super) use mailbox::{Mailbox, Report, View};
+use viewer::{Step, Viewer};
+use watch::Watch;
 
 /// The most bytes of cell entries one `channel.updates` message carries (one entry always, even
 /// past it: a cell's state is bounded by `channels.max_state_bytes`). A viewer with more to
 /// catch up on (snapshots of many cells just entered) gets the rest at its next passes, so no
 /// message outgrows the session's bound on unacknowledged data or the frame size.
 const MAX_MESSAGE_BYTES: usize = 256 << 10;
-
-/// A viewer, as its delivery keeps it.
-struct Viewer {
-    handle: SessionHandle,
-    codec: usize,
-    /// The cells in view, sorted.
-    held: Vec<Held>,
-    /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
-    /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
-    first: usize,
-    /// Its level of detail holds some cells back: those entities moved into go with the cells
-    /// they left ([`forced_by`]).
-    banded: bool,
-    /// Where its bands' turns count from (`held.rs`): when it became a viewer.
-    anchor: Instant,
-    /// Cells that go with its next update whatever their band.
-    owed: Owed,
-}
-
-impl Viewer {
-    /// Asks for every cell in view that `frame` has moved past and that may change in an
-    /// update at pass instant `at`, from the version held; with level of detail, also for
-    /// those that would go with them ([`forced_by`]) and the cells owed. `forced` is scratch.
-    fn want_stale(&mut self, frame: &Frame, at: Instant, wants: &mut HashSet<Want>, forced: &mut Forced) {
-        if self.banded {
-            forced.reset(self.held.len());
-        }
-        for h in self.held.iter().filter(|h| h.stale(frame) && h.due(at)) {
-            wants.insert((h.cell, h.version, self.codec));
-            if self.banded {
-                let c = &frame.cells[h.cell as usize];
-                forced.moved_out(&self.held, frame, c, h.version, c.version, at);
-            }
-        }
-        if !self.banded {
-            return;
-        }
-        self.owed.now(&self.held, frame, at, forced);
-        let mut next = 0;
-        while let Some(&index) = forced.list.get(next) {
-            next += 1;
-            let h = self.held[index];
-            wants.insert((h.cell, h.version, self.codec));
-            let c = &frame.cells[h.cell as usize];
-            forced.moved_out(&self.held, frame, c, h.version, c.version, at);
-        }
-    }
-}
 
 /// What a [`Delivery::run`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +215,7 @@ impl Delivery {
             for held in viewer.held.drain(..) {
                 unsubscribed(&viewer.handle, held.cell);
             }
+            viewer.watch = Watch::default();
             viewer.first = 0;
         }
         if change.forget {
@@ -269,15 +228,7 @@ impl Delivery {
                 let codec = codec_index(view.codec);
                 let viewer = self.viewers.entry(conn).or_insert_with(|| {
                     self.fresh.insert(conn);
-                    Viewer {
-                        handle: view.handle.clone(),
-                        codec,
-                        held: Vec::new(),
-                        first: 0,
-                        banded: false,
-                        anchor: view.at,
-                        owed: Owed::default(),
-                    }
+                    Viewer::new(view.handle.clone(), codec, view.at)
                 });
                 viewer.banded = view.intervals.iter().any(|i| !i.is_zero());
                 viewer.anchor = view.at;
@@ -313,6 +264,7 @@ impl Delivery {
                         }
                     }
                 }
+                viewer.watch = Watch::of(&viewer.held);
                 // An entity that left a cell now out of view for one still in it goes with the
                 // viewer's next update, as if the cell it left had gone (`forced_by`), from the
                 // moves the latest pass knows.
@@ -361,6 +313,7 @@ impl Delivery {
         for (&conn, viewer) in viewers.iter_mut() {
             if viewer.handle.flow.take_rewind(WORLD_KEY).is_some() {
                 viewer.held.iter_mut().for_each(|held| held.version = None);
+                viewer.watch.all_due();
                 schedule.rewind(conn, None);
             }
         }
@@ -376,137 +329,38 @@ impl Delivery {
         let next_pass = frame.scheduled + frame.tick;
         for &Due { id: conn, from } in due.iter() {
             let Some(viewer) = viewers.get_mut(&conn) else { continue };
-            let cells = &frame.cells;
-            // Cells the viewer lacks that its level of detail holds back for now.
-            let mut waiting = false;
-            g.clear();
-            let mut missing = false;
-            // Cells left for a later pass: the message was full.
-            let mut partial = false;
-            let (n, first) = (viewer.held.len(), viewer.first);
-            let mut stopped_at = 0;
-            // Cells forced that a full update left out, with the versions they must reach.
-            let mut left_out = Vec::new();
-            for index in (first..n).chain(0..first) {
-                let Held { cell, version: held, .. } = viewer.held[index];
-                let c = &cells[cell as usize];
-                if held == Some(c.version) {
-                    continue;
+            let step = viewer.step(frame, from, now, &mut g, &mut report.wants);
+            viewer.watch.read(&viewer.held, &g.look, at, viewer.anchor);
+            let outcome = match step {
+                Step::Nothing(outcome) => outcome,
+                Step::Refused(hold) => {
+                    counts.held_back[hold.index()] += 1;
+                    behind.push(conn);
+                    Outcome::Refused
                 }
-                if !viewer.held[index].due(at) {
-                    waiting = true;
-                    continue;
-                }
-                let Some(entry) = entry_for(c, held, viewer.codec) else {
-                    missing = true;
-                    break;
-                };
-                if !g.take(index, held, entry) {
-                    partial = true;
-                    stopped_at = index;
-                    break;
-                }
-            }
-            if viewer.banded && !missing {
-                // The cells entities went to from those it takes (and from those, and so on),
-                // and the cells owed, go too. A full update leaves them owed.
-                g.forced.reset(n);
-                viewer.owed.now(&viewer.held, frame, at, &mut g.forced);
-                let (mut read, mut took) = (0, 0);
-                loop {
-                    if let Some(&(index, to)) = g.advanced.get(read) {
-                        read += 1;
-                        let Held { cell, version, .. } = viewer.held[index];
-                        g.forced.moved_out(&viewer.held, frame, &cells[cell as usize], version, to, at);
-                    } else if let (false, Some(&index)) = (partial, g.forced.list.get(took)) {
-                        let Held { cell, version: held, .. } = viewer.held[index];
-                        let Some(entry) = entry_for(&cells[cell as usize], held, viewer.codec) else {
-                            missing = true;
-                            break;
-                        };
-                        if !g.take(index, held, entry) {
-                            partial = true;
-                            stopped_at = index;
-                        } else {
-                            took += 1;
-                        }
-                    } else {
-                        break;
-                    }
-                }
-                let cell_of = |index: usize| viewer.held[index].cell;
-                left_out = g.forced.list[took..]
-                    .iter()
-                    .map(|&i| (cell_of(i), cells[cell_of(i) as usize].version))
-                    .collect();
-            }
-            if !missing && g.parts.is_empty() {
-                // Nothing to send now. Holding back cells it lacks, it is due again one interval
-                // later whatever the version, or it would not be due again in a world that
-                // stopped changing.
-                let outcome = if waiting {
-                    Outcome::Deferred
-                } else if from.is_some() {
-                    Outcome::Empty
-                } else {
-                    Outcome::Sent { to: frame.world_version }
-                };
-                schedule.record(conn, frame.scheduled, outcome);
-                continue;
-            }
-            // Gathered first (one scan of the cells in view, not two), then refused without
-            // room: what a refusal costs is dropping the entries' handles.
-            if let Err(hold) = viewer.handle.flow.room(now) {
-                counts.held_back[hold.index()] += 1;
-                schedule.record(conn, frame.scheduled, Outcome::Refused);
-                behind.push(conn);
-                continue;
-            }
-            if missing {
-                // All or nothing: a message carries every cell in view that changed (but those
-                // its level of detail holds back). The viewer asks for all of it, what this pass
-                // had too (a later pass may not have it), and stays due, base and schedule as
-                // they were, until a pass has it all.
-                viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
-                schedule.record(conn, frame.scheduled, Outcome::Empty);
-                continue;
-            }
-            let next = Vec::with_capacity(g.parts.len());
-            let update = PushParts { topic: "channel.updates", parts: std::mem::replace(&mut g.parts, next) };
-            match viewer.handle.offer_update_parts(now, WORLD_KEY, from, update) {
-                Ok(()) => {
-                    for &(index, to) in &g.advanced {
-                        let held = &mut viewer.held[index];
-                        held.version = Some(to);
-                        held.sent(at, viewer.anchor);
-                    }
-                    viewer.owed.settle(&viewer.held);
-                    for (cell, version) in left_out {
-                        viewer.owed.owe(cell, version);
-                    }
+                Step::Missing => Outcome::Empty,
+                Step::Sent { .. } => {
                     counts.fanouts += 1;
                     counts.catch_up += g.catch_up;
                     fresh.remove(&conn);
                     sent += 1;
-                    schedule.record(conn, frame.scheduled, Outcome::Sent { to: frame.world_version });
-                    viewer.first = stopped_at;
-                    if partial {
-                        // Due again even if nothing changes, with the entries of the rest of
-                        // its cells asked for.
-                        schedule.resnapshot(conn);
-                        viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
-                    } else if waiting {
-                        // Due again even if nothing changes: the cells held back go when
-                        // their level of detail lets them.
-                        schedule.resnapshot(conn);
-                    }
+                    Outcome::Sent { to: frame.world_version }
                 }
-                Err(PushError::Full) => {
+                Step::Full => {
                     counts.held_back[HELD_BACK_QUEUE] += 1;
-                    schedule.record(conn, frame.scheduled, Outcome::Refused);
                     behind.push(conn);
+                    Outcome::Refused
                 }
-                Err(PushError::Closed) => report.gone.push(conn),
+                Step::Closed => {
+                    report.gone.push(conn);
+                    continue;
+                }
+            };
+            schedule.record(conn, frame.scheduled, outcome);
+            if let Step::Sent { again: true } = step {
+                // Due again even if nothing changes: the rest of a full message, or cells its
+                // level of detail holds back, which go when their turn comes.
+                schedule.resnapshot(conn);
             }
         }
         // Ask now for what the next pass's due viewers will need and would not find: the
@@ -525,7 +379,7 @@ impl Delivery {
             if let Some(viewer) = viewers.get_mut(conn)
                 && !viewer.handle.flow.stalled(now)
             {
-                viewer.want_stale(frame, next_pass, &mut report.wants, &mut g.forced);
+                viewer.want_stale(frame, next_pass, &mut report.wants, (&mut g.ahead, &mut g.forced));
             }
         }
         for &conn in &report.gone {

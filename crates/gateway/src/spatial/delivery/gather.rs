@@ -28,8 +28,12 @@ pub(super) struct Gather {
     pub bytes: usize,
     /// Snapshots in place of a delta of its own.
     pub catch_up: u64,
-    /// Cells that must go with the update though their band holds them back ([`forced_by`]).
+    /// Cells that must go with the update though their band holds them back (`forced_by`).
     pub forced: Forced,
+    /// The cells of the view the pass reads (`Watch::cells`), by index in `held`.
+    pub look: Vec<u32>,
+    /// The same, for what is asked for a pass ahead.
+    pub ahead: Vec<u32>,
 }
 
 impl Gather {

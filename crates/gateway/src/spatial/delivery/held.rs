@@ -32,7 +32,7 @@ pub(super) struct Held {
 }
 
 /// The first of `anchor + k * interval` (k ≥ 0) after `t`.
-fn turn_after(anchor: Instant, interval: Duration, t: Instant) -> Instant {
+pub(super) fn turn_after(anchor: Instant, interval: Duration, t: Instant) -> Instant {
     let Some(since) = t.checked_duration_since(anchor) else { return anchor };
     let n = interval.as_nanos().max(1);
     let turns = since.as_nanos() / n + 1;

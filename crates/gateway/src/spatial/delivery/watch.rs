@@ -1,0 +1,199 @@
+//! Which cells of a viewer's view a pass must look at. With level of detail a view may hold
+//! every cell of the world, most of them in slow bands (docs/protocol.md 14.4): a pass that read
+//! each of them for each due viewer spent most of its time finding cells whose turn had not
+//! come. A band's turns fall on one grid per viewer (`held.rs`), so the band as a whole knows
+//! when its next cell can be due, and a pass reads only the cells of the bands whose turn has
+//! come, the cells with no band, and the cells of a band that were due and did not go (quiet,
+//! or left out of an update). Apart from `delivery.rs` because it is one rule of *when*, kept
+//! small and tested alone.
+//!
+//! The invariant: every cell of a band is in `pending` or not due before the band's `from`.
+//! It holds because a banded cell's turns are its band's grid: a cell not due at `at` is not
+//! due before the grid's first turn after `at`.
+
+use std::time::{Duration, Instant};
+
+use super::held::{Held, turn_after};
+
+/// The cells of one viewer's view a pass reads, by index in its `held` (sorted by cell).
+#[derive(Debug, Default)]
+pub(super) struct Watch {
+    /// Cells in every update (no band): read at every pass.
+    every: Vec<u32>,
+    bands: Vec<Band>,
+    /// Banded cells that were due when their band was last read and did not go: read at every
+    /// pass until they do.
+    pending: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Band {
+    interval: Duration,
+    /// No cell of the band outside `pending` is due before this (`None`: any may be now).
+    from: Option<Instant>,
+    cells: Vec<u32>,
+}
+
+impl Band {
+    fn due(&self, at: Instant) -> bool {
+        self.from.is_none_or(|from| at >= from)
+    }
+}
+
+impl Watch {
+    /// The watch of a view, every band to be read at the next pass.
+    pub fn of(held: &[Held]) -> Watch {
+        let mut watch = Watch::default();
+        for (index, h) in held.iter().enumerate() {
+            let index = u32::try_from(index).expect("a view holds fewer than 2^32 cells");
+            if h.interval_ms == 0 {
+                watch.every.push(index);
+                continue;
+            }
+            let interval = Duration::from_millis(u64::from(h.interval_ms));
+            match watch.bands.iter_mut().find(|b| b.interval == interval) {
+                Some(band) => band.cells.push(index),
+                None => watch.bands.push(Band { interval, from: None, cells: vec![index] }),
+            }
+        }
+        watch
+    }
+
+    /// Every cell may be due now (its version was forgotten: a snapshot is needed).
+    pub fn all_due(&mut self) {
+        self.bands.iter_mut().for_each(|band| band.from = None);
+    }
+
+    /// Fills `out` with the cells a pass at `at` must read, sorted, each once. True if a band
+    /// was skipped: it may hold changes back (so the viewer must be due again).
+    pub fn cells(&self, at: Instant, out: &mut Vec<u32>) -> bool {
+        out.clear();
+        out.extend_from_slice(&self.every);
+        out.extend_from_slice(&self.pending);
+        let mut skipped = false;
+        for band in &self.bands {
+            if band.due(at) {
+                out.extend_from_slice(&band.cells);
+            } else {
+                skipped = true;
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        skipped
+    }
+
+    /// After a pass at `at` read `read` (what [`Watch::cells`] gave for `at`) and the viewer's
+    /// update, if any, went: the cells still due wait in `pending`, and each band read turns
+    /// next on its grid from `anchor`.
+    pub fn read(&mut self, held: &[Held], read: &[u32], at: Instant, anchor: Instant) {
+        self.pending.clear();
+        self.pending.extend(read.iter().copied().filter(|&i| {
+            let h = &held[i as usize];
+            h.interval_ms != 0 && h.due(at)
+        }));
+        for band in self.bands.iter_mut().filter(|band| band.due(at)) {
+            band.from = Some(turn_after(anchor, band.interval, at));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A view of `intervals.len()` cells, each busy (changed at every pass) or not.
+    fn view(intervals: &[u32], t0: Instant) -> Vec<Held> {
+        intervals
+            .iter()
+            .enumerate()
+            .map(|(i, &interval_ms)| Held { version: None, next: t0, cell: i as u32, interval_ms })
+            .collect()
+    }
+
+    #[test]
+    fn a_band_is_read_at_its_turns_and_its_cells_left_behind_at_every_pass() {
+        let t0 = Instant::now();
+        let mut held = view(&[0, 100, 100, 1000], t0);
+        let mut watch = Watch::of(&held);
+        let mut out = Vec::new();
+        // First pass: snapshots, every cell.
+        assert!(!watch.cells(t0, &mut out));
+        assert_eq!(out, [0, 1, 2, 3]);
+        // Cell 2 is left out (a full update); the others go.
+        for i in [0, 1, 3] {
+            held[i].version = Some(1);
+            held[i].sent(t0, t0);
+        }
+        watch.read(&held, &out, t0, t0);
+        // 20 ms later: the cell with no band and the one left behind.
+        assert!(watch.cells(t0 + 20 * MS, &mut out), "both bands skipped");
+        assert_eq!(out, [0, 2]);
+        held[2].version = Some(1);
+        held[2].sent(t0 + 20 * MS, t0);
+        watch.read(&held, &out, t0 + 20 * MS, t0);
+        assert!(watch.cells(t0 + 40 * MS, &mut out));
+        assert_eq!(out, [0], "cell 2 went");
+        // At 100 ms, the 100 ms band's turn.
+        assert!(watch.cells(t0 + 100 * MS, &mut out), "the 1 s band is skipped");
+        assert_eq!(out, [0, 1, 2]);
+        // Cell 1 is quiet at its turn: it stays pending.
+        held[2].sent(t0 + 100 * MS, t0);
+        watch.read(&held, &out, t0 + 100 * MS, t0);
+        watch.cells(t0 + 120 * MS, &mut out);
+        assert_eq!(out, [0, 1]);
+        // A forgotten version: every band now.
+        watch.all_due();
+        assert!(!watch.cells(t0 + 140 * MS, &mut out));
+        assert_eq!(out, [0, 1, 2, 3]);
+    }
+
+    proptest! {
+        /// Whatever goes when, a pass reads every cell that is due at it (what a scan of the
+        /// whole view would find).
+        #[test]
+        fn no_due_cell_is_skipped(
+            intervals in prop::collection::vec(prop::sample::select(vec![0u32, 50, 100, 500, 1000]), 1..24),
+            passes in prop::collection::vec((1u32..80, prop::collection::vec(any::<bool>(), 24), any::<u8>()), 1..60),
+        ) {
+            let t0 = Instant::now();
+            let mut held = view(&intervals, t0);
+            let mut watch = Watch::of(&held);
+            let mut out = Vec::new();
+            let mut at = t0;
+            for (step, goes, event) in passes {
+                at += step * MS;
+                let skipped = watch.cells(at, &mut out);
+                let due: Vec<u32> =
+                    (0..held.len() as u32).filter(|&i| held[i as usize].due(at)).collect();
+                for i in &due {
+                    prop_assert!(out.contains(i), "cell {i} due at {:?} not read", at - t0);
+                }
+                prop_assert!(out.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+                if !skipped {
+                    prop_assert_eq!(out.len(), held.len());
+                }
+                // Some of the due cells go (the others are quiet or left out), and with them,
+                // now and then, cells out of their turn (an entity came from a cell that goes).
+                for i in 0..held.len() {
+                    let h = &mut held[i];
+                    let forced = h.version.is_some() && event % 2 == 1;
+                    if goes[i] && (due.contains(&(i as u32)) || forced) {
+                        h.version = Some(1);
+                        h.sent(at, t0);
+                    }
+                }
+                watch.read(&held, &out, at, t0);
+                if event % 16 == 0 {
+                    // A rewind: every version forgotten.
+                    held.iter_mut().for_each(|h| h.version = None);
+                    watch.all_due();
+                }
+            }
+        }
+    }
+}
