@@ -3,7 +3,6 @@
 //! the session's bounded outbox, and keeps a single timer armed at the session's next deadline.
 //! When the connection drops, the task stays and waits for a resume until the window closes.
 
-use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +27,9 @@ use crate::registry::Takeover;
 use crate::router::{Outgoing, SessionHandle};
 use crate::shared::Shared;
 use crate::stats::Stats;
+
+mod backlog;
+use backlog::{Parked, Waiting};
 
 /// Outbox messages written per wake-up before the task checks its other inputs again.
 const OUTBOX_BATCH: usize = 64;
@@ -83,47 +85,13 @@ pub(crate) struct SessionTask {
     bucket: TokenBucket,
     /// The client's acknowledgement last reported to the update window.
     acked: u64,
-    /// Messages the session had no room for (its resend buffer at `max_unacked_*`), sent in
-    /// order as the client's acknowledgements free room. The outbox is not read meanwhile, so a
-    /// client that stops acknowledging fills it and is closed as slow; a burst that outruns the
-    /// acknowledgement of a client that keeps up waits instead of ending the session. Holds the
-    /// outbox's one item that did not fit and the replies to the client's requests, at most
-    /// `outbox_capacity`.
+    /// The server's messages waiting for room in the session's resend buffer (`backlog.rs`).
     waiting: Waiting,
-}
-
-/// [`SessionTask::waiting`]: a queue allocated only once something waits, so that a session
-/// that never waits carries one pointer for it (the task of each of 35,000 ping-pong sessions
-/// grew by 0.7 KiB with the queue inline, across an allocator size class).
-#[derive(Default)]
-#[expect(clippy::box_collection, reason = "the box keeps the task one pointer larger, not four")]
-struct Waiting(Option<Box<VecDeque<Outgoing>>>);
-
-impl Waiting {
-    fn is_empty(&self) -> bool {
-        self.0.as_ref().is_none_or(|q| q.is_empty())
-    }
-
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |q| q.len())
-    }
-
-    fn push_back(&mut self, item: Outgoing) {
-        self.0.get_or_insert_with(Box::default).push_back(item);
-    }
-
-    fn front(&self) -> Option<&Outgoing> {
-        self.0.as_ref()?.front()
-    }
-
-    fn pop_front(&mut self) -> Option<Outgoing> {
-        self.0.as_mut()?.pop_front()
-    }
-
-    /// Everything waiting, in order, leaving nothing.
-    fn take(&mut self) -> impl Iterator<Item = Outgoing> + use<> {
-        self.0.take().into_iter().flat_map(|q| *q)
-    }
+    /// A reply to the client went into `waiting` (and may still be there): the client's
+    /// messages wait in `parked` until `waiting` is empty.
+    reply_waits: bool,
+    /// The client's messages waiting for the reply before them to go (`backlog.rs`).
+    parked: Parked,
 }
 
 /// The payload length `item` takes in the session's resend buffer.
@@ -191,6 +159,8 @@ impl SessionTask {
             },
             acked: 0,
             waiting: Waiting::default(),
+            reply_waits: false,
+            parked: Parked::default(),
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -424,12 +394,17 @@ impl SessionTask {
                     }
                     if let Received::Deliver(payload) = self.session.on_frame(now, frame)? {
                         Stats::add(&self.shared.stats.messages_in, 1);
-                        self.dispatch(now, payload)?;
+                        if self.parked.is_empty() && !self.reply_waiting() {
+                            self.dispatch(now, payload)?;
+                        } else {
+                            self.park(payload)?;
+                        }
                     }
                 }
             }
         }
         self.send_waiting(now)?;
+        self.dispatch_parked(now)?;
         if let Some(frame) = self.session.poll_transmit(now) {
             frame.encode(&mut self.wbuf);
         }
@@ -463,9 +438,44 @@ impl SessionTask {
         Ok(())
     }
 
-    /// Sends a message now, or after what waits for room ([`SessionTask::put`]).
+    /// Sends a message now, or after what waits for room ([`SessionTask::put`]). What the
+    /// client sends next waits until it has gone ([`SessionTask::reply_waiting`]).
     fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
-        self.put(now, Outgoing::Message(message), &mut Vec::new())
+        self.put(now, Outgoing::Message(message), &mut Vec::new())?;
+        self.reply_waits |= !self.waiting.is_empty();
+        Ok(())
+    }
+
+    /// Whether a reply to the client still waits for room: its later messages must wait.
+    fn reply_waiting(&mut self) -> bool {
+        self.reply_waits &= !self.waiting.is_empty();
+        self.reply_waits
+    }
+
+    /// Keeps a message of the client's until the reply before it has gone; a client that keeps
+    /// sending while it does not acknowledge its replies is closed as slow.
+    fn park(&mut self, payload: Bytes) -> Result<(), End> {
+        let limits = &self.shared.config.limits;
+        let max_bytes = self.shared.config.session.max_unacked_bytes.max(limits.max_frame_bytes as usize);
+        self.parked.push(payload, limits.outbox_capacity, max_bytes).map_err(|full| {
+            End::new(
+                CloseReason::SlowConsumer,
+                format!(
+                    "{} messages ({} bytes) from the client waiting for room for the replies to its \
+                     requests: it does not acknowledge what it is sent",
+                    full.messages, full.bytes
+                ),
+            )
+        })
+    }
+
+    /// Handles the client's messages that waited, in order, until a reply waits again.
+    fn dispatch_parked(&mut self, now: Instant) -> Result<(), End> {
+        while !self.reply_waiting() {
+            let Some(payload) = self.parked.pop() else { break };
+            self.dispatch(now, payload)?;
+        }
+        Ok(())
     }
 
     /// Queues a DATA frame the session produced (none while detached) for the next flush.

@@ -5,12 +5,14 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tickwire_client::Event;
 use tickwire_gateway::{EchoRouter, Gateway, GatewayConfig, PushError, Router, SessionHandle};
-use tickwire_wire::proto::{CloseReason, Request, Response};
+use tickwire_wire::proto::{CloseReason, Request, Response, Status};
+use tokio::io::AsyncWriteExt;
 
 /// Answers `burst` with three pushes of 400 KiB: more than the session's resend buffer (1 MiB)
 /// holds before the client's acknowledgement of the first can arrive.
@@ -102,4 +104,79 @@ async fn a_full_outbox_closes_only_that_session() {
     };
     assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
     assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+}
+
+/// Answers every request with `REPLY` bytes, and counts the requests it was given.
+struct Replier {
+    handled: Arc<AtomicUsize>,
+}
+
+const REPLY: usize = 400 << 10;
+
+impl Router for Replier {
+    fn on_request(&self, _session: &SessionHandle, request: Request) -> Option<Response> {
+        self.handled.fetch_add(1, Ordering::SeqCst);
+        let body = Bytes::from(vec![request.id as u8; REPLY]);
+        Some(Response { id: request.id, status: Status::Ok as i32, body, error: String::new() })
+    }
+}
+
+fn replier_gateway(handled: &Arc<AtomicUsize>) -> Gateway {
+    let config =
+        GatewayConfig::load(None, &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into()]).unwrap();
+    assert_eq!(config.session.max_unacked_bytes, 1 << 20, "the replies are sized for the default");
+    Gateway::new(config).unwrap().with_router(Arc::new(Replier { handled: handled.clone() }))
+}
+
+/// A client that sends requests and does not acknowledge their replies gets no more handled
+/// than the replies its session can hold: the first two (800 KiB of the 1 MiB resend buffer)
+/// and the one that waits for room. So a small request for a large reply cannot make the
+/// gateway hold a large reply per request. Once it reads, it gets every reply, in order.
+#[tokio::test]
+async fn requests_wait_while_a_reply_waits_for_room() {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let gw = replier_gateway(&handled).start().await.unwrap();
+    let mut client = common::connect(&gw).await;
+    for id in 1..=10 {
+        client.send_request(id, "big", Bytes::new()).unwrap();
+    }
+    // Written without reading: no acknowledgement goes.
+    client.flush().await;
+    common::wait_until("three requests handled", || handled.load(Ordering::SeqCst) >= 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 3, "the fourth waits for the third's reply to go");
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        // Writes the acknowledgements the client owes.
+        client.flush().await;
+        let event = tokio::time::timeout(Duration::from_secs(10), client.next_event()).await;
+        match event.expect("the replies arrive").unwrap() {
+            Some(Event::Response(r)) => {
+                assert_eq!(r.body.len(), REPLY);
+                got.push(r.id);
+            }
+            Some(Event::Closed { reason, message }) => panic!("closed: {reason:?}: {message}"),
+            Some(_) | None => {}
+        }
+    }
+    assert_eq!(got, (1..=10).collect::<Vec<_>>(), "every reply, in order");
+    assert_eq!(handled.load(Ordering::SeqCst), 10);
+}
+
+/// More requests waiting than the outbox holds (256 by default) from a client that does not
+/// acknowledge: it is closed as slow, having had only three handled.
+#[tokio::test]
+async fn a_client_that_keeps_asking_without_acknowledging_is_closed_as_slow() {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let gw = replier_gateway(&handled).start().await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    let mut bytes = common::hello_frame("greedy");
+    for seq in 1..=300 {
+        bytes.extend(common::echo_frame(seq, seq));
+    }
+    stream.write_all(&bytes).await.unwrap();
+    let close = common::read_close(&mut stream).await;
+    assert_eq!(common::reason(&close), Some(CloseReason::SlowConsumer), "{close:?}");
+    assert!(close.unwrap().message.contains("does not acknowledge"));
+    assert_eq!(handled.load(Ordering::SeqCst), 3);
 }
