@@ -96,6 +96,10 @@ pub struct Session {
     ack_sent: u64,
     /// A heartbeat answer is owed (server role).
     heartbeat_owed: bool,
+    /// An ACK is owed to a client that sent DATA after the server had been silent for half a
+    /// heartbeat (server role): a client that keeps sending sends no heartbeats, and must hear
+    /// from the server within its read timeout.
+    ack_owed: bool,
     /// When the oldest message delivered and not yet acknowledged arrived.
     unacked_since: Option<Instant>,
     /// Payload bytes delivered since the last acknowledgement we sent.
@@ -116,6 +120,7 @@ impl Session {
             last_received: 0,
             ack_sent: 0,
             heartbeat_owed: false,
+            ack_owed: false,
             unacked_since: None,
             received_bytes_unacked: 0,
         }
@@ -236,6 +241,11 @@ impl Session {
                 } else {
                     self.last_received = seq;
                     self.received_bytes_unacked += payload.len();
+                    if self.role == Role::Server
+                        && now.saturating_duration_since(last_tx) >= self.config.heartbeat / 2
+                    {
+                        self.ack_owed = true;
+                    }
                     Ok(Received::Deliver(payload.into_bytes()))
                 }
             }
@@ -266,6 +276,7 @@ impl Session {
 
     /// Everything delivered so far is being acknowledged in the frame going out.
     fn acked_all(&mut self) {
+        self.ack_owed = false;
         self.ack_sent = self.last_received;
         self.unacked_since = None;
         self.received_bytes_unacked = 0;
@@ -277,7 +288,8 @@ impl Session {
     }
 
     /// A frame the session wants sent now that no application message carries: a heartbeat
-    /// answer, or an ACK once `ack_every` messages (or `ack_bytes` bytes) are unacknowledged.
+    /// answer, or an ACK once `ack_every` messages (or `ack_bytes` bytes) are unacknowledged, or
+    /// (server role) to DATA after half a heartbeat of silence.
     /// Call after each batch
     /// of incoming frames.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Frame> {
@@ -286,7 +298,8 @@ impl Session {
         };
         let ack_due = self.last_received - self.ack_sent >= self.config.ack_every
             || (self.last_received > self.ack_sent && self.received_bytes_unacked >= self.config.ack_bytes)
-            || self.unacked_since.is_some_and(|since| now >= since + self.config.ack_delay);
+            || self.unacked_since.is_some_and(|since| now >= since + self.config.ack_delay)
+            || self.ack_owed;
         let frame = if self.heartbeat_owed {
             Frame::Heartbeat { ack: self.last_received }
         } else if ack_due {
@@ -460,6 +473,37 @@ mod tests {
         assert_eq!(s.poll_transmit(t + hb), Some(Frame::Heartbeat { ack: 0 }));
         assert_eq!(s.poll_transmit(t + hb), None);
         assert_eq!(s.poll_timeout(), t + hb * 3);
+    }
+
+    /// A client that sends DATA more often than its heartbeat sends no heartbeats; with nothing
+    /// for it from the server, the server's ACKs keep its link alive.
+    #[test]
+    fn a_client_that_only_sends_hears_from_the_server_within_its_read_timeout() {
+        let t = Instant::now();
+        let (mut c, mut s) = pair(t);
+        let hb = c.config().heartbeat;
+        let mut now = t;
+        let mut acks = 0;
+        // A push every 0.4 heartbeat for 20 heartbeats.
+        for _ in 0..50 {
+            now += hb * 2 / 5;
+            assert_ne!(c.on_timeout(now), Timeout::LinkDead, "at {:?}", now - t);
+            let push = c.send(now, Bytes::from_static(b"input")).unwrap().unwrap();
+            assert!(matches!(s.on_frame(now, push).unwrap(), Received::Deliver(_)));
+            if let Some(frame) = s.poll_transmit(now) {
+                assert!(matches!(frame, Frame::Ack { .. }), "{frame:?}");
+                acks += 1;
+                c.on_frame(now, frame).unwrap();
+            }
+        }
+        // One ACK per silence of half a heartbeat: every other push here.
+        assert_eq!(acks, 25);
+        // A server that sent within half a heartbeat owes nothing.
+        let reply = s.send(now, Bytes::from_static(b"state")).unwrap().unwrap();
+        c.on_frame(now, reply).unwrap();
+        let push = c.send(now + hb / 4, Bytes::from_static(b"input")).unwrap().unwrap();
+        s.on_frame(now + hb / 4, push).unwrap();
+        assert_eq!(s.poll_transmit(now + hb / 4), None);
     }
 
     #[test]
