@@ -205,7 +205,7 @@ impl Driver {
         loop {
             match self.conn.resume().await {
                 Ok(()) => return Ok(()),
-                Err(e @ ClientError::Closed { .. }) => return Err(e),
+                Err(e @ ClientError::Closed { .. }) if !e.is_retryable() => return Err(e),
                 Err(e) if Instant::now() + backoff >= give_up => return Err(e),
                 Err(e) => {
                     tracing::debug!(error = %e, "resume failed; retrying");

@@ -229,6 +229,9 @@ impl Connection {
         };
         let hello = hello(&self.opts, Some(resume));
         let (conn, welcome, rbuf) = match handshake(&self.opts, hello, &self.decoder).await {
+            // Closed before the gateway read the Hello (docs/protocol.md §9): the session is
+            // still there for a later try.
+            Err(e @ ClientError::Closed { .. }) if e.is_retryable() => return Err(e),
             Err(ClientError::Closed { reason, message }) => {
                 self.closed = true;
                 return Err(ClientError::Closed { reason, message });

@@ -35,3 +35,12 @@ pub enum ClientError {
     #[error("{0} needs TLS settings (ConnectOptions::tls: the certificates to trust)")]
     TlsNotConfigured(String),
 }
+
+impl ClientError {
+    /// A Close the gateway sends before it reads the Hello (docs/protocol.md §9: `OVERLOADED`,
+    /// too many connections waiting for theirs; `AUTH_TIMEOUT`, the Hello came too late): it
+    /// ends the connection, not a session being resumed on it, so a later try may work.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClientError::Closed { reason: CloseReason::Overloaded | CloseReason::AuthTimeout, .. })
+    }
+}

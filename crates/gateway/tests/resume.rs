@@ -251,3 +251,30 @@ async fn the_welcome_announces_the_unacknowledged_bounds() {
     assert_eq!(conn.welcome().max_unacked_messages, 1024, "the documented default");
     assert_eq!(conn.welcome().max_unacked_bytes, 1 << 20, "the documented default");
 }
+
+/// A resume the gateway refuses before it reads the Hello (`OVERLOADED`: too many connections
+/// from the address waiting for theirs) ends that connection, not the session: the client
+/// tries again, and the session goes on.
+#[tokio::test]
+async fn a_resume_refused_as_overloaded_is_tried_again() {
+    let gw = common::start(&["limits.max_pending_per_ip=1"]).await;
+    let proxy = common::ChaosProxy::start(gw.tcp_addrs()[0]).await;
+    let client =
+        tickwire_client::Client::connect(ConnectOptions::new(Target::Tcp(proxy.addr))).await.unwrap();
+    assert_eq!(client.call("echo", common::echo_body(8, 0)).await.unwrap().len(), 8);
+    // A connection that sends no Hello takes the address's one place.
+    let blocker = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    // Seen full: a probe behind it is refused.
+    let probe = common::raw_close(gw.tcp_addrs()[0], &common::hello_frame("")).await;
+    assert_eq!(common::reason(&probe), Some(CloseReason::Overloaded));
+    proxy.cut();
+    common::wait_until("a resume refused as overloaded", || {
+        gw.stats().snapshot().closes(CloseReason::Overloaded) >= 2
+    })
+    .await;
+    drop(blocker);
+    let body = client.call("echo", common::echo_body(16, 0)).await.expect("the session goes on");
+    assert_eq!(body.len(), 16);
+    assert_eq!(gw.stats().snapshot().sessions_resumed, 1);
+    client.close().await;
+}

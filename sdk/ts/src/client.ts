@@ -515,8 +515,12 @@ export class Client {
         this.pump();
         return;
       } catch (e) {
-        // Refused, or bytes that break the protocol: trying again would not help.
-        if (e instanceof ClosedError || e instanceof ProtocolError || e instanceof FrameError) {
+        // Refused, or bytes that break the protocol: trying again would not help. But a Close
+        // sent before the gateway read the Hello (§9: OVERLOADED, AUTH_TIMEOUT) ends only that
+        // connection: the session is still there for the next try.
+        const beforeHello =
+          e instanceof ClosedError && (e.reason === CloseReason.OVERLOADED || e.reason === CloseReason.AUTH_TIMEOUT);
+        if (!beforeHello && (e instanceof ClosedError || e instanceof ProtocolError || e instanceof FrameError)) {
           this.end(e instanceof ClosedError ? e : new ClosedError(CloseReason.PROTOCOL_ERROR, e.message));
           return;
         }

@@ -14,6 +14,7 @@ import { FrameDecoder, encodeFrame, type Frame } from "../src/frame.js";
 import { decodeControl, decodeEnvelope, encode, encodeControl, encodeEnvelope } from "../src/messages.js";
 import {
   CloseReason,
+  CloseSchema,
   PushSchema,
   ResponseSchema,
   Status,
@@ -73,7 +74,7 @@ class Link implements Transport {
   }
 }
 
-function welcome(fields: { maxFrameBytes?: number } = {}): Uint8Array {
+function welcome(fields: { maxFrameBytes?: number; resumed?: boolean } = {}): Uint8Array {
   const w = create(WelcomeSchema, {
     sessionId: new Uint8Array(16),
     resumeToken: new Uint8Array(32),
@@ -271,4 +272,29 @@ test("a push whose body does not decode ends the session with PROTOCOL_ERROR, to
   assert.equal(closed?.reason, CloseReason.PROTOCOL_ERROR, `${closed}`);
   const last = link.frames.at(-1)!;
   assert.ok(last.type === "control" && decodeControl(last.body).kind.case === "close");
+});
+
+test("a resume refused before the gateway read its Hello (OVERLOADED) is tried again, and the session goes on", async () => {
+  const overloaded = encodeFrame({
+    type: "control",
+    body: encodeControl({ case: "close", value: create(CloseSchema, { reason: CloseReason.OVERLOADED, message: "busy" }) }),
+  });
+  let hellos = 0;
+  const { client, links } = await connect(() => {
+    hellos += 1;
+    // The first Hello opens the session; the first resume is refused; the second is welcomed.
+    if (hellos === 2) return [overloaded];
+    return [welcome({ resumed: hellos > 1 })];
+  });
+  let closed: ClosedError | undefined;
+  client.on("closed", (e) => (closed = e));
+  let resumed = 0;
+  client.on("resumed", () => resumed++);
+  links[0]!.onClose(new Error("cut"));
+  const deadline = Date.now() + 5000;
+  while (resumed === 0 && closed === undefined && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+  assert.equal(closed, undefined, `${closed}`);
+  assert.equal(resumed, 1);
+  assert.equal(links.length, 3, "the session, the refused resume, the resume");
+  client.close();
 });
