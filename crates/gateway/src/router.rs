@@ -198,6 +198,35 @@ impl SessionHandle {
             true,
         )
     }
+
+    /// A place in the outbox for a message a *client* sends this session (a `channel.send` to
+    /// a channel's owner, a message to an entity's server), if the outbox has room to spare:
+    /// a quarter of it stays for the gateway's own messages and the servers'. `Full`
+    /// otherwise, with no consequence for the session: the sender is told to retry. So clients
+    /// sending faster than a server reads never make that server a slow consumer.
+    pub(crate) fn relay(&self) -> Result<Relay<'_>, PushError> {
+        if self.outbox.is_closed() {
+            return Err(PushError::Closed);
+        }
+        if self.outbox.capacity() <= self.outbox.max_capacity() / 4 {
+            return Err(PushError::Full);
+        }
+        self.outbox.try_reserve().map(Relay).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(()) => PushError::Full,
+            mpsc::error::TrySendError::Closed(()) => PushError::Closed,
+        })
+    }
+}
+
+/// A place held in a session's outbox ([`SessionHandle::relay`]).
+pub(crate) struct Relay<'a>(mpsc::Permit<'a, Outgoing>);
+
+impl Relay<'_> {
+    /// Queues a push in the place held.
+    pub fn push(self, topic: &str, body: Bytes) {
+        let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
+        self.0.send(Outgoing::Message(encode_message(&envelope)));
+    }
 }
 
 /// A Push envelope, encoded once (for [`SessionHandle::offer_update`]).

@@ -467,7 +467,8 @@ impl Channel {
                 return error_response(request_id, Status::PermissionDenied, msg);
             }
             return match target {
-                Some(to) => deliver(&to, body, request_id),
+                Some(to) if from_server => deliver(&to, body, request_id),
+                Some(to) => relay(&to, body, request_id),
                 None => {
                     error_response(request_id, Status::NotFound, format!("no member {}", send.to_connection))
                 }
@@ -603,6 +604,23 @@ fn ok(id: u64, body: Bytes) -> Response {
 fn deliver(to: &SessionHandle, body: Bytes, request_id: u64) -> Response {
     match to.push("channel.message", body) {
         Ok(()) => ok(request_id, Bytes::new()),
+        Err(e) => error_response(request_id, Status::Unavailable, format!("recipient: {e}")),
+    }
+}
+
+/// A client's message to the owner: if the owner's outbox is short of room, the client is told
+/// to retry, and the owner is not made a slow consumer ([`SessionHandle::relay`]).
+fn relay(to: &SessionHandle, body: Bytes, request_id: u64) -> Response {
+    match to.relay() {
+        Ok(place) => {
+            place.push("channel.message", body);
+            ok(request_id, Bytes::new())
+        }
+        Err(PushError::Full) => error_response(
+            request_id,
+            Status::Unavailable,
+            "the channel's owner has more messages waiting than it takes from clients; retry".into(),
+        ),
         Err(e) => error_response(request_id, Status::Unavailable, format!("recipient: {e}")),
     }
 }

@@ -306,6 +306,9 @@ impl ChannelRouter {
         let rule = match &msg {
             Msg::Subscribe { .. } => Some(("subscribe", cfg.subscribe)),
             Msg::Remove { .. } => Some(("remove", cfg.remove)),
+            // A client may send where it may subscribe (a `PRIVATE` channel: nobody but its
+            // owner); the owner always may.
+            Msg::Send { .. } if entry.owner != Some(session.conn_id()) => Some(("send", cfg.subscribe)),
             _ => None,
         };
         if let Some((what, access)) = rule

@@ -284,6 +284,50 @@ async fn an_entitys_unprocessed_messages_are_bounded_in_bytes() {
     assert_eq!(m.seq, 3, "the refused one took no number");
 }
 
+/// A controller sending to its entity faster than the entity's server reads is told to retry
+/// once the server's outbox is short of room; the server is not made a slow consumer, and gets
+/// every message the controller was told went, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_flooding_its_entitys_server_is_told_to_retry_and_the_server_stays() {
+    let settings: Vec<&str> =
+        LAYOUT.iter().copied().chain(["limits.outbox_capacity=8", "limits.message_burst=100000"]).collect();
+    let gw = common::start(&settings).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let player = client(&gw, "player").await;
+    let spawn = SpawnEntity {
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        controller_connection: player.connection_id(),
+    };
+    let entity_id = s0.spatial_spawn(spawn).await.unwrap().entity_id;
+    // The server reads nothing meanwhile: its client takes 1,024 pushes, its session holds
+    // 1,024 unacknowledged, its outbox 8; the fourth quarter of that stays for the gateway.
+    let mut sent = 0u64;
+    let refused = loop {
+        match player.send_to_entity(entity_id, Bytes::from_static(b"move")).await {
+            Ok(_) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent < 4000, "never refused");
+    };
+    assert!(refused.to_string().contains("more messages waiting than it takes from clients"), "{refused}");
+    assert_eq!(gw.session_count(), 2, "the server's session is still there");
+    for seq in 1..=sent {
+        let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
+        assert_eq!(m.seq, seq, "every message, in order, the refused ones numberless");
+    }
+    let state = EntityState {
+        entity_id,
+        position: v3([5.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[5,0,5]}"#.into(),
+        processed_seq: sent,
+    };
+    assert!(s0.spatial_publish(vec![state]).await.unwrap().ignored.is_empty());
+    player.send_to_entity(entity_id, Bytes::from_static(b"move")).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
+    assert_eq!(m.seq, sent + 1);
+}
+
 /// A server can message the controller of an entity spawned after the controller set its area
 /// of interest, before the controller ever sent to it (its session is known from the area).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -350,10 +350,31 @@ impl World {
             );
             return error_response(id, Status::Unavailable, msg);
         }
+        // A client's message holds a place in the server's outbox before it takes a number: a
+        // client sending faster than its server reads is told to retry, and never makes the
+        // server a slow consumer (`SessionHandle::relay`).
+        let place = match server {
+            true => None,
+            false => match owner.relay() {
+                Ok(place) => Some(place),
+                Err(_) => {
+                    let msg = format!(
+                        "entity {entity_id}'s server has more messages waiting than it takes from clients; retry"
+                    );
+                    return error_response(id, Status::Unavailable, msg);
+                }
+            },
+        };
         match e.route.send(message) {
             Ok(Some(Action::Deliver { seq, message, .. })) => {
                 let m = EntityMessage { entity_id, seq, from_connection: message.from, body: message.body };
-                let _ = owner.push("spatial.message", m.encode_to_vec().into());
+                let body = m.encode_to_vec().into();
+                match place {
+                    Some(place) => place.push("spatial.message", body),
+                    None => {
+                        let _ = owner.push("spatial.message", body);
+                    }
+                }
                 self.figures.messages.fetch_add(1, Ordering::Relaxed);
                 ok(id, Bytes::new())
             }
