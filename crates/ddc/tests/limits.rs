@@ -506,3 +506,33 @@ fn a_batch_puts_payload_is_charged() {
     assert_eq!(put_op(small, 3 << 20), 200);
     assert_eq!(get(&s, small), 200);
 }
+
+/// `POST .../exist` with a JSON array of ids: charged for the ids and the answer beside its
+/// body (on the 20 MiB budget: 5 MiB of ids are answered, 12 MiB are 413 for good), and a body
+/// of anything but ids is refused at its first element (it allocated a `String` per element
+/// before: 16 MiB of `""` took 200 MiB uncharged).
+#[test]
+fn a_presence_check_is_charged_for_its_ids_and_its_answer() {
+    let s = small_budget();
+    let exist = |body: &[u8]| {
+        ureq::post(&url(&s, "/api/v1/blobs/ue.ddc/exist"))
+            .set("Authorization", "Bearer writer")
+            .set("Content-Type", "application/json")
+            .send_bytes(body)
+    };
+    let ids = |mib: usize| {
+        let n = (mib << 20) / 43;
+        let ids: Vec<String> = (0..n as u64).map(|i| IoHash::of(&i.to_le_bytes()).to_hex()).collect();
+        (n, serde_json::to_vec(&ids).unwrap())
+    };
+    let (n, five) = ids(5);
+    let reply: serde_json::Value = exist(&five).expect("answered").into_json().unwrap();
+    assert_eq!(reply["needs"].as_array().unwrap().len(), n, "none stored, all needed");
+    let (_, twelve) = ids(12);
+    assert_eq!(status(exist(&twelve)), 413);
+    let junk = format!("[{}\"\"]", "\"\",".repeat(1 << 20));
+    let refused = exist(junk.as_bytes());
+    assert_eq!(status(refused), 400);
+    // The budget is whole again: the five MiB are answered again.
+    assert_eq!(status(exist(&five)), 200);
+}

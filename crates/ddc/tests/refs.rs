@@ -463,6 +463,12 @@ fn bad_input_gets_its_4xx_and_stores_nothing() {
     let mixed = Value::Object(vec![("ops".into(), Value::Array(vec![get_op(0, "b", &k), put_op.clone()]))])
         .to_bytes();
     assert_eq!(post(CB, &mixed, "reader"), 403, "one op without access fails the whole batch");
+    assert_eq!(post(CB, &mixed, "putter"), 403, "a GET needs ReadObject");
+    // A token that may only write may send a batch of PUTs (spec 4: checked op by op).
+    let only_puts =
+        Value::Object(vec![("ops".into(), Value::Array(vec![common::put_op(7, "w", &k, &record)]))])
+            .to_bytes();
+    assert_eq!(post(CB, &only_puts, "putter"), 200);
     let r = results(&batch(&s, vec![put_op]));
     assert_eq!(r[&1].0, 400, "a PUT op without payload");
 
@@ -544,6 +550,9 @@ fn a_ref_is_never_served_while_an_attachment_is_missing() {
     assert_eq!(get_ref(&s, "b", &k, CB).status, 200);
     // The attachment goes: no format serves the ref, and finalize takes it back.
     assert_eq!(send(req(&s, "DELETE", &format!("/api/v1/compressed-blobs/{NS}/{raw}")), None).status, 200);
+    // Again, and a raw blob never stored: gone either way, 200 (docs/ddc.md).
+    assert_eq!(send(req(&s, "DELETE", &format!("/api/v1/compressed-blobs/{NS}/{raw}")), None).status, 200);
+    assert_eq!(send(req(&s, "DELETE", &format!("/api/v1/blobs/{NS}/{}", key("never"))), None).status, 200);
     for accept in [CB, "application/json", "application/x-jupiter-inline", "application/octet-stream"] {
         assert_eq!(get_ref(&s, "b", &k, accept).status, 404, "{accept}");
     }

@@ -79,13 +79,14 @@ impl Auth {
         Ok(Auth::Tokens { grants: file.tokens, jwt })
     }
 
-    /// Checks an `Authorization` header value for `action` on `ns`.
+    /// Checks an `Authorization` header value (`Bearer <token>`, the scheme in any case: the
+    /// editor's `AuthScheme` is configurable) for `action` on `ns`.
     pub fn check(&self, header: Option<&str>, ns: &Name, action: Action) -> Result<(), AuthError> {
         let (grants, jwt) = match self {
             Auth::Dev => return Ok(()),
             Auth::Tokens { grants, jwt } => (grants, jwt),
         };
-        let token = header.and_then(|h| h.strip_prefix("Bearer ")).ok_or(AuthError::Unauthorized)?;
+        let token = header.and_then(bearer_token).ok_or(AuthError::Unauthorized)?;
         // A JWT has three dot-separated parts; a static token is looked up.
         if let Some(jwt) = jwt
             && token.split('.').count() == 3
@@ -104,6 +105,13 @@ impl Auth {
         let ns_ok = grant.namespaces.iter().any(|n| n == "*" || n == ns.as_str());
         if ns_ok && grant.actions.contains(&action) { Ok(()) } else { Err(AuthError::Forbidden(action)) }
     }
+}
+
+/// The token of an `Authorization` value of the bearer scheme, whose name HTTP compares
+/// without case (RFC 9110 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 #[cfg(test)]
@@ -138,7 +146,18 @@ mod tests {
             Err(AuthError::Forbidden(Action::ReadObject))
         );
         assert_eq!(auth.check(Some("Bearer admin"), &other, Action::DeleteObject), Ok(()));
-        for bad in [None, Some("reader"), Some("Bearer nope"), Some("Bearer "), Some("Basic cmVhZGVy")] {
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let header = format!("{scheme} reader");
+            assert_eq!(auth.check(Some(&header), &ns, Action::ReadObject), Ok(()), "{scheme}");
+        }
+        for bad in [
+            None,
+            Some("reader"),
+            Some("Bearer nope"),
+            Some("Bearer "),
+            Some("Basic cmVhZGVy"),
+            Some("Bearerreader"),
+        ] {
             assert_eq!(auth.check(bad, &ns, Action::ReadObject), Err(AuthError::Unauthorized), "{bad:?}");
         }
         assert_eq!(Auth::Dev.check(None, &ns, Action::AdminAction), Ok(()));

@@ -151,9 +151,12 @@ pub async fn batch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // Read access before the body is read: an anonymous caller cannot make the server buffer
-    // and parse a body. Each op is checked again below (a PUT needs WriteObject).
-    let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
+    // Read or write access before the body is read: an anonymous caller cannot make the server
+    // buffer and parse a body. Each op is checked again below (a PUT needs WriteObject, a GET
+    // or HEAD ReadObject), so a token that may only write can send a batch of PUTs.
+    let ns = ddc
+        .authorize(&headers, &ns, Action::ReadObject)
+        .or_else(|_| ddc.authorize(&headers, &ns, Action::WriteObject))?;
     match content_type(&headers).as_deref() {
         Some(CB) => {}
         other => return Err(ApiError::MediaType(other.unwrap_or_default().to_owned())),

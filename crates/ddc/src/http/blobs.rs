@@ -14,7 +14,8 @@ use axum::routing::post;
 use serde_json::json;
 use tokio_util::io::ReaderStream;
 
-use super::body::{body_reader, read_body};
+use super::body::{Held, body_reader, read_body};
+use super::sending::held_response;
 use super::{ApiError, COMP, Ddc, IOHASH_HEADER, OCTET, accepted, content_type, hash_value};
 use crate::auth::Action;
 use crate::storage::Located;
@@ -205,11 +206,9 @@ async fn delete_raw(
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let (ns, id) = blob_path(&ddc, &headers, path, Action::DeleteObject)?;
-    if ddc.content.blobs.delete(&ns, &id).await? {
-        Ok(StatusCode::OK)
-    } else {
-        Err(ApiError::NotFound("blob not found"))
-    }
+    // 200 whether it was stored or not (docs/ddc.md, as a ref's DELETE): gone either way.
+    ddc.content.blobs.delete(&ns, &id).await?;
+    Ok(StatusCode::OK)
 }
 
 /// The ids of a query string's `id=` pairs.
@@ -220,18 +219,54 @@ fn query_ids(query: Option<String>) -> Result<Vec<IoHash>, ApiError> {
         .collect()
 }
 
-/// The ids of a JSON array body.
-async fn body_ids(ddc: &Ddc, body: Body) -> Result<Vec<IoHash>, ApiError> {
-    let body = read_body(body, 16 << 20, ddc.limits.body, &ddc.content.budget).await?;
-    let ids: Vec<String> = serde_json::from_slice(&body.bytes)
-        .map_err(|e| ApiError::Invalid(format!("expected a JSON array of ids: {e}")))?;
-    ids.iter().map(|s| s.parse().map_err(ApiError::from)).collect()
+/// One id of a JSON array of ids, parsed as it is read: a body of anything else is refused at
+/// its first element, before it costs more than its own bytes.
+struct JsonId(IoHash);
+
+impl<'de> serde::Deserialize<'de> for JsonId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<JsonId, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = JsonId;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a 40-digit hex id")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<JsonId, E> {
+                s.parse().map(JsonId).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visit)
+    }
 }
 
+/// The ids of a JSON array body, and the memory they and the answer hold. An id takes at least
+/// 43 bytes of JSON (`"<40 digits>",`) and 20 parsed, and at most 43 in the answer: charged
+/// before parsing at the body's length, with the body's own share.
+async fn body_ids(ddc: &Ddc, body: Body) -> Result<(Vec<IoHash>, Held), ApiError> {
+    let body = read_body(body, 16 << 20, ddc.limits.body, &ddc.content.budget).await?;
+    let (bytes, mut held) = body.into_parts();
+    let need = bytes.len() + NEEDS_OVERHEAD;
+    let room = ddc.content.budget.room_beside(held.bytes());
+    if need > room {
+        // Refused for good (413), not for now: no retry could find the room.
+        let what = "the ids and the answer beside the body";
+        return Err(ApiError::PastBudget { what, len: need as u64, room: room as u64 });
+    }
+    held.grow(&ddc.content.budget, need)?;
+    let ids: Vec<JsonId> = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::Invalid(format!("expected a JSON array of ids: {e}")))?;
+    Ok((ids.into_iter().map(|JsonId(id)| id).collect(), held))
+}
+
+/// The bytes of `{"needs":[]}` and a little more.
+const NEEDS_OVERHEAD: usize = 64;
+
 /// `{"needs": [...]}`: the ids that are not stored (`any`: as a compressed buffer or a raw
-/// blob; otherwise as a raw blob).
-async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool) -> Result<Json, ApiError> {
-    let mut needs = Vec::new();
+/// blob; otherwise as a raw blob), written as found, held in `held` (which has room for it)
+/// until the client has read it.
+async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool, held: Held) -> Result<Response, ApiError> {
+    let mut out = String::with_capacity(NEEDS_OVERHEAD);
+    out.push_str("{\"needs\":[");
     for id in ids {
         let present = if any {
             ddc.content.locate_durably(ns, id).await?.is_some()
@@ -239,10 +274,16 @@ async fn needs(ddc: &Ddc, ns: &Name, ids: Vec<IoHash>, any: bool) -> Result<Json
             ddc.content.blobs.exists(ns, &id).await?
         };
         if !present {
-            needs.push(id.to_hex());
+            if !out.ends_with('[') {
+                out.push(',');
+            }
+            out.push('"');
+            out.push_str(&id.to_hex());
+            out.push('"');
         }
     }
-    Ok(axum::Json(json!({ "needs": needs })))
+    out.push_str("]}");
+    Ok(held_response("application/json", out.into(), held))
 }
 
 /// `POST .../exists?id=..&id=..`. `ANY`: present as a compressed buffer or a raw blob (the
@@ -252,9 +293,12 @@ async fn exists<const ANY: bool>(
     Path(ns): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> Result<Json, ApiError> {
+) -> Result<Response, ApiError> {
     let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    needs(&ddc, &ns, query_ids(query)?, ANY).await
+    let ids = query_ids(query)?;
+    // The query came in the request's head, bounded by the server's header limit.
+    let held = Held::take(&ddc.content.budget, ids.len() * 43 + NEEDS_OVERHEAD)?;
+    needs(&ddc, &ns, ids, ANY, held).await
 }
 
 /// `POST .../exist` with a JSON array of ids; `ANY` as for [`exists`].
@@ -263,10 +307,10 @@ async fn exist<const ANY: bool>(
     Path(ns): Path<String>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json, ApiError> {
+) -> Result<Response, ApiError> {
     let ns = ddc.authorize(&headers, &ns, Action::ReadObject)?;
-    let ids = body_ids(&ddc, body).await?;
-    needs(&ddc, &ns, ids, ANY).await
+    let (ids, held) = body_ids(&ddc, body).await?;
+    needs(&ddc, &ns, ids, ANY, held).await
 }
 
 /// Reads and stores one compressed buffer; its raw hash must be `id` when given.
@@ -371,7 +415,8 @@ async fn delete_compressed(
             ddc.content.blobs.delete(&ns, &blob).await?;
             Ok(StatusCode::OK)
         }
-        None => Err(ApiError::NotFound("blob not found")),
+        // As a raw blob's DELETE: gone either way.
+        None => Ok(StatusCode::OK),
     }
 }
 

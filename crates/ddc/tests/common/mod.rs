@@ -23,6 +23,11 @@ actions = ["ReadObject", "WriteObject", "DeleteObject", "DeleteBucket", "DeleteN
 token = "reader"
 namespaces = ["ue.ddc"]
 actions = ["ReadObject"]
+
+[[tokens]]
+token = "putter"
+namespaces = ["ue.ddc"]
+actions = ["WriteObject"]
 "#;
 
 /// With `postgres` in it, every server keeps its metadata in a database of its own on the
