@@ -429,7 +429,8 @@ fn bad_input_gets_its_4xx_and_stores_nothing() {
         send(req(&s, "GET", &format!("/api/v1/compressed-blobs/{NS}/{small_hash}")), None).status,
         404
     );
-    // An Oodle buffer is accepted after the header checks (its payload cannot be verified here).
+    // An Oodle buffer whose blocks are all stored raw is verified like any other (one with a
+    // block this server cannot decode: `an_oodle_buffer_is_accepted_stored_and_served_as_it_came`).
     assert_eq!(comp(&raw_hash("oodle-method-raw-blocks"), &buffer("oodle-method-raw-blocks")), 200);
 
     // Finalize: unknown ref, other object.
@@ -714,4 +715,74 @@ fn a_large_compressed_buffer_is_verified_and_decoded() {
     let got = send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.raw")), None);
     assert_eq!(got.status, 200);
     assert!(got.body == payload, "the payload, decoded");
+}
+
+/// A method-3 (Oodle) buffer of `raw` in blocks of 512 bytes whose first block is stored
+/// "compressed" (`stored` bytes of noise, as an Oodle block would be: this server cannot
+/// decode it), the others raw.
+fn oodle_buffer(raw: &[u8], stored: usize) -> Vec<u8> {
+    let blocks: Vec<&[u8]> = raw.chunks(512).collect();
+    let sizes: Vec<u32> =
+        blocks.iter().enumerate().map(|(i, b)| if i == 0 { stored } else { b.len() } as u32).collect();
+    let total = 64 + 4 * sizes.len() + sizes.iter().map(|&s| s as usize).sum::<usize>();
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&0xb775_6362u32.to_be_bytes());
+    out.extend_from_slice(&[0; 4]); // The CRC, below.
+    out.extend_from_slice(&[3, 0, 0, 9]); // Oodle, compressor, level, 2^9-byte blocks.
+    out.extend_from_slice(&(sizes.len() as u32).to_be_bytes());
+    out.extend_from_slice(&(raw.len() as u64).to_be_bytes());
+    out.extend_from_slice(&(total as u64).to_be_bytes());
+    out.extend_from_slice(blake3::hash(raw).as_bytes());
+    sizes.iter().for_each(|s| out.extend_from_slice(&s.to_be_bytes()));
+    let crc = crc32fast::hash(&out[8..]);
+    out[4..8].copy_from_slice(&crc.to_be_bytes());
+    out.extend((0..stored).map(|i| (i * 7) as u8));
+    blocks[1..].iter().for_each(|b| out.extend_from_slice(b));
+    out
+}
+
+/// The editor uploads Oodle-compressed buffers by default, and this server cannot decode their
+/// blocks (spec 5.2: accept after the header checks). Such a buffer is stored, named by a ref,
+/// and served byte for byte; only `.raw`, which would need its payload, is 404; a header whose
+/// raw hash is not the URL's is still 400.
+#[test]
+fn an_oodle_buffer_is_accepted_stored_and_served_as_it_came() {
+    let s = start();
+    let payload: Vec<u8> = (0..1200u32).map(|i| (i % 251) as u8).collect();
+    let buffer = oodle_buffer(&payload, 100);
+    let raw = IoHash::of(&payload);
+    assert_eq!(
+        tickwire_ddc::compressed::verify(&buffer).err(),
+        Some(tickwire_ddc::compressed::CompressedError::Oodle),
+        "a block this server cannot decode"
+    );
+    let put = |path: &str, body: &[u8]| send(req(&s, "PUT", path).set("Content-Type", COMP), Some(body));
+    let k = key("oodle");
+    let on_ref = format!("/api/v1/refs/{NS}/bucket/{k}/blobs/{}", raw.to_hex());
+    let r = put(&on_ref, &buffer);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let wrong = format!("/api/v1/compressed-blobs/{NS}/{}", IoHash::of(b"other").to_hex());
+    assert_eq!(put(&wrong, &buffer).status, 400, "the URL names another raw hash");
+    let blob = format!("/api/v1/compressed-blobs/{NS}/{}", raw.to_hex());
+    assert_eq!(put(&blob, &buffer).status, 200, "again: an idempotent upload");
+    let got = send(req(&s, "GET", &blob), None);
+    assert_eq!(got.status, 200);
+    assert!(got.body == buffer, "served as it came");
+    let value = Value::Object(vec![
+        ("RawHash".into(), Value::BinaryAttachment(*raw.as_bytes())),
+        ("RawSize".into(), Value::Integer(payload.len() as i128)),
+    ])
+    .to_bytes();
+    assert!(
+        needs(&put_ref(&s, "bucket", &k, &value)).is_empty(),
+        "the ref finalizes: its attachment is there"
+    );
+    let inline = get_ref(&s, "bucket", &k, "application/x-jupiter-inline");
+    assert_eq!(inline.status, 200);
+    assert!(inline.body == buffer, "inline: the stored buffer");
+    let pkg = send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.uecbpkg")), None);
+    let package = Package::parse(&pkg.body).unwrap();
+    assert_eq!(package.attachments.len(), 1);
+    assert!(package.attachments[0].payload == buffer.as_slice(), "in a package: the stored buffer");
+    assert_eq!(send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.raw")), None).status, 404);
 }
