@@ -170,11 +170,15 @@ pub fn verify(body: &[u8]) -> Result<Header, CompressedError> {
     Ok(header)
 }
 
-/// [`verify`], keeping the payload: the caller bounds `TotalRawSize` first (it is allocated).
+/// [`verify`], keeping the payload. Memory: the payload, allocated at `TotalRawSize` at once
+/// (the caller bounds it first; and never past what the body could expand to, 255 times its
+/// bytes and 64 per block, so a small body that claims a large payload fails before it takes
+/// that much), and one block ([`Header::scratch_len`]).
 pub fn decode(body: &[u8]) -> Result<(Header, Vec<u8>), CompressedError> {
     let header = check(body)?;
     let raw_len = usize::try_from(header.total_raw_size).map_err(|_| CompressedError::Truncated)?;
-    let mut payload = Vec::with_capacity(raw_len.min(64 << 20));
+    let most = body.len().saturating_mul(255).saturating_add(64 * header.block_sizes.len());
+    let mut payload = Vec::with_capacity(raw_len.min(most));
     for_each_block(body, &header, |block| payload.extend_from_slice(block))?;
     if IoHash::of(&payload) != header.raw_hash {
         return Err(CompressedError::RawHash);

@@ -785,4 +785,11 @@ fn an_oodle_buffer_is_accepted_stored_and_served_as_it_came() {
     assert_eq!(package.attachments.len(), 1);
     assert!(package.attachments[0].payload == buffer.as_slice(), "in a package: the stored buffer");
     assert_eq!(send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.raw")), None).status, 404);
+    // Once the payload is stored as a raw blob too, `.raw` serves it (spec 5.3.3), before the
+    // buffer it cannot decode.
+    let r = send(req(&s, "PUT", &format!("/api/v1/blobs/{NS}/{}", raw.to_hex())), Some(&payload));
+    assert_eq!(r.status, 200);
+    let got = send(req(&s, "GET", &format!("/api/v1/refs/{NS}/bucket/{k}.raw")), None);
+    assert_eq!(got.status, 200);
+    assert!(got.body == payload, "the raw blob");
 }

@@ -289,6 +289,11 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
     };
     // The object is not the answer: it goes with its share.
     drop((std::mem::take(&mut row.object), held));
+    // A raw blob of that hash is the payload itself (spec 5.3.3): served before any compressed
+    // buffer of it, which may be one this server cannot decode.
+    if ddc.content.blobs.exists(ns, &id).await? {
+        return super::blobs::serve_blob(ddc, ns, id, OCTET, None).await;
+    }
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {
         Located::Raw(id) => super::blobs::serve_blob(ddc, ns, id, OCTET, None).await,
         Located::Compressed(blob) => {
@@ -304,14 +309,16 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
             if header.total_raw_size > ddc.limits.max_buffered_bytes {
                 return Err(ApiError::NotFound("attachment too large to decompress here"));
             }
-            // The buffer and its payload together, beside nothing else: past the whole budget,
-            // no retry could get them (413, not a 429 forever).
-            let len = size.saturating_add(header.total_raw_size);
+            // The buffer, its payload and one decoded block (`compressed::decode`'s scratch)
+            // together, beside nothing else: past the whole budget, no retry could get them
+            // (413, not a 429 forever).
+            let decoding = header.total_raw_size.saturating_add(header.scratch_len());
+            let len = size.saturating_add(decoding);
             let room = ddc.content.budget.total() as u64;
             if len > room {
                 return Err(ApiError::PastBudget { what: "decompressing this attachment", len, room });
             }
-            budget.grow(&ddc.content.budget, header.total_raw_size as usize)?;
+            budget.grow(&ddc.content.budget, decoding as usize)?;
             let decodes = &ddc.content.decodes;
             let (decoded, budget) = decodes
                 .decode(header.total_raw_size, bytes.into(), budget, crate::compressed::decode)
