@@ -448,7 +448,8 @@ mod tests {
     }
 
     /// Expired refs are removed a batch at a time, all of them in one run; a ref read since
-    /// (its access noted in memory, not yet written) is not expired.
+    /// (its access noted in memory, not yet written) is not expired, nor one PUT again with the
+    /// object it holds (which writes nothing).
     async fn expiry_runs_in_batches_and_counts_recent_reads(backend: TestBackend) {
         let Some(place) = TestPlace::new(backend) else { return };
         let content = store(&place).await;
@@ -471,9 +472,17 @@ mod tests {
         assert!(
             content.meta.get_ref(&ns(), &bucket, &read, &content.budget, 1 << 30).await.unwrap().is_some()
         );
+        let again = format!("{:040x}", 8).parse::<RefKey>().unwrap();
+        let addr = crate::refs::RefAddr { ns: ns(), bucket: bucket.clone(), key: again.clone() };
+        let put = crate::refs::put(&content, &addr, empty.clone(), false, 0).await.unwrap();
+        assert!(matches!(put, crate::refs::PutOutcome::Stored { ref needs } if needs.is_empty()));
         let report = content.collect(&GcPolicy::default(), SystemTime::now()).await.unwrap();
-        assert_eq!(report.refs_expired, count as u64 - 1);
+        assert_eq!(report.refs_expired, count as u64 - 2);
         assert!(content.meta.ref_state(&ns(), &bucket, &read).await.unwrap().is_some(), "read just now");
+        assert!(
+            content.meta.ref_state(&ns(), &bucket, &again).await.unwrap().is_some(),
+            "put again just now"
+        );
     }
 
     /// A hash named as a binary attachment by one ref (a compressed buffer whose payload is an

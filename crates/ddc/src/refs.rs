@@ -104,6 +104,10 @@ pub async fn put(
             // Another writer finalized another object since the check above.
             return Ok(PutOutcome::Conflict);
         }
+    } else {
+        // The same object again: nothing to write, but it was written now (a ref nobody
+        // reads that a build keeps putting is not collected as unused).
+        content.meta.note_access(&addr.ns, &addr.bucket, &addr.key);
     }
     Ok(PutOutcome::Stored { needs })
 }

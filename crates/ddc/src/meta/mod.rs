@@ -271,6 +271,13 @@ impl MetaStore {
         Ok(row)
     }
 
+    /// Notes an access to a ref now, as a read does (written with the others, in the
+    /// background): for a PUT of the object the ref already holds, which writes nothing.
+    pub fn note_access(&self, ns: &Name, bucket: &Name, key: &RefKey) {
+        let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+        touched.insert(ref_id(ns, bucket, key), now_ms());
+    }
+
     /// A ref's object hash and whether it is finalized, without its object (a PUT compares
     /// these only). Not a read of the ref: its last access is not noted.
     pub async fn ref_state(
