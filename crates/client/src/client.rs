@@ -77,7 +77,11 @@ impl Client {
         self.commands.send(cmd).await.map_err(|_| ClientError::Shutdown)
     }
 
-    /// The next push from the server; `None` once the session has ended.
+    /// The next push from the server; `None` once the session has ended. Read them promptly:
+    /// with 1,024 waiting, the client stops reading its connection (backpressure), and so sends
+    /// no acknowledgements or heartbeats either. A session left unread that long is closed by
+    /// the gateway as a slow consumer, or its connection dropped after the read timeout (and
+    /// resumed once pushes are read again).
     pub async fn next_push(&self) -> Option<Push> {
         self.pushes.lock().await.recv().await
     }

@@ -10,8 +10,28 @@ import { decodeControl, decodeEnvelope } from "../src/messages.js";
 import { Replica } from "../src/state/replica.js";
 import { Schema } from "../src/state/schema.js";
 import { EchoRequestSchema } from "../src/gen/tickwire/v1/control_pb.js";
-import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import { fromBinary, fromJson, toBinary, type DescMessage } from "@bufbuild/protobuf";
+import {
+  ChannelUpdatesSchema,
+  HandoverSchema,
+  PublishSchema,
+  ReleaseSchema,
+  SetInterestSchema,
+  SpawnEntitySchema,
+} from "../src/gen/tickwire/v1/spatial_pb.js";
 import { hex, plain, toHex, vectors } from "./helpers.js";
+
+/** Each field `fields` describes (nested messages too, such as a Hello's resume) is `value`'s. */
+function checkFields(value: any, fields: Record<string, unknown>, path: string): void {
+  for (const [k, x] of Object.entries(fields)) {
+    const name = k.replace(/_hex$/, "").replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+    const got = value[name];
+    if (x !== null && typeof x === "object") checkFields(got, x as Record<string, unknown>, `${path}.${k}`);
+    else if (k.endsWith("_hex")) assert.equal(toHex(got), x, `${path}.${k}`);
+    else if (typeof got === "bigint") assert.equal(got, BigInt(x as number), `${path}.${k}`);
+    else assert.equal(got, x, `${path}.${k}`);
+  }
+}
 
 function decodeOne(bytes: Uint8Array, max?: number): Frame {
   const d = new FrameDecoder(max);
@@ -57,15 +77,7 @@ test("frames.json: every valid frame decodes to its fields and encodes to its by
       const control = decodeControl(frame.body);
       const [kind, fields] = Object.entries(want.control)[0] as [string, any];
       assert.equal(control.kind.case, kind, v.name);
-      const value = control.kind.value as any;
-      for (const [k, x] of Object.entries(fields)) {
-        if (typeof x === "object") continue; // nested (resume): checked by the bytes below
-        const name = k.replace(/_hex$/, "").replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
-        const got = value[name];
-        if (k.endsWith("_hex")) assert.equal(toHex(got), x, `${v.name}.${k}`);
-        else if (typeof got === "bigint") assert.equal(got, BigInt(x as number), `${v.name}.${k}`);
-        else assert.equal(got, x, `${v.name}.${k}`);
-      }
+      checkFields(control.kind.value, fields, v.name);
     }
     // Re-encoding the decoded frame gives the same bytes (protobuf bodies are canonical).
     assert.equal(toHex(encodeFrame(frame)), v.hex, v.name);
@@ -314,4 +326,34 @@ test("the generated protobuf encoder writes the echo vector's request body", () 
   // DATA frame: length (4), type, seq 1, ack 0, then the Envelope whose request body ends it.
   assert.ok(toHex(hex(echo.hex)).endsWith(toHex(body)), `${toHex(body)} in ${echo.hex}`);
   assert.equal(toHex(body), "080412045a5a5a5a");
+});
+
+test("spatial.json: every message, built from its description by the SDK's own protobuf, is the vector's bytes", () => {
+  const schemas: Record<string, DescMessage> = {
+    ChannelUpdates: ChannelUpdatesSchema,
+    Handover: HandoverSchema,
+    Publish: PublishSchema,
+    Release: ReleaseSchema,
+    SetInterest: SetInterestSchema,
+    SpawnEntity: SpawnEntitySchema,
+  };
+  // The file writes bytes as `<name>_hex`; protobuf's JSON form wants `<name>` in base64.
+  const asProtoJson = (v: any): any => {
+    if (Array.isArray(v)) return v.map(asProtoJson);
+    if (v === null || typeof v !== "object") return v;
+    return Object.fromEntries(
+      Object.entries(v).map(([k, x]) =>
+        k.endsWith("_hex") ? [k.slice(0, -4), Buffer.from(x as string, "hex").toString("base64")] : [k, asProtoJson(x)],
+      ),
+    );
+  };
+  const doc = vectors("spatial.json");
+  assert.ok(doc.vectors.length >= 8);
+  for (const v of doc.vectors) {
+    const schema = schemas[v.message];
+    assert.ok(schema, `${v.name}: a message the test knows (${v.message})`);
+    const built = fromJson(schema, asProtoJson(v.fields));
+    assert.equal(toHex(toBinary(schema, built)), v.hex, v.name);
+    assert.deepEqual(fromBinary(schema, hex(v.hex)), built, `${v.name}: the bytes decode to the description`);
+  }
 });
