@@ -32,7 +32,9 @@ pub struct ConnectOptions {
     /// Local address to connect from (spreads many connections over loopback sources).
     pub local_addr: Option<IpAddr>,
     pub handshake_timeout: Duration,
-    /// Largest frame accepted from the server.
+    /// Largest frame accepted from the server before its Welcome; after it, the larger of this
+    /// and the Welcome's `max_frame_bytes` (docs/protocol.md §2: the server sends no frame
+    /// longer than its own maximum).
     pub max_frame_bytes: u32,
     /// The certificates to trust and the name to expect, for `tls://` and `wss://` targets.
     pub tls: Option<TlsClient>,
@@ -155,6 +157,7 @@ impl Connection {
     pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         let decoder = FrameDecoder::new(opts.max_frame_bytes);
         let (conn, welcome, rbuf) = handshake(&opts, hello(&opts, None), &decoder).await?;
+        let decoder = FrameDecoder::new(opts.max_frame_bytes.max(welcome.max_frame_bytes));
         let bad = || ClientError::Protocol("Welcome carries a malformed session id or token".into());
         let id = SessionId::from_slice(&welcome.session_id).ok_or_else(bad)?;
         let token = ResumeToken::from_slice(&welcome.resume_token).ok_or_else(bad)?;

@@ -277,8 +277,9 @@ impl GatewayConfig {
         if self.listen.tcp.is_empty() && self.listen.ws.is_empty() {
             return invalid("listen: at least one tcp or ws address is needed");
         }
-        if self.session.heartbeat.is_zero() {
-            return invalid("session.heartbeat must be above zero");
+        if self.session.heartbeat < Duration::from_millis(1) {
+            // The Welcome carries it in whole milliseconds: less would read as 0 ("not said").
+            return invalid("session.heartbeat must be at least 1ms");
         }
         if self.limits.max_frame_bytes < 64 {
             return invalid("limits.max_frame_bytes must be at least 64");
@@ -414,6 +415,8 @@ mod tests {
     fn unknown_keys_and_bad_values_are_errors() {
         assert!(GatewayConfig::load(None, &["session.hartbeat=1s".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=soon".into()]).is_err());
+        let sub_ms = GatewayConfig::load(None, &["session.heartbeat=500us".into()]).unwrap_err().to_string();
+        assert!(sub_ms.contains("at least 1ms"), "{sub_ms}");
         assert!(GatewayConfig::load(None, &["noequals".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat.x=1".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=0s".into()]).is_err());

@@ -80,3 +80,14 @@ async fn queued_calls_each_get_their_own_answer() {
     assert!(matches!(err, ClientError::Status { status: Status::NotFound, .. }), "{err}");
     client.close().await;
 }
+
+/// A gateway with frames of up to 4 MiB answers an echo of 2 MiB (half a frame); the client
+/// takes frames up to the Welcome's maximum, not only its own 1 MiB default.
+#[tokio::test]
+async fn a_client_takes_frames_up_to_the_gateways_maximum() {
+    let gw = common::start(&["limits.max_frame_bytes=4194304", "session.max_unacked_bytes=8388608"]).await;
+    let client = Client::connect(ConnectOptions::new(common::tcp_target(&gw))).await.unwrap();
+    let body = client.call("echo", common::echo_body(2 << 20, 0)).await.unwrap();
+    assert_eq!(body.len(), 2 << 20);
+    client.close().await;
+}
