@@ -78,7 +78,8 @@ impl Watch {
                 skipped = true;
             }
         }
-        out.sort_unstable();
+        // Sorted runs end to end: the stable sort merges runs.
+        out.sort();
         out.dedup();
         skipped
     }
