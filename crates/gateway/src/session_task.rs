@@ -375,6 +375,9 @@ impl SessionTask {
                 Frame::Control(body) => match decode_control(body)? {
                     control::Kind::Close(close) => {
                         self.take_conn();
+                        // What the client sent before its Close was acknowledged: it is
+                        // handled, replies or not (none can go now).
+                        self.dispatch_parked_at_end(now);
                         return Err(End::new(
                             CloseReason::Normal,
                             format!("client closed: {}", close.message),
@@ -453,11 +456,19 @@ impl SessionTask {
     }
 
     /// Keeps a message of the client's until the reply before it has gone; a client that keeps
-    /// sending while it does not acknowledge its replies is closed as slow.
+    /// sending while it does not acknowledge its replies is closed as slow. Copied: the payload
+    /// is a slice of the read buffer, and would keep all of it.
     fn park(&mut self, payload: Bytes) -> Result<(), End> {
         let limits = &self.shared.config.limits;
         let max_bytes = self.shared.config.session.max_unacked_bytes.max(limits.max_frame_bytes as usize);
-        self.parked.push(payload, limits.outbox_capacity, max_bytes).map_err(|full| {
+        // A game server sends thousands of messages a second (its own rate limit): as many
+        // wait for it, within the same bytes.
+        let max_messages = match self.handle.role() {
+            Role::Player => limits.outbox_capacity,
+            Role::Server => limits.outbox_capacity.max(limits.server_message_burst as usize),
+        };
+        let payload = Bytes::copy_from_slice(&payload);
+        self.parked.push(payload, max_messages, max_bytes).map_err(|full| {
             End::new(
                 CloseReason::SlowConsumer,
                 format!(
@@ -476,6 +487,18 @@ impl SessionTask {
             self.dispatch(now, payload)?;
         }
         Ok(())
+    }
+
+    /// The session is ending at the client's word: every message that waited is handled, in
+    /// order; their replies, which could not go, are dropped.
+    fn dispatch_parked_at_end(&mut self, now: Instant) {
+        self.waiting.take().for_each(drop);
+        while let Some(payload) = self.parked.pop() {
+            // An error here is the reply's (the router has had the message) or a malformed
+            // message's: either way the session is ending, and the next message is the next.
+            let _ = self.dispatch(now, payload);
+            self.waiting.take().for_each(drop);
+        }
     }
 
     /// Queues a DATA frame the session produced (none while detached) for the next flush.

@@ -180,3 +180,26 @@ async fn a_client_that_keeps_asking_without_acknowledging_is_closed_as_slow() {
     assert!(close.unwrap().message.contains("does not acknowledge"));
     assert_eq!(handled.load(Ordering::SeqCst), 3);
 }
+
+/// Messages a client sent before its Close were acknowledged: they are handled even when they
+/// waited for a reply's room, though their own replies cannot go.
+#[tokio::test]
+async fn what_waited_before_a_close_is_handled() {
+    use tickwire_wire::proto::{Close, Control, control};
+    let handled = Arc::new(AtomicUsize::new(0));
+    let gw = replier_gateway(&handled).start().await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    let mut bytes = common::hello_frame("leaver");
+    for seq in 1..=8 {
+        bytes.extend(common::echo_frame(seq, seq));
+    }
+    let close = Control {
+        kind: Some(control::Kind::Close(Close { reason: CloseReason::Normal as i32, message: "bye".into() })),
+    };
+    let mut buf = bytes::BytesMut::new();
+    tickwire_wire::Frame::control(&close).encode(&mut buf);
+    bytes.extend_from_slice(&buf);
+    stream.write_all(&bytes).await.unwrap();
+    common::wait_until("all eight handled", || handled.load(Ordering::SeqCst) == 8).await;
+    common::wait_until("the session ended", || gw.session_count() == 0).await;
+}
