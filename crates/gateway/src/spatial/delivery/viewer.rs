@@ -83,7 +83,7 @@ impl Viewer {
         if self.banded {
             forced.reset(self.held.len());
         }
-        self.watch.cells(at, look);
+        self.watch.cells(at, |i| self.held[i as usize].stale(frame), look);
         for h in look.iter().map(|&i| &self.held[i as usize]).filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((h.cell, h.version, self.codec));
             if self.banded {
@@ -124,7 +124,7 @@ impl Viewer {
         g.clear();
         // Cells the viewer lacks that its level of detail holds back for now: maybe some in
         // the bands whose turn has not come.
-        let mut waiting = self.watch.cells(at, &mut g.look);
+        let mut waiting = self.watch.cells(at, |i| self.held[i as usize].stale(frame), &mut g.look);
         let mut missing = false;
         // Cells left for a later pass: the message was full.
         let mut partial = false;

@@ -64,12 +64,14 @@ impl Watch {
         self.bands.iter_mut().for_each(|band| band.from = None);
     }
 
-    /// Fills `out` with the cells a pass at `at` must read, sorted, each once. True if a band
-    /// was skipped: it may hold changes back (so the viewer must be due again).
-    pub fn cells(&self, at: Instant, out: &mut Vec<u32>) -> bool {
+    /// Fills `out` with the cells a pass at `at` must read, sorted, each once: of the cells
+    /// pending, those `stale` says changed (the viewer lacks their version; a quiet one has
+    /// nothing to send, and nothing to ask for a pass ahead). True if a band was skipped: it
+    /// may hold changes back (so the viewer must be due again).
+    pub fn cells(&self, at: Instant, stale: impl Fn(u32) -> bool, out: &mut Vec<u32>) -> bool {
         out.clear();
         out.extend_from_slice(&self.every);
-        out.extend_from_slice(&self.pending);
+        out.extend(self.pending.iter().copied().filter(|&index| stale(index)));
         let mut skipped = false;
         for band in &self.bands {
             if band.due(at) {
@@ -85,14 +87,32 @@ impl Watch {
     }
 
     /// After a pass at `at` read `read` (what [`Watch::cells`] gave for `at`) and the viewer's
-    /// update, if any, went: the cells still due wait in `pending`, and each band read turns
-    /// next on its grid from `anchor`.
+    /// update, if any, went: the banded cells still due wait in `pending` (those read, and the
+    /// quiet ones it did not read), and each band read turns next on its grid from `anchor`.
     pub fn read(&mut self, held: &[Held], read: &[u32], at: Instant, anchor: Instant) {
-        self.pending.clear();
-        self.pending.extend(read.iter().copied().filter(|&i| {
+        let waits = |i: u32| {
             let h = &held[i as usize];
             h.interval_ms != 0 && h.due(at)
-        }));
+        };
+        // Both sorted: merged, each once, still sorted.
+        let old = std::mem::take(&mut self.pending);
+        let (mut a, mut b) = (old.iter().copied().peekable(), read.iter().copied().peekable());
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(&x), Some(&y)) if x < y => a.next(),
+                (Some(&x), Some(&y)) if x > y => b.next(),
+                (Some(_), Some(_)) => {
+                    a.next();
+                    b.next()
+                }
+                (Some(_), None) => a.next(),
+                (None, Some(_)) => b.next(),
+                (None, None) => break,
+            };
+            if let Some(i) = next.filter(|&i| waits(i)) {
+                self.pending.push(i);
+            }
+        }
         for band in self.bands.iter_mut().filter(|band| band.due(at)) {
             band.from = Some(turn_after(anchor, band.interval, at));
         }
@@ -107,7 +127,7 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// A view of `intervals.len()` cells, each busy (changed at every pass) or not.
+    /// A view of `intervals.len()` cells, none sent yet.
     fn view(intervals: &[u32], t0: Instant) -> Vec<Held> {
         intervals
             .iter()
@@ -116,14 +136,20 @@ mod tests {
             .collect()
     }
 
+    /// Whether the viewer lacks the version of cell `i` the world is at.
+    fn stale<'a>(held: &'a [Held], world: &'a [u64]) -> impl Fn(u32) -> bool + 'a {
+        move |i| held[i as usize].version != Some(world[i as usize])
+    }
+
     #[test]
     fn a_band_is_read_at_its_turns_and_its_cells_left_behind_at_every_pass() {
         let t0 = Instant::now();
         let mut held = view(&[0, 100, 100, 1000], t0);
+        let mut world = vec![1u64; 4];
         let mut watch = Watch::of(&held);
         let mut out = Vec::new();
         // First pass: snapshots, every cell.
-        assert!(!watch.cells(t0, &mut out));
+        assert!(!watch.cells(t0, stale(&held, &world), &mut out));
         assert_eq!(out, [0, 1, 2, 3]);
         // Cell 2 is left out (a full update); the others go.
         for i in [0, 1, 3] {
@@ -132,60 +158,71 @@ mod tests {
         }
         watch.read(&held, &out, t0, t0);
         // 20 ms later: the cell with no band and the one left behind.
-        assert!(watch.cells(t0 + 20 * MS, &mut out), "both bands skipped");
+        assert!(watch.cells(t0 + 20 * MS, stale(&held, &world), &mut out), "both bands skipped");
         assert_eq!(out, [0, 2]);
         held[2].version = Some(1);
         held[2].sent(t0 + 20 * MS, t0);
         watch.read(&held, &out, t0 + 20 * MS, t0);
-        assert!(watch.cells(t0 + 40 * MS, &mut out));
+        assert!(watch.cells(t0 + 40 * MS, stale(&held, &world), &mut out));
         assert_eq!(out, [0], "cell 2 went");
-        // At 100 ms, the 100 ms band's turn.
-        assert!(watch.cells(t0 + 100 * MS, &mut out), "the 1 s band is skipped");
+        // At 100 ms, the 100 ms band's turn: cell 2 changed, cell 1 did not.
+        world[2] = 2;
+        assert!(watch.cells(t0 + 100 * MS, stale(&held, &world), &mut out), "the 1 s band is skipped");
         assert_eq!(out, [0, 1, 2]);
-        // Cell 1 is quiet at its turn: it stays pending.
+        held[2].version = Some(2);
         held[2].sent(t0 + 100 * MS, t0);
         watch.read(&held, &out, t0 + 100 * MS, t0);
-        watch.cells(t0 + 120 * MS, &mut out);
-        assert_eq!(out, [0, 1]);
+        // Cell 1 was quiet at its turn: it waits, and is read only once it changes.
+        assert!(watch.cells(t0 + 120 * MS, stale(&held, &world), &mut out));
+        assert_eq!(out, [0], "quiet");
+        watch.read(&held, &out, t0 + 120 * MS, t0);
+        world[1] = 2;
+        watch.cells(t0 + 140 * MS, stale(&held, &world), &mut out);
+        assert_eq!(out, [0, 1], "changed: read at once, not at its next turn");
         // A forgotten version: every band now.
         watch.all_due();
-        assert!(!watch.cells(t0 + 140 * MS, &mut out));
+        assert!(!watch.cells(t0 + 160 * MS, stale(&held, &world), &mut out));
         assert_eq!(out, [0, 1, 2, 3]);
     }
 
     proptest! {
-        /// Whatever goes when, a pass reads every cell that is due at it (what a scan of the
-        /// whole view would find).
+        /// Whatever changes and goes when, a pass reads every cell that is due at it and that
+        /// the viewer lacks the version of (what a scan of the whole view would find).
         #[test]
-        fn no_due_cell_is_skipped(
+        fn no_due_cell_with_news_is_skipped(
             intervals in prop::collection::vec(prop::sample::select(vec![0u32, 50, 100, 500, 1000]), 1..24),
-            passes in prop::collection::vec((1u32..80, prop::collection::vec(any::<bool>(), 24), any::<u8>()), 1..60),
+            passes in prop::collection::vec(
+                (1u32..80, prop::collection::vec((any::<bool>(), any::<bool>()), 24), any::<u8>()),
+                1..60,
+            ),
         ) {
             let t0 = Instant::now();
             let mut held = view(&intervals, t0);
+            let mut world = vec![1u64; held.len()];
             let mut watch = Watch::of(&held);
             let mut out = Vec::new();
             let mut at = t0;
-            for (step, goes, event) in passes {
+            for (step, cells, event) in passes {
                 at += step * MS;
-                let skipped = watch.cells(at, &mut out);
-                let due: Vec<u32> =
-                    (0..held.len() as u32).filter(|&i| held[i as usize].due(at)).collect();
-                for i in &due {
-                    prop_assert!(out.contains(i), "cell {i} due at {:?} not read", at - t0);
+                // Some cells change.
+                for (i, v) in world.iter_mut().enumerate() {
+                    *v += u64::from(cells[i].0);
+                }
+                watch.cells(at, stale(&held, &world), &mut out);
+                let wanted: Vec<u32> = (0..held.len() as u32)
+                    .filter(|&i| held[i as usize].due(at) && stale(&held, &world)(i))
+                    .collect();
+                for i in &wanted {
+                    prop_assert!(out.contains(i), "cell {i} due at {:?} with news not read", at - t0);
                 }
                 prop_assert!(out.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
-                if !skipped {
-                    prop_assert_eq!(out.len(), held.len());
-                }
-                // Some of the due cells go (the others are quiet or left out), and with them,
-                // now and then, cells out of their turn (an entity came from a cell that goes).
+                // Some of those go (the others are left out), and with them, now and then,
+                // cells out of their turn (an entity came from a cell that goes).
                 for i in 0..held.len() {
-                    let h = &mut held[i];
-                    let forced = h.version.is_some() && event % 2 == 1;
-                    if goes[i] && (due.contains(&(i as u32)) || forced) {
-                        h.version = Some(1);
-                        h.sent(at, t0);
+                    let forced = held[i].version.is_some() && event % 2 == 1;
+                    if cells[i].1 && (wanted.contains(&(i as u32)) || forced) {
+                        held[i].version = Some(world[i]);
+                        held[i].sent(at, t0);
                     }
                 }
                 watch.read(&held, &out, at, t0);
