@@ -291,7 +291,7 @@ async fn raw_payload(ddc: &Ddc, ns: &Name, row: &mut RefRow, held: Held) -> Resu
     drop((std::mem::take(&mut row.object), held));
     // A raw blob of that hash is the payload itself (spec 5.3.3): served before any compressed
     // buffer of it, which may be one this server cannot decode.
-    if ddc.content.blobs.exists(ns, &id).await? {
+    if ddc.content.blobs.known(ns, &id).await? {
         return super::blobs::serve_blob(ddc, ns, id, OCTET, None).await;
     }
     match ddc.content.locate(ns, id).await?.ok_or(ApiError::NotFound("attachment not found"))? {

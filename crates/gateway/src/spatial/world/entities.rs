@@ -353,7 +353,8 @@ impl World {
         // A client's message holds a place in the server's outbox before it takes a number: a
         // client sending faster than its server reads is told to retry, and never makes the
         // server a slow consumer (`SessionHandle::relay`).
-        let place = match server {
+        // (Held for a handover under way, it needs no place: the acquire carries it.)
+        let place = match server || e.route.handing_over() {
             true => None,
             false => match owner.relay() {
                 Ok(place) => Some(place),
