@@ -29,7 +29,7 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 
 mod backlog;
-use backlog::{Parked, Waiting};
+use backlog::Backlog;
 
 /// Outbox messages written per wake-up before the task checks its other inputs again.
 const OUTBOX_BATCH: usize = 64;
@@ -85,13 +85,9 @@ pub(crate) struct SessionTask {
     bucket: TokenBucket,
     /// The client's acknowledgement last reported to the update window.
     acked: u64,
-    /// The server's messages waiting for room in the session's resend buffer (`backlog.rs`).
-    waiting: Waiting,
-    /// A reply to the client went into `waiting` (and may still be there): the client's
-    /// messages wait in `parked` until `waiting` is empty.
-    reply_waits: bool,
-    /// The client's messages waiting for the reply before them to go (`backlog.rs`).
-    parked: Parked,
+    /// The server's messages waiting for room in the session's resend buffer, and the
+    /// client's waiting for the reply before them to go (`backlog.rs`).
+    backlog: Backlog,
 }
 
 /// The payload length `item` takes in the session's resend buffer.
@@ -158,9 +154,7 @@ impl SessionTask {
                 }
             },
             acked: 0,
-            waiting: Waiting::default(),
-            reply_waits: false,
-            parked: Parked::default(),
+            backlog: Backlog::default(),
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -252,7 +246,7 @@ impl SessionTask {
                         self.on_input(Instant::now()).await
                     }
                 },
-                Some(msg) = recv_outbox(&mut self.outbox, &mut self.outbox_waker), if attached && self.waiting.is_empty() => {
+                Some(msg) = recv_outbox(&mut self.outbox, &mut self.outbox_waker), if attached && self.backlog.waiting_is_empty() => {
                     self.on_outbox(msg).await
                 }
                 () = &mut deadline => Box::pin(self.on_deadline()).await,
@@ -345,8 +339,8 @@ impl SessionTask {
         let flow = self.handle.flow.clone();
         let mut window = flow.lock();
         let mut queued = Vec::new();
-        let waiting = self.waiting.take();
-        for item in waiting.chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
+        let waiting = self.backlog.take_waiting();
+        for item in waiting.into_iter().chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
             if let Outgoing::Message(message) = item {
                 queued.push(message);
             }
@@ -397,7 +391,7 @@ impl SessionTask {
                     }
                     if let Received::Deliver(payload) = self.session.on_frame(now, frame)? {
                         Stats::add(&self.shared.stats.messages_in, 1);
-                        if self.parked.is_empty() && !self.reply_waiting() {
+                        if self.backlog.parked_is_empty() && !self.backlog.reply_waiting() {
                             self.dispatch(now, payload)?;
                         } else {
                             self.park(payload)?;
@@ -442,17 +436,11 @@ impl SessionTask {
     }
 
     /// Sends a message now, or after what waits for room ([`SessionTask::put`]). What the
-    /// client sends next waits until it has gone ([`SessionTask::reply_waiting`]).
+    /// client sends next waits until it has gone (`Backlog::reply_waiting`).
     fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
         self.put(now, Outgoing::Message(message), &mut Vec::new())?;
-        self.reply_waits |= !self.waiting.is_empty();
+        self.backlog.note_reply();
         Ok(())
-    }
-
-    /// Whether a reply to the client still waits for room: its later messages must wait.
-    fn reply_waiting(&mut self) -> bool {
-        self.reply_waits &= !self.waiting.is_empty();
-        self.reply_waits
     }
 
     /// Keeps a message of the client's until the reply before it has gone; a client that keeps
@@ -468,7 +456,7 @@ impl SessionTask {
             Role::Server => limits.outbox_capacity.max(limits.server_message_burst as usize),
         };
         let payload = Bytes::copy_from_slice(&payload);
-        self.parked.push(payload, max_messages, max_bytes).map_err(|full| {
+        self.backlog.park(payload, max_messages, max_bytes).map_err(|full| {
             End::new(
                 CloseReason::SlowConsumer,
                 format!(
@@ -482,8 +470,8 @@ impl SessionTask {
 
     /// Handles the client's messages that waited, in order, until a reply waits again.
     fn dispatch_parked(&mut self, now: Instant) -> Result<(), End> {
-        while !self.reply_waiting() {
-            let Some(payload) = self.parked.pop() else { break };
+        while !self.backlog.reply_waiting() {
+            let Some(payload) = self.backlog.pop_parked() else { break };
             self.dispatch(now, payload)?;
         }
         Ok(())
@@ -492,12 +480,12 @@ impl SessionTask {
     /// The session is ending at the client's word: every message that waited is handled, in
     /// order; their replies, which could not go, are dropped.
     fn dispatch_parked_at_end(&mut self, now: Instant) {
-        self.waiting.take().for_each(drop);
-        while let Some(payload) = self.parked.pop() {
+        drop(self.backlog.take_waiting());
+        while let Some(payload) = self.backlog.pop_parked() {
             // An error here is the reply's (the router has had the message) or a malformed
             // message's: either way the session is ending, and the next message is the next.
             let _ = self.dispatch(now, payload);
-            self.waiting.take().for_each(drop);
+            drop(self.backlog.take_waiting());
         }
     }
 
@@ -524,7 +512,7 @@ impl SessionTask {
         let mut item = Some(first);
         for _ in 0..OUTBOX_BATCH {
             // Once one waits for room, the rest stay in the outbox.
-            if !self.waiting.is_empty() {
+            if !self.backlog.waiting_is_empty() {
                 break;
             }
             let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
@@ -536,17 +524,17 @@ impl SessionTask {
     }
 
     /// Sends `item` now if the session has room for it and nothing waits before it; else it
-    /// waits (see `waiting`). A message larger than the session's bounds alone cannot ever be
+    /// waits (in the backlog). A message larger than the session's bounds alone cannot ever be
     /// sent: the session ends with `RETRANSMIT_OVERFLOW`, as before.
     fn put(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
-        if !self.waiting.is_empty() || self.must_wait(&item) {
-            if self.waiting.len() >= self.shared.config.limits.outbox_capacity {
+        if !self.backlog.waiting_is_empty() || self.must_wait(&item) {
+            if self.backlog.waiting_len() >= self.shared.config.limits.outbox_capacity {
                 return Err(End::new(
                     CloseReason::SlowConsumer,
-                    format!("more than {} messages waiting for acknowledgements", self.waiting.len()),
+                    format!("more than {} messages waiting for acknowledgements", self.backlog.waiting_len()),
                 ));
             }
-            self.waiting.push_back(item);
+            self.backlog.push_waiting(item);
             return Ok(());
         }
         self.send_now(now, item, updates)
@@ -573,11 +561,11 @@ impl SessionTask {
     /// Sends what waited for room, in order, as far as the room now goes.
     fn send_waiting(&mut self, now: Instant) -> Result<(), End> {
         let mut updates = Vec::new();
-        while let Some(item) = self.waiting.front() {
+        while let Some(item) = self.backlog.front_waiting() {
             if self.must_wait(item) {
                 break;
             }
-            let Some(item) = self.waiting.pop_front() else { break };
+            let Some(item) = self.backlog.pop_waiting() else { break };
             self.send_now(now, item, &mut updates)?;
         }
         self.updates_sent(updates);
