@@ -249,19 +249,26 @@ async fn shutdown_returns_once_the_world_has_stopped() {
     assert_eq!(running(), Some(0.0), "shutdown returned before the world had stopped");
 }
 
-/// What an entity's server has not processed is bounded in bytes as well as in count, so that
-/// an acquire, which carries all of it in one message, always fits the new owner's session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_entitys_unprocessed_messages_are_bounded_in_bytes() {
-    let gw = common::start(&LAYOUT).await;
-    let s0 = server(&gw, "s0", Some(0)).await;
-    let player = client(&gw, "player").await;
+/// Server `s0` in slot 0, a player, and an entity at (5, 0, 5) that `s0` owns and the player
+/// controls.
+async fn server_and_controlled_entity(gw: &RunningGateway) -> (Arc<Client>, Client, u64) {
+    let s0 = server(gw, "s0", Some(0)).await;
+    let player = client(gw, "player").await;
     let spawn = SpawnEntity {
         position: v3([5.0, 0.0, 5.0]),
         value_json: r#"{"pos":[5,0,5]}"#.into(),
         controller_connection: player.connection_id(),
     };
     let entity_id = s0.spatial_spawn(spawn).await.unwrap().entity_id;
+    (s0, player, entity_id)
+}
+
+/// What an entity's server has not processed is bounded in bytes as well as in count, so that
+/// an acquire, which carries all of it in one message, always fits the new owner's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entitys_unprocessed_messages_are_bounded_in_bytes() {
+    let gw = common::start(&LAYOUT).await;
+    let (s0, player, entity_id) = server_and_controlled_entity(&gw).await;
     // A quarter of the default 1 MiB of unacknowledged data: two of these fit, a third does not.
     let body = Bytes::from(vec![7u8; 100 << 10]);
     player.send_to_entity(entity_id, body.clone()).await.unwrap();
@@ -292,14 +299,7 @@ async fn a_controller_flooding_its_entitys_server_is_told_to_retry_and_the_serve
     let settings: Vec<&str> =
         LAYOUT.iter().copied().chain(["limits.outbox_capacity=8", "limits.message_burst=100000"]).collect();
     let gw = common::start(&settings).await;
-    let s0 = server(&gw, "s0", Some(0)).await;
-    let player = client(&gw, "player").await;
-    let spawn = SpawnEntity {
-        position: v3([5.0, 0.0, 5.0]),
-        value_json: r#"{"pos":[5,0,5]}"#.into(),
-        controller_connection: player.connection_id(),
-    };
-    let entity_id = s0.spatial_spawn(spawn).await.unwrap().entity_id;
+    let (s0, player, entity_id) = server_and_controlled_entity(&gw).await;
     // The server reads nothing meanwhile: its client takes 1,024 pushes, its session holds
     // 1,024 unacknowledged, its outbox 8; the fourth quarter of that stays for the gateway.
     let mut sent = 0u64;
