@@ -83,8 +83,11 @@ impl Viewer {
         if self.banded {
             forced.reset(self.held.len());
         }
-        self.watch.cells(at, |i| self.held[i as usize].stale(frame), look);
-        for h in look.iter().map(|&i| &self.held[i as usize]).filter(|h| h.stale(frame) && h.due(at)) {
+        let (cells, _) = self.watch.cells(at, |i| self.held[i as usize].stale(frame), look);
+        // The k-th cell to read: the k-th in view, or of those the watch gave.
+        let len = cells.map_or(self.held.len(), <[u32]>::len);
+        let index = |k: usize| cells.map_or(k, |c| c[k] as usize);
+        for h in (0..len).map(|k| &self.held[index(k)]).filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((h.cell, h.version, self.codec));
             if self.banded {
                 let c = &frame.cells[h.cell as usize];
@@ -124,7 +127,10 @@ impl Viewer {
         g.clear();
         // Cells the viewer lacks that its level of detail holds back for now: maybe some in
         // the bands whose turn has not come.
-        let mut waiting = self.watch.cells(at, |i| self.held[i as usize].stale(frame), &mut g.look);
+        // Out of `g` while the gather fills it; back once read (for `Watch::read`).
+        let mut cells_read = std::mem::take(&mut g.look);
+        let (look, mut waiting) =
+            self.watch.cells(at, |i| self.held[i as usize].stale(frame), &mut cells_read);
         let mut missing = false;
         // Cells left for a later pass: the message was full.
         let mut partial = false;
@@ -132,9 +138,12 @@ impl Viewer {
         let mut stopped_at = 0;
         // Cells forced that a full update left out, with the versions they must reach.
         let mut left_out = Vec::new();
-        let split = g.look.partition_point(|&index| (index as usize) < first);
-        for k in (split..g.look.len()).chain(0..split) {
-            let index = g.look[k] as usize;
+        // The k-th cell to read: the k-th in view, or of those the watch gave; from `first`.
+        let len = look.map_or(n, <[u32]>::len);
+        let index_at = |k: usize| look.map_or(k, |c| c[k] as usize);
+        let split = look.map_or(first, |c| c.partition_point(|&index| (index as usize) < first));
+        for k in (split..len).chain(0..split) {
+            let index = index_at(k);
             let Held { cell, version: held, .. } = self.held[index];
             let c = &cells[cell as usize];
             if held == Some(c.version) {
@@ -154,6 +163,7 @@ impl Viewer {
                 break;
             }
         }
+        g.look = cells_read;
         if self.banded && !missing {
             // The cells entities went to from those it takes (and from those, and so on),
             // and the cells owed, go too. A full update leaves them owed.

@@ -15,9 +15,14 @@ use std::time::{Duration, Instant};
 
 use super::held::{Held, turn_after};
 
-/// The cells of one viewer's view a pass reads, by index in its `held` (sorted by cell).
+/// The cells of one viewer's view a pass reads, by index in its `held` (sorted by cell). A view
+/// with no bands has nothing to watch: every cell, at every pass, and one pointer here (a pass
+/// reads thousands of viewers).
 #[derive(Debug, Default)]
-pub(super) struct Watch {
+pub(super) struct Watch(Option<Box<Bands>>);
+
+#[derive(Debug, Default)]
+struct Bands {
     /// Cells in every update (no band): read at every pass.
     every: Vec<u32>,
     bands: Vec<Band>,
@@ -43,7 +48,10 @@ impl Band {
 impl Watch {
     /// The watch of a view, every band to be read at the next pass.
     pub fn of(held: &[Held]) -> Watch {
-        let mut watch = Watch::default();
+        if held.iter().all(|h| h.interval_ms == 0) {
+            return Watch(None);
+        }
+        let mut watch = Bands::default();
         for (index, h) in held.iter().enumerate() {
             let index = u32::try_from(index).expect("a view holds fewer than 2^32 cells");
             if h.interval_ms == 0 {
@@ -56,24 +64,33 @@ impl Watch {
                 None => watch.bands.push(Band { interval, from: None, cells: vec![index] }),
             }
         }
-        watch
+        Watch(Some(Box::new(watch)))
     }
 
     /// Every cell may be due now (its version was forgotten: a snapshot is needed).
     pub fn all_due(&mut self) {
-        self.bands.iter_mut().for_each(|band| band.from = None);
+        if let Some(watch) = &mut self.0 {
+            watch.bands.iter_mut().for_each(|band| band.from = None);
+        }
     }
 
-    /// Fills `out` with the cells a pass at `at` must read, sorted, each once: of the cells
-    /// pending, those `stale` says changed (the viewer lacks their version; a quiet one has
-    /// nothing to send, and nothing to ask for a pass ahead). True if a band was skipped: it
-    /// may hold changes back (so the viewer must be due again).
-    pub fn cells(&self, at: Instant, stale: impl Fn(u32) -> bool, out: &mut Vec<u32>) -> bool {
+    /// The cells a pass at `at` must read, sorted, each once, filled into `out` (`None`: a
+    /// view with no bands, every cell): of the cells pending, those `stale` says changed (the
+    /// viewer lacks their version; a quiet one has nothing to send, and nothing to ask for a
+    /// pass ahead). True if a band was skipped: it may hold changes back (so the viewer must
+    /// be due again).
+    pub fn cells<'a>(
+        &self,
+        at: Instant,
+        stale: impl Fn(u32) -> bool,
+        out: &'a mut Vec<u32>,
+    ) -> (Option<&'a [u32]>, bool) {
+        let Some(watch) = &self.0 else { return (None, false) };
         out.clear();
-        out.extend_from_slice(&self.every);
-        out.extend(self.pending.iter().copied().filter(|&index| stale(index)));
+        out.extend_from_slice(&watch.every);
+        out.extend(watch.pending.iter().copied().filter(|&index| stale(index)));
         let mut skipped = false;
-        for band in &self.bands {
+        for band in &watch.bands {
             if band.due(at) {
                 out.extend_from_slice(&band.cells);
             } else {
@@ -83,19 +100,21 @@ impl Watch {
         // Sorted runs end to end: the stable sort merges runs.
         out.sort();
         out.dedup();
-        skipped
+        (Some(out), skipped)
     }
 
     /// After a pass at `at` read `read` (what [`Watch::cells`] gave for `at`) and the viewer's
     /// update, if any, went: the banded cells still due wait in `pending` (those read, and the
     /// quiet ones it did not read), and each band read turns next on its grid from `anchor`.
     pub fn read(&mut self, held: &[Held], read: &[u32], at: Instant, anchor: Instant) {
+        // No bands: nothing waits (and `read` was not filled in).
+        let Some(watch) = &mut self.0 else { return };
         let waits = |i: u32| {
             let h = &held[i as usize];
             h.interval_ms != 0 && h.due(at)
         };
         // Both sorted: merged, each once, still sorted.
-        let old = std::mem::take(&mut self.pending);
+        let old = std::mem::take(&mut watch.pending);
         let (mut a, mut b) = (old.iter().copied().peekable(), read.iter().copied().peekable());
         loop {
             let next = match (a.peek(), b.peek()) {
@@ -110,10 +129,10 @@ impl Watch {
                 (None, None) => break,
             };
             if let Some(i) = next.filter(|&i| waits(i)) {
-                self.pending.push(i);
+                watch.pending.push(i);
             }
         }
-        for band in self.bands.iter_mut().filter(|band| band.due(at)) {
+        for band in watch.bands.iter_mut().filter(|band| band.due(at)) {
             band.from = Some(turn_after(anchor, band.interval, at));
         }
     }
@@ -141,16 +160,22 @@ mod tests {
         move |i| held[i as usize].version != Some(world[i as usize])
     }
 
+    /// What a pass at `at` reads, and whether a band was skipped.
+    fn look(watch: &Watch, at: Instant, held: &[Held], world: &[u64]) -> (Vec<u32>, bool) {
+        let mut out = Vec::new();
+        let (cells, skipped) = watch.cells(at, stale(held, world), &mut out);
+        (cells.map_or_else(|| (0..held.len() as u32).collect(), <[u32]>::to_vec), skipped)
+    }
+
     #[test]
     fn a_band_is_read_at_its_turns_and_its_cells_left_behind_at_every_pass() {
         let t0 = Instant::now();
         let mut held = view(&[0, 100, 100, 1000], t0);
         let mut world = vec![1u64; 4];
         let mut watch = Watch::of(&held);
-        let mut out = Vec::new();
         // First pass: snapshots, every cell.
-        assert!(!watch.cells(t0, stale(&held, &world), &mut out));
-        assert_eq!(out, [0, 1, 2, 3]);
+        let (out, skipped) = look(&watch, t0, &held, &world);
+        assert_eq!((&out[..], skipped), (&[0, 1, 2, 3][..], false));
         // Cell 2 is left out (a full update); the others go.
         for i in [0, 1, 3] {
             held[i].version = Some(1);
@@ -158,31 +183,35 @@ mod tests {
         }
         watch.read(&held, &out, t0, t0);
         // 20 ms later: the cell with no band and the one left behind.
-        assert!(watch.cells(t0 + 20 * MS, stale(&held, &world), &mut out), "both bands skipped");
-        assert_eq!(out, [0, 2]);
+        let (out, skipped) = look(&watch, t0 + 20 * MS, &held, &world);
+        assert_eq!((&out[..], skipped), (&[0, 2][..], true), "both bands skipped");
         held[2].version = Some(1);
         held[2].sent(t0 + 20 * MS, t0);
         watch.read(&held, &out, t0 + 20 * MS, t0);
-        assert!(watch.cells(t0 + 40 * MS, stale(&held, &world), &mut out));
+        let (out, _) = look(&watch, t0 + 40 * MS, &held, &world);
         assert_eq!(out, [0], "cell 2 went");
         // At 100 ms, the 100 ms band's turn: cell 2 changed, cell 1 did not.
         world[2] = 2;
-        assert!(watch.cells(t0 + 100 * MS, stale(&held, &world), &mut out), "the 1 s band is skipped");
-        assert_eq!(out, [0, 1, 2]);
+        let (out, skipped) = look(&watch, t0 + 100 * MS, &held, &world);
+        assert_eq!((&out[..], skipped), (&[0, 1, 2][..], true), "the 1 s band is skipped");
         held[2].version = Some(2);
         held[2].sent(t0 + 100 * MS, t0);
         watch.read(&held, &out, t0 + 100 * MS, t0);
         // Cell 1 was quiet at its turn: it waits, and is read only once it changes.
-        assert!(watch.cells(t0 + 120 * MS, stale(&held, &world), &mut out));
+        let (out, _) = look(&watch, t0 + 120 * MS, &held, &world);
         assert_eq!(out, [0], "quiet");
         watch.read(&held, &out, t0 + 120 * MS, t0);
         world[1] = 2;
-        watch.cells(t0 + 140 * MS, stale(&held, &world), &mut out);
+        let (out, _) = look(&watch, t0 + 140 * MS, &held, &world);
         assert_eq!(out, [0, 1], "changed: read at once, not at its next turn");
         // A forgotten version: every band now.
         watch.all_due();
-        assert!(!watch.cells(t0 + 160 * MS, stale(&held, &world), &mut out));
-        assert_eq!(out, [0, 1, 2, 3]);
+        let (out, skipped) = look(&watch, t0 + 160 * MS, &held, &world);
+        assert_eq!((&out[..], skipped), (&[0, 1, 2, 3][..], false));
+        // A view with no bands: every cell, always, and nothing kept.
+        let plain = Watch::of(&view(&[0, 0, 0], t0));
+        assert!(plain.0.is_none());
+        assert_eq!(plain.cells(t0, |_| true, &mut Vec::new()), (None, false));
     }
 
     proptest! {
@@ -200,7 +229,6 @@ mod tests {
             let mut held = view(&intervals, t0);
             let mut world = vec![1u64; held.len()];
             let mut watch = Watch::of(&held);
-            let mut out = Vec::new();
             let mut at = t0;
             for (step, cells, event) in passes {
                 at += step * MS;
@@ -208,7 +236,7 @@ mod tests {
                 for (i, v) in world.iter_mut().enumerate() {
                     *v += u64::from(cells[i].0);
                 }
-                watch.cells(at, stale(&held, &world), &mut out);
+                let (out, _) = look(&watch, at, &held, &world);
                 let wanted: Vec<u32> = (0..held.len() as u32)
                     .filter(|&i| held[i as usize].due(at) && stale(&held, &world)(i))
                     .collect();
