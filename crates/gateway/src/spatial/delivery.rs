@@ -230,7 +230,6 @@ impl Delivery {
                     self.fresh.insert(conn);
                     Viewer::new(view.handle.clone(), codec, view.at)
                 });
-                viewer.banded = view.intervals.iter().any(|i| !i.is_zero());
                 viewer.anchor = view.at;
                 // Positions in `held` move with the view: the next message starts at its first.
                 viewer.first = 0;
@@ -268,7 +267,7 @@ impl Delivery {
                 // An entity that left a cell now out of view for one still in it goes with the
                 // viewer's next update, as if the cell it left had gone (`forced_by`), from the
                 // moves the latest pass knows.
-                if let (true, Some(frame)) = (viewer.banded, latest) {
+                if let (true, Some(frame)) = (viewer.watch.banded(), latest) {
                     let Viewer { held, owed, .. } = viewer;
                     let mut everything = false;
                     for (cell, version) in left {

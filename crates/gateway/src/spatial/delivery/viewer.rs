@@ -26,14 +26,13 @@ pub(super) struct Viewer {
     /// Where in `held` its next message starts: where a full message (`MAX_MESSAGE_BYTES`)
     /// stopped, so the cells after it are not starved by busy ones before it; 0 otherwise.
     pub first: usize,
-    /// Its level of detail holds some cells back: those entities moved into go with the cells
-    /// they left (`forced_by`).
-    pub banded: bool,
     /// Where its bands' turns count from (`held.rs`): when it became a viewer.
     pub anchor: Instant,
     /// Cells that go with its next update whatever their band.
     pub owed: Owed,
     /// Which cells of `held` a pass reads: those whose band's turn has come (`watch.rs`).
+    /// With bands (`Watch::banded`), the cells entities moved into go with the cells they left
+    /// (`forced_by`).
     pub watch: Watch,
 }
 
@@ -62,7 +61,6 @@ impl Viewer {
             codec,
             held: Vec::new(),
             first: 0,
-            banded: false,
             anchor,
             owed: Owed::default(),
             watch: Watch::default(),
@@ -80,21 +78,19 @@ impl Viewer {
         wants: &mut HashSet<Want>,
         (look, forced): (&mut Vec<u32>, &mut Forced),
     ) {
-        if self.banded {
+        let banded = self.watch.banded();
+        if banded {
             forced.reset(self.held.len());
         }
-        let (cells, _) = self.watch.cells(at, |i| self.held[i as usize].stale(frame), look);
-        // The k-th cell to read: the k-th in view, or of those the watch gave.
-        let len = cells.map_or(self.held.len(), <[u32]>::len);
-        let index = |k: usize| cells.map_or(k, |c| c[k] as usize);
-        for h in (0..len).map(|k| &self.held[index(k)]).filter(|h| h.stale(frame) && h.due(at)) {
+        let (cells, _) = self.watch.cells(at, self.held.len(), |i| self.held[i as usize].stale(frame), look);
+        for h in cells.from(0).map(|i| &self.held[i]).filter(|h| h.stale(frame) && h.due(at)) {
             wants.insert((h.cell, h.version, self.codec));
-            if self.banded {
+            if banded {
                 let c = &frame.cells[h.cell as usize];
                 forced.moved_out(&self.held, frame, c, h.version, c.version, at);
             }
         }
-        if !self.banded {
+        if !banded {
             return;
         }
         self.owed.now(&self.held, frame, at, forced);
@@ -125,25 +121,20 @@ impl Viewer {
         // The next pass's instant: what is asked for now is for it.
         let next_pass = frame.scheduled + frame.tick;
         g.clear();
-        // Cells the viewer lacks that its level of detail holds back for now: maybe some in
-        // the bands whose turn has not come.
+        let (n, first) = (self.held.len(), self.first);
         // Out of `g` while the gather fills it; back once read (for `Watch::read`).
         let mut cells_read = std::mem::take(&mut g.look);
+        // `waiting`: cells the viewer lacks that its level of detail holds back for now, maybe
+        // some in the bands whose turn has not come.
         let (look, mut waiting) =
-            self.watch.cells(at, |i| self.held[i as usize].stale(frame), &mut cells_read);
+            self.watch.cells(at, n, |i| self.held[i as usize].stale(frame), &mut cells_read);
         let mut missing = false;
         // Cells left for a later pass: the message was full.
         let mut partial = false;
-        let (n, first) = (self.held.len(), self.first);
         let mut stopped_at = 0;
         // Cells forced that a full update left out, with the versions they must reach.
         let mut left_out = Vec::new();
-        // The k-th cell to read: the k-th in view, or of those the watch gave; from `first`.
-        let len = look.map_or(n, <[u32]>::len);
-        let index_at = |k: usize| look.map_or(k, |c| c[k] as usize);
-        let split = look.map_or(first, |c| c.partition_point(|&index| (index as usize) < first));
-        for k in (split..len).chain(0..split) {
-            let index = index_at(k);
+        for index in look.from(first) {
             let Held { cell, version: held, .. } = self.held[index];
             let c = &cells[cell as usize];
             if held == Some(c.version) {
@@ -164,7 +155,7 @@ impl Viewer {
             }
         }
         g.look = cells_read;
-        if self.banded && !missing {
+        if self.watch.banded() && !missing {
             // The cells entities went to from those it takes (and from those, and so on),
             // and the cells owed, go too. A full update leaves them owed.
             g.forced.reset(n);

@@ -31,6 +31,27 @@ struct Bands {
     pending: Vec<u32>,
 }
 
+/// The cells a pass reads ([`Watch::cells`]), as indexes in the view: every one of its `n`,
+/// or those listed (sorted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Look<'a> {
+    cells: Option<&'a [u32]>,
+    n: usize,
+}
+
+impl Look<'_> {
+    /// The cells' indexes in the view, in order from the first at or after index `first`, then
+    /// from the start (where a full message stopped, so no cell is starved).
+    pub fn from(self, first: usize) -> impl Iterator<Item = usize> {
+        let (len, split) = match self.cells {
+            Some(cells) => (cells.len(), cells.partition_point(|&index| (index as usize) < first)),
+            None => (self.n, first.min(self.n)),
+        };
+        let at = move |k: usize| self.cells.map_or(k, |cells| cells[k] as usize);
+        (split..len).chain(0..split).map(at)
+    }
+}
+
 #[derive(Debug)]
 struct Band {
     interval: Duration,
@@ -67,6 +88,11 @@ impl Watch {
         Watch(Some(Box::new(watch)))
     }
 
+    /// Whether the view has bands: its level of detail holds some cells back.
+    pub fn banded(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Every cell may be due now (its version was forgotten: a snapshot is needed).
     pub fn all_due(&mut self) {
         if let Some(watch) = &mut self.0 {
@@ -74,18 +100,19 @@ impl Watch {
         }
     }
 
-    /// The cells a pass at `at` must read, sorted, each once, filled into `out` (`None`: a
-    /// view with no bands, every cell): of the cells pending, those `stale` says changed (the
-    /// viewer lacks their version; a quiet one has nothing to send, and nothing to ask for a
-    /// pass ahead). True if a band was skipped: it may hold changes back (so the viewer must
-    /// be due again).
+    /// The cells a pass at `at` must read, sorted, each once, filled into `out` (none kept: a
+    /// view of `n` cells with no bands, every cell): of the cells pending, those `stale` says
+    /// changed (the viewer lacks their version; a quiet one has nothing to send, and nothing
+    /// to ask for a pass ahead). True if a band was skipped: it may hold changes back (so the
+    /// viewer must be due again).
     pub fn cells<'a>(
         &self,
         at: Instant,
+        n: usize,
         stale: impl Fn(u32) -> bool,
         out: &'a mut Vec<u32>,
-    ) -> (Option<&'a [u32]>, bool) {
-        let Some(watch) = &self.0 else { return (None, false) };
+    ) -> (Look<'a>, bool) {
+        let Some(watch) = &self.0 else { return (Look { cells: None, n }, false) };
         out.clear();
         out.extend_from_slice(&watch.every);
         out.extend(watch.pending.iter().copied().filter(|&index| stale(index)));
@@ -100,7 +127,7 @@ impl Watch {
         // Sorted runs end to end: the stable sort merges runs.
         out.sort();
         out.dedup();
-        (Some(out), skipped)
+        (Look { cells: Some(out), n }, skipped)
     }
 
     /// After a pass at `at` read `read` (what [`Watch::cells`] gave for `at`) and the viewer's
@@ -163,8 +190,8 @@ mod tests {
     /// What a pass at `at` reads, and whether a band was skipped.
     fn look(watch: &Watch, at: Instant, held: &[Held], world: &[u64]) -> (Vec<u32>, bool) {
         let mut out = Vec::new();
-        let (cells, skipped) = watch.cells(at, stale(held, world), &mut out);
-        (cells.map_or_else(|| (0..held.len() as u32).collect(), <[u32]>::to_vec), skipped)
+        let (cells, skipped) = watch.cells(at, held.len(), stale(held, world), &mut out);
+        (cells.from(0).map(|i| i as u32).collect(), skipped)
     }
 
     #[test]
@@ -210,8 +237,11 @@ mod tests {
         assert_eq!((&out[..], skipped), (&[0, 1, 2, 3][..], false));
         // A view with no bands: every cell, always, and nothing kept.
         let plain = Watch::of(&view(&[0, 0, 0], t0));
-        assert!(plain.0.is_none());
-        assert_eq!(plain.cells(t0, |_| true, &mut Vec::new()), (None, false));
+        assert!(plain.0.is_none() && !plain.banded());
+        let mut scratch = Vec::new();
+        let (every, skipped) = plain.cells(t0, 3, |_| true, &mut scratch);
+        assert_eq!((every, skipped), (Look { cells: None, n: 3 }, false), "nothing listed");
+        assert_eq!(every.from(1).collect::<Vec<_>>(), [1, 2, 0], "every cell, from the first");
     }
 
     proptest! {
