@@ -163,6 +163,16 @@ async fn requests_wait_while_a_reply_waits_for_room() {
     assert_eq!(handled.load(Ordering::SeqCst), 10);
 }
 
+/// A Hello as `player`, then `n` requests, as raw bytes: a client that pipelines and reads
+/// (and so acknowledges) nothing.
+fn hello_and_requests(player: &str, n: u64) -> Vec<u8> {
+    let mut bytes = common::hello_frame(player);
+    for seq in 1..=n {
+        bytes.extend(common::echo_frame(seq, seq));
+    }
+    bytes
+}
+
 /// More requests waiting than the outbox holds (256 by default) from a client that does not
 /// acknowledge: it is closed as slow, having had only three handled.
 #[tokio::test]
@@ -170,10 +180,7 @@ async fn a_client_that_keeps_asking_without_acknowledging_is_closed_as_slow() {
     let handled = Arc::new(AtomicUsize::new(0));
     let gw = replier_gateway(&handled).start().await.unwrap();
     let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
-    let mut bytes = common::hello_frame("greedy");
-    for seq in 1..=300 {
-        bytes.extend(common::echo_frame(seq, seq));
-    }
+    let bytes = hello_and_requests("greedy", 300);
     stream.write_all(&bytes).await.unwrap();
     let close = common::read_close(&mut stream).await;
     assert_eq!(common::reason(&close), Some(CloseReason::SlowConsumer), "{close:?}");
@@ -189,10 +196,7 @@ async fn what_waited_before_a_close_is_handled() {
     let handled = Arc::new(AtomicUsize::new(0));
     let gw = replier_gateway(&handled).start().await.unwrap();
     let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
-    let mut bytes = common::hello_frame("leaver");
-    for seq in 1..=8 {
-        bytes.extend(common::echo_frame(seq, seq));
-    }
+    let mut bytes = hello_and_requests("leaver", 8);
     let close = Control {
         kind: Some(control::Kind::Close(Close { reason: CloseReason::Normal as i32, message: "bye".into() })),
     };

@@ -354,17 +354,16 @@ impl World {
         // client sending faster than its server reads is told to retry, and never makes the
         // server a slow consumer (`SessionHandle::relay`).
         // (Held for a handover under way, it needs no place: the acquire carries it.)
-        let place = match server || e.route.handing_over() {
-            true => None,
-            false => match owner.relay() {
-                Ok(place) => Some(place),
-                Err(_) => {
-                    let msg = format!(
-                        "entity {entity_id}'s server has more messages waiting than it takes from clients; retry"
-                    );
-                    return error_response(id, Status::Unavailable, msg);
-                }
-            },
+        let place = if server || e.route.handing_over() {
+            None
+        } else {
+            let Ok(place) = owner.relay() else {
+                let msg = format!(
+                    "entity {entity_id}'s server has more messages waiting than it takes from clients; retry"
+                );
+                return error_response(id, Status::Unavailable, msg);
+            };
+            Some(place)
         };
         match e.route.send(message) {
             Ok(Some(Action::Deliver { seq, message, .. })) => {
