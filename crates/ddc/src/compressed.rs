@@ -154,6 +154,45 @@ impl Header {
     }
 }
 
+/// What a stored buffer's header says of its blocks, to tell whether its payload was checked
+/// when it was stored without reading it again: only an Oodle buffer can hold blocks this server
+/// cannot decode (those not stored raw). Read from a buffer that passed [`check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockTable {
+    oodle: bool,
+    blocks: u64,
+    block: u64,
+    total_raw_size: u64,
+}
+
+impl BlockTable {
+    /// Bytes of the header it is read from.
+    pub const HEADER: usize = HEADER;
+
+    /// The table the header describes.
+    pub fn of(header: &[u8; HEADER]) -> BlockTable {
+        BlockTable {
+            oodle: header[8] == 3,
+            blocks: u64::from(be32(header, 12)),
+            block: 1u64 << header[11].min(63),
+            total_raw_size: be64(header, 16),
+        }
+    }
+
+    /// Bytes of the block table that follows the header and must be read to judge the
+    /// blocks: none unless the method is Oodle.
+    pub fn table_len(&self) -> u64 {
+        if self.oodle { 4 * self.blocks } else { 0 }
+    }
+
+    /// Whether block `i`, stored in `stored` bytes, cannot be decoded here: an Oodle block
+    /// smaller than its raw size.
+    pub fn undecodable(&self, i: u64, stored: u32) -> bool {
+        let raw = self.block.min(self.total_raw_size.saturating_sub(i.saturating_mul(self.block)));
+        self.oodle && u64::from(stored) < raw
+    }
+}
+
 /// [`check`], then the payload: every block decompressed (or copied when stored raw) into
 /// the hasher, one block at a time, and the hash compared with the header's raw hash. `Oodle`
 /// if an Oodle-compressed block is met. Memory: one block (at most `2^exponent`, and at most

@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use crate::budget::{Held, MemoryBudget, NoRoom};
 use crate::cb::{self, CbType};
-use crate::compressed::{self, CompressedError};
+use crate::compressed::{self, BlockTable, CompressedError};
 use crate::meta::{MetaError, MetaStore};
 use crate::{BlobStore, IoHash, Name, OpenBlob, StoreError};
 
@@ -43,6 +43,8 @@ const LOOKUPS_AT_ONCE: usize = 8;
 /// pool, not on the request's runtime thread: an LZ4 buffer decodes to up to 255 times its
 /// stored size, and hashing that there would hold up every other request on the thread.
 pub const DECODE_INLINE_MAX: u64 = 256 << 10;
+/// The buffer a stored block table is read through ([`Content::unchecked`]).
+const TABLE_READ: usize = 16 << 10;
 
 /// Decodes of large compressed buffers at once: as many as there are cores, so that they
 /// neither take every core nor fill the blocking pool that SQLite and the blob files share
@@ -164,18 +166,46 @@ impl Content {
         // The budget is kept until the buffer is stored: the body is written below.
         let (verified, _budget) =
             self.decodes.decode(header.total_raw_size, body.clone(), budget, compressed::verify).await?;
-        match verified {
-            Ok(_) | Err(CompressedError::Oodle) => {}
+        let checked = match verified {
+            Ok(_) => true,
+            Err(CompressedError::Oodle) => false,
             Err(e) => return Err(e.into()),
-        }
-        if let Some(Located::Compressed(_)) = self.locate_durably(ns, raw).await? {
-            // Already stored: an idempotent re-upload. (Looking for it marked it as written now
-            // if it was old and collections run, so a sweep under way keeps it.)
-            return Ok(raw);
+        };
+        if let Some(Located::Compressed(stored)) = self.locate_durably(ns, raw).await? {
+            // Already stored: an idempotent re-upload (looking for it marked it as written now
+            // if it was old and collections run, so a sweep under way keeps it), unless the
+            // stored copy's payload was never checked and this one's was: then this one takes
+            // its place, so that a first unverifiable upload (right or wrong) is not final.
+            if !checked || !self.unchecked(ns, &stored).await? {
+                return Ok(raw);
+            }
         }
         let (blob, _) = self.blobs.put(ns, None, &body[..], u64::MAX).await?;
         self.meta.put_content(ns, raw, blob).await?;
         Ok(raw)
+    }
+
+    /// Whether the stored compressed buffer `blob` holds a block this server cannot decode
+    /// (Oodle), so that its payload was never checked against its raw hash: read from its
+    /// header and as much of its block table as it takes, a bounded buffer at a time. A blob
+    /// gone meanwhile counts as checked (there is nothing to replace).
+    async fn unchecked(&self, ns: &Name, blob: &IoHash) -> Result<bool, ContentError> {
+        let Some(open) = self.blobs.open_blob(ns, blob).await? else { return Ok(false) };
+        let mut header = [0; BlockTable::HEADER];
+        open.read_range(0, header.len() as u64).await?.read_exact(&mut header).await?;
+        let table = BlockTable::of(&header);
+        if table.table_len() == 0 {
+            return Ok(false);
+        }
+        let Some(open) = self.blobs.open_blob(ns, blob).await? else { return Ok(false) };
+        let reader = open.read_range(header.len() as u64, table.table_len()).await?;
+        let mut sizes = tokio::io::BufReader::with_capacity(TABLE_READ, reader);
+        for i in 0..table.table_len() / 4 {
+            if table.undecodable(i, sizes.read_u32().await?) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Where the content named `id` is, for a read: a compressed buffer with that raw hash

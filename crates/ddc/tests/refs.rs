@@ -793,3 +793,35 @@ fn an_oodle_buffer_is_accepted_stored_and_served_as_it_came() {
     assert_eq!(got.status, 200);
     assert!(got.body == payload, "the raw blob");
 }
+
+/// A buffer whose payload this server cannot check (Oodle) is stored as it came, right or
+/// wrong. It is not final: a later upload of the same raw hash whose payload checks takes its
+/// place. The reverse does not happen: a checked copy stays when an unchecked one comes.
+#[test]
+fn a_checked_upload_replaces_an_unchecked_one_and_not_the_reverse() {
+    let s = start();
+    let payload: Vec<u8> = (0..1200u32).map(|i| (i % 241) as u8).collect();
+    let raw = IoHash::of(&payload);
+    let blob = format!("/api/v1/compressed-blobs/{NS}/{}", raw.to_hex());
+    let put = |body: &[u8]| send(req(&s, "PUT", &blob).set("Content-Type", COMP), Some(body));
+    let get = || send(req(&s, "GET", &blob), None);
+    // Unchecked, and wrong: its first block is noise, not an encoding of the payload.
+    let unchecked = oodle_buffer(&payload, 100);
+    assert_eq!(put(&unchecked).status, 200);
+    assert!(get().body == unchecked);
+    let other_unchecked = oodle_buffer(&payload, 90);
+    assert_eq!(put(&other_unchecked).status, 200);
+    assert!(get().body == unchecked, "an unchecked copy does not replace another");
+    let checked = tickwire_ddc::compressed::encode_none(&payload);
+    assert_eq!(put(&checked).status, 200);
+    assert!(get().body == checked, "the checked copy took the unchecked one's place");
+    assert_eq!(put(&unchecked).status, 200);
+    assert!(get().body == checked, "an unchecked copy does not replace a checked one");
+    // An Oodle buffer whose blocks are all stored raw is checked like any other.
+    let mut all_raw = oodle_buffer(&payload, 512);
+    let first = 64 + 4 * payload.len().div_ceil(512);
+    all_raw[first..first + 512].copy_from_slice(&payload[..512]);
+    assert_eq!(tickwire_ddc::compressed::verify(&all_raw).map(|h| h.raw_hash), Ok(raw));
+    assert_eq!(put(&all_raw).status, 200);
+    assert!(get().body == checked, "a checked copy does not replace a checked one");
+}
