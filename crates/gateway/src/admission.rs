@@ -1,8 +1,11 @@
 //! Admission: how many connections may be waiting for their Hello, in all and from one
-//! address, and how many one address may hold open at all, logged in or not. A connection past
-//! any budget is closed at once with `OVERLOADED`, so sockets opened and left silent (up to the
-//! auth timeout each) cannot take every file descriptor and starve the clients that do log in,
-//! and one address cannot hold every session slot. An address is a
+//! address, how many one address may hold open at all, logged in or not, and how many sessions
+//! may live, in all and opened from one address, connected or waiting to resume. A connection
+//! past any budget is closed at once with `OVERLOADED`, so sockets opened and left silent (up
+//! to the auth timeout each) cannot take every file descriptor and starve the clients that do
+//! log in, one address cannot hold every connection slot, and a client that logs in and drops
+//! its link in a loop cannot pile up sessions (each waits `session.resume_window` for a
+//! resume, holding its memory and its subscriptions). An address is a
 //! [`ClientAddress`]: an IPv6 client counts with its whole block (`limits.ipv6_prefix`, a /64
 //! by default). Counting only: nothing here reads a clock or touches a socket.
 
@@ -10,6 +13,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use tickwire_transport::{AddressCounts, ClientAddress};
+
+use crate::config::LimitsConfig;
 
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -20,6 +25,10 @@ pub(crate) enum Refused {
     PerIp(ClientAddress, usize),
     #[error("{1} connections from {0} are already open (limits.max_connections_per_ip)")]
     Open(ClientAddress, usize),
+    #[error("{0} sessions are already open, connected or not (limits.max_sessions)")]
+    Sessions(usize),
+    #[error("{1} sessions opened from {0} are still open, connected or not (limits.max_sessions_per_ip)")]
+    SessionsPerIp(ClientAddress, usize),
 }
 
 #[derive(Debug, Default)]
@@ -28,14 +37,19 @@ struct Counts {
     per_ip: AddressCounts,
     /// Open connections per address, logged in or not.
     open: AddressCounts,
+    /// Live sessions, in all and by the address each was opened from.
+    sessions: usize,
+    sessions_per_ip: AddressCounts,
 }
 
-/// The connection budgets of one gateway process.
+/// The connection and session budgets of one gateway process.
 #[derive(Debug)]
 pub(crate) struct Admission {
     max_total: usize,
     max_per_ip: usize,
     max_open_per_ip: usize,
+    max_sessions: usize,
+    max_sessions_per_ip: usize,
     /// What one address is for an IPv6 client: its first this many bits.
     ipv6_prefix: u8,
     counts: Mutex<Counts>,
@@ -49,6 +63,14 @@ pub(crate) struct Open {
     ip: ClientAddress,
 }
 
+/// A session's place among the live sessions and those opened from its address, held for as
+/// long as the session lives, connected or not: by the registry, which holds every live session.
+#[derive(Debug)]
+pub(crate) struct SessionPlace {
+    admission: Arc<Admission>,
+    ip: ClientAddress,
+}
+
 /// A connection's place in the budget, held until its handshake ends (logged in or not).
 #[derive(Debug)]
 pub(crate) struct Pending {
@@ -57,14 +79,16 @@ pub(crate) struct Pending {
 }
 
 impl Admission {
-    pub(crate) fn new(
-        max_total: usize,
-        max_per_ip: usize,
-        max_open_per_ip: usize,
-        ipv6_prefix: u8,
-    ) -> Arc<Admission> {
-        let counts = Mutex::new(Counts::default());
-        Arc::new(Admission { max_total, max_per_ip, max_open_per_ip, ipv6_prefix, counts })
+    pub(crate) fn new(limits: &LimitsConfig) -> Arc<Admission> {
+        Arc::new(Admission {
+            max_total: limits.max_pending_handshakes,
+            max_per_ip: limits.max_pending_per_ip,
+            max_open_per_ip: limits.max_connections_per_ip,
+            max_sessions: limits.max_sessions,
+            max_sessions_per_ip: limits.max_sessions_per_ip,
+            ipv6_prefix: limits.ipv6_prefix,
+            counts: Mutex::new(Counts::default()),
+        })
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
@@ -119,6 +143,33 @@ impl Admission {
     }
 }
 
+impl Open {
+    /// Takes a place for a new session opened on this connection, among all live sessions and
+    /// those opened from its address, or says why there is none.
+    pub(crate) fn session(&self) -> Result<SessionPlace, Refused> {
+        let admission = &self.admission;
+        let mut counts = admission.counts();
+        if counts.sessions >= admission.max_sessions {
+            return Err(Refused::Sessions(counts.sessions));
+        }
+        let from_ip = counts.sessions_per_ip.get(&self.ip);
+        if from_ip >= admission.max_sessions_per_ip {
+            return Err(Refused::SessionsPerIp(self.ip, from_ip));
+        }
+        counts.sessions += 1;
+        counts.sessions_per_ip.add(self.ip);
+        Ok(SessionPlace { admission: admission.clone(), ip: self.ip })
+    }
+}
+
+impl Drop for SessionPlace {
+    fn drop(&mut self) {
+        let mut counts = self.admission.counts();
+        counts.sessions -= 1;
+        counts.sessions_per_ip.remove(&self.ip);
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut counts = self.admission.counts();
@@ -141,6 +192,19 @@ mod tests {
         IpAddr::from([127, 0, 0, last])
     }
 
+    /// Admission with these connection budgets and room for 1,000 sessions.
+    fn budgets(pending: usize, pending_per_ip: usize, open_per_ip: usize, ipv6_prefix: u8) -> Arc<Admission> {
+        Admission::new(&LimitsConfig {
+            max_pending_handshakes: pending,
+            max_pending_per_ip: pending_per_ip,
+            max_connections_per_ip: open_per_ip,
+            ipv6_prefix,
+            max_sessions: 1_000,
+            max_sessions_per_ip: 1_000,
+            ..LimitsConfig::default()
+        })
+    }
+
     /// `ip(last)` as the limits count it.
     fn key(last: u8) -> ClientAddress {
         ClientAddress::of(ip(last), 64)
@@ -148,7 +212,7 @@ mod tests {
 
     #[test]
     fn budgets_hold_per_address_and_in_all_and_free_on_drop() {
-        let a = Admission::new(3, 2, 100, 64);
+        let a = budgets(3, 2, 100, 64);
         let first = a.admit(ip(1)).unwrap();
         let _second = a.admit(ip(1)).unwrap();
         assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2));
@@ -162,20 +226,20 @@ mod tests {
 
     #[test]
     fn an_address_with_nothing_pending_is_forgotten() {
-        let a = Admission::new(10, 10, 10, 64);
+        let a = budgets(10, 10, 10, 64);
         drop(a.admit(ip(9)).unwrap());
         assert!(a.counts().per_ip.is_empty());
         assert!(a.counts().open.is_empty());
         assert_eq!(a.pending(), 0);
         // A refused address is not remembered either.
-        let none = Admission::new(10, 0, 10, 64);
+        let none = budgets(10, 0, 10, 64);
         assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(key(9), 0));
         assert!(none.counts().per_ip.is_empty() && none.counts().open.is_empty());
     }
 
     #[test]
     fn open_connections_outlive_the_login_and_are_capped_per_address() {
-        let a = Admission::new(10, 10, 2, 64);
+        let a = budgets(10, 10, 2, 64);
         let (pending, first) = a.admit(ip(1)).unwrap();
         drop(pending);
         let (_, _second) = a.admit(ip(1)).unwrap();
@@ -191,7 +255,7 @@ mod tests {
     #[test]
     fn an_ipv6_client_counts_with_its_whole_block() {
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
-        let a = Admission::new(10, 10, 2, 64);
+        let a = budgets(10, 10, 2, 64);
         let _first = a.admit(v6("2001:db8::1")).unwrap();
         let _second = a.admit(v6("2001:db8::abcd:2")).unwrap();
         let refused = a.admit(v6("2001:db8::3")).unwrap_err();
@@ -203,8 +267,33 @@ mod tests {
         let _mapped = a.admit(v6("::ffff:127.0.0.1")).unwrap();
         assert_eq!(a.open_from(ip(1)), 1, "an IPv4 address mapped into IPv6 is that address");
         // With 128, each address on its own.
-        let apart = Admission::new(10, 10, 1, 128);
+        let apart = budgets(10, 10, 1, 128);
         let _one = apart.admit(v6("2001:db8::1")).unwrap();
         assert!(apart.admit(v6("2001:db8::2")).is_ok());
+    }
+
+    #[test]
+    fn sessions_are_capped_in_all_and_per_address_connected_or_not() {
+        let a = Admission::new(&LimitsConfig {
+            max_sessions: 3,
+            max_sessions_per_ip: 2,
+            ..LimitsConfig::default()
+        });
+        let (pending, open) = a.admit(ip(1)).unwrap();
+        let first = open.session().unwrap();
+        // The connection goes (the session waits for a resume): its session keeps its place.
+        drop((pending, open));
+        let (_, open) = a.admit(ip(1)).unwrap();
+        let _second = open.session().unwrap();
+        assert_eq!(open.session().unwrap_err(), Refused::SessionsPerIp(key(1), 2));
+        let (_, other) = a.admit(ip(2)).unwrap();
+        let _third = other.session().unwrap();
+        assert_eq!(other.session().unwrap_err(), Refused::Sessions(3));
+        drop(first);
+        let again = open.session().unwrap();
+        assert_eq!(a.counts().sessions, 3);
+        drop((again, _second, _third));
+        assert_eq!(a.counts().sessions, 0);
+        assert!(a.counts().sessions_per_ip.is_empty(), "an address with no session is forgotten");
     }
 }

@@ -130,7 +130,13 @@ pub struct LimitsConfig {
     /// Connections one IP address may hold open at once, logged in or not (a NAT or proxy puts
     /// many players behind one address: size it for that).
     pub max_connections_per_ip: usize,
-    /// What "one IP address" is for an IPv6 client in the two limits above: its first this many
+    /// Sessions that may live at once, connected or waiting for a resume
+    /// (`session.resume_window`); a Hello for a new session past it is closed with OVERLOADED.
+    pub max_sessions: usize,
+    /// The same, for the sessions opened from one IP address (however many connections they
+    /// have now): what one client that logs in and drops its link in a loop can hold.
+    pub max_sessions_per_ip: usize,
+    /// What "one IP address" is for an IPv6 client in the limits above: its first this many
     /// bits (64, the block a site is usually given, so that a host cannot pass them by changing
     /// the low bits of its address; 128, each address on its own).
     pub ipv6_prefix: u8,
@@ -232,6 +238,8 @@ impl Default for LimitsConfig {
             max_pending_handshakes: 4096,
             max_pending_per_ip: 256,
             max_connections_per_ip: 10_000,
+            max_sessions: 250_000,
+            max_sessions_per_ip: 10_000,
             ipv6_prefix: 64,
         }
     }

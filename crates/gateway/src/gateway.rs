@@ -117,12 +117,7 @@ impl Gateway {
             tracker: TaskTracker::new(),
             workers: self.workers,
             next_conn_id: std::sync::atomic::AtomicU64::new(1),
-            admission: Admission::new(
-                self.config.limits.max_pending_handshakes,
-                self.config.limits.max_pending_per_ip,
-                self.config.limits.max_connections_per_ip,
-                self.config.limits.ipv6_prefix,
-            ),
+            admission: Admission::new(&self.config.limits),
             config: self.config,
         });
         // A start that fails from here on tells what was started before it to stop: the

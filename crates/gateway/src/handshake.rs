@@ -127,6 +127,10 @@ pub(crate) async fn handshake_with(
         Ok(identity) => identity,
         Err(e) => return reject(&shared, conn, CloseReason::AuthFailed, e.to_string()).await,
     };
+    let place = match open.session() {
+        Ok(place) => place,
+        Err(refused) => return reject(&shared, conn, CloseReason::Overloaded, refused.to_string()).await,
+    };
     let mut id = SessionId(rand::random());
     if let Some(workers) = &shared.workers {
         workers.stamp(&mut id);
@@ -137,7 +141,7 @@ pub(crate) async fn handshake_with(
     } else {
         identity.player_id
     };
-    SessionTask::spawn(shared, (conn, open), buf, id, token, player_id, identity.role);
+    SessionTask::spawn(shared, (conn, open), place, buf, id, token, player_id, identity.role);
 }
 
 /// Passes a resume to the worker process that owns the session, with the Hello re-encoded in

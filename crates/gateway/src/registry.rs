@@ -12,6 +12,8 @@ use tickwire_session::{ResumeToken, SessionId};
 use tickwire_transport::Conn;
 use tokio::sync::mpsc;
 
+use crate::admission::SessionPlace;
+
 const SHARDS: usize = 64;
 
 /// A new connection for an existing session, with what the client said in its Hello.
@@ -33,6 +35,8 @@ pub(crate) type Takeovers = mpsc::Sender<Box<Takeover>>;
 struct Entry {
     token: ResumeToken,
     takeover: Takeovers,
+    /// The session's place in the session budgets, given back when it is removed.
+    _place: SessionPlace,
 }
 
 /// Why a resume was refused.
@@ -59,8 +63,9 @@ impl Registry {
         &self.shards[id.0[0] as usize % SHARDS]
     }
 
-    pub(crate) fn insert(&self, id: SessionId, token: ResumeToken, takeover: Takeovers) {
-        self.shard(&id).lock().expect("registry lock").insert(id, Entry { token, takeover });
+    pub(crate) fn insert(&self, id: SessionId, token: ResumeToken, takeover: Takeovers, place: SessionPlace) {
+        let entry = Entry { token, takeover, _place: place };
+        self.shard(&id).lock().expect("registry lock").insert(id, entry);
     }
 
     pub(crate) fn remove(&self, id: &SessionId) {

@@ -18,7 +18,7 @@ use tickwire_wire::{Frame, Payload, WireError, decode_control, decode_envelope, 
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
-use crate::admission::Open;
+use crate::admission::{Open, SessionPlace};
 use crate::auth::Role;
 use crate::close::send_close;
 use crate::flow::UpdateFlow;
@@ -115,6 +115,7 @@ impl SessionTask {
     pub(crate) fn spawn(
         shared: Arc<Shared>,
         conn: (Conn, Open),
+        place: SessionPlace,
         rbuf: BytesMut,
         id: SessionId,
         token: ResumeToken,
@@ -125,7 +126,7 @@ impl SessionTask {
         let limits = &shared.config.limits;
         let (outbox_tx, outbox) = mpsc::channel(limits.outbox_capacity);
         let (takeover_tx, takeovers) = mpsc::channel(1);
-        shared.registry.insert(id, token, takeover_tx);
+        shared.registry.insert(id, token, takeover_tx, place);
         Stats::add(&shared.stats.sessions_open, 1);
         let task = SessionTask {
             handle: SessionHandle {

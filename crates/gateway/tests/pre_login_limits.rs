@@ -258,3 +258,39 @@ async fn websocket_pings_after_login_count_against_the_frame_rate_limit() {
     let mut healthy = common::connect(&gw).await;
     assert_eq!(common::round_trip(&mut healthy, 1, 8).await.id, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_pile_up_sessions_by_dropping_its_links() {
+    let gw = common::start(&["limits.max_sessions_per_ip=2"]).await;
+    let from = |last: u8| {
+        let mut opts = ConnectOptions::new(common::tcp_target(&gw));
+        opts.local_addr = Some([127, 0, 0, last].into());
+        opts
+    };
+    let mut kept = Connection::connect(from(8)).await.unwrap();
+    // Dropped without a Close: its session waits a resume window for the client to come back,
+    // and keeps its place though its connection is gone.
+    drop(Connection::connect(from(8)).await.unwrap());
+    match Connection::connect(from(8)).await {
+        Err(tickwire_client::ClientError::Closed { reason, message }) => {
+            assert_eq!(reason, CloseReason::Overloaded);
+            assert!(message.contains("limits.max_sessions_per_ip"), "{message}");
+        }
+        other => panic!("expected OVERLOADED, got {:?}", other.map(|_| ())),
+    }
+    // Another address is not affected, and the live session still works.
+    let mut other = Connection::connect(from(9)).await.unwrap();
+    assert_eq!(common::round_trip(&mut other, 1, 8).await.id, 1);
+    assert_eq!(common::round_trip(&mut kept, 1, 8).await.id, 1);
+    // A session that ends (a Close) gives its place back.
+    kept.close().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match Connection::connect(from(8)).await {
+            Ok(conn) => break conn,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("the freed place was not given back: {e}"),
+        }
+    };
+    assert_eq!(common::round_trip(&mut again, 2, 8).await.id, 2);
+}
