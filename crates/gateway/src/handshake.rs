@@ -13,7 +13,7 @@ use tickwire_wire::{Frame, FrameDecoder, WireError, decode_control};
 use crate::admission::Open;
 use crate::close::send_close;
 use crate::registry::Takeover;
-use crate::session_task::SessionTask;
+use crate::session_task::{NewSession, SessionTask};
 use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::workers::{WorkerSet, hand_off};
@@ -141,7 +141,8 @@ pub(crate) async fn handshake_with(
     } else {
         identity.player_id
     };
-    SessionTask::spawn(shared, (conn, open), place, buf, id, token, player_id, identity.role);
+    let new = NewSession { id, token, player_id, role: identity.role, place };
+    SessionTask::spawn(shared, (conn, open), buf, new);
 }
 
 /// Passes a resume to the worker process that owns the session, with the Hello re-encoded in

@@ -111,17 +111,18 @@ async fn read_conn(conn: &mut Option<Conn>, buf: &mut BytesMut) -> io::Result<us
     }
 }
 
+/// A session the handshake has let in: who it is, and its place in the session budgets.
+pub(crate) struct NewSession {
+    pub(crate) id: SessionId,
+    pub(crate) token: ResumeToken,
+    pub(crate) player_id: String,
+    pub(crate) role: Role,
+    pub(crate) place: SessionPlace,
+}
+
 impl SessionTask {
-    pub(crate) fn spawn(
-        shared: Arc<Shared>,
-        conn: (Conn, Open),
-        place: SessionPlace,
-        rbuf: BytesMut,
-        id: SessionId,
-        token: ResumeToken,
-        player_id: String,
-        role: Role,
-    ) {
+    pub(crate) fn spawn(shared: Arc<Shared>, conn: (Conn, Open), rbuf: BytesMut, new: NewSession) {
+        let NewSession { id, token, player_id, role, place } = new;
         let now = Instant::now();
         let limits = &shared.config.limits;
         let (outbox_tx, outbox) = mpsc::channel(limits.outbox_capacity);
