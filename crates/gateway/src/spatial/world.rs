@@ -233,11 +233,14 @@ impl World {
                 .encode_to_vec()
                 .into();
         // Every spatial server but the one concerned, the observers, and the clients that see
-        // one of the slot's cells.
-        let servers = self.slots.iter().flatten().filter(|s| s.conn_id() != conn);
+        // one of the slot's cells: each once (a server or an observer may also see the cells).
+        let servers = self.slots.iter().flatten();
         let viewers = self.viewers_of(|cell| self.slot_of_cell(cell) == slot);
+        let mut told: HashSet<u64> = HashSet::from_iter([conn]);
         for to in servers.chain(&self.observers).chain(&viewers) {
-            let _ = to.push("spatial.event", body.clone());
+            if told.insert(to.conn_id()) {
+                let _ = to.push("spatial.event", body.clone());
+            }
         }
     }
 
@@ -309,19 +312,20 @@ impl World {
         let orphans: Vec<u64> =
             self.entities.iter().filter(|(_, e)| e.owner_slot == slot).map(|(&id, _)| id).collect();
         for entity_id in orphans {
-            self.take_over(entity_id, slot);
+            self.take_over(entity_id, slot, slot);
         }
         self.event(SpatialEventKind::ServerJoined, slot, conn, "a spatial server registered");
         None
     }
 
-    /// Gives an entity whose owner is gone to the server now in `slot`, if any.
-    fn take_over(&mut self, entity_id: u64, slot: u32) {
-        let Some(server) = self.live_server(slot).cloned() else { return };
+    /// Gives an entity whose owner is gone (it was in `from_slot`) to `slot`: to its server
+    /// now if there is one, else to the next one to register there.
+    fn take_over(&mut self, entity_id: u64, from_slot: u32, slot: u32) {
+        let server = self.live_server(slot).cloned();
         let Some(e) = self.entities.get_mut(&entity_id) else { return };
-        let from_slot = e.owner_slot;
         e.owner_slot = slot;
         e.handing_to = None;
+        let Some(server) = server else { return };
         let action = e.route.lost(server.conn_id(), e.value.clone().into_bytes());
         self.acquire(entity_id, from_slot, slot, &server, action);
     }
@@ -378,19 +382,20 @@ impl World {
         self.event(SpatialEventKind::ServerLost, slot, conn, "the spatial server's session ended");
         // Entities it owned, and those it was about to be handed: each goes to the server of
         // the cell it is in, if that is someone else; otherwise it waits for the slot.
-        let affected: BTreeMap<u64, u32> = self
+        let affected: BTreeMap<u64, (u32, u32)> = self
             .entities
             .iter()
             .filter(|(_, e)| e.route.owner() == conn || e.owner_slot == slot)
-            .map(|(&id, e)| (id, e.cell))
+            .map(|(&id, e)| (id, (e.owner_slot, e.cell)))
             .collect();
-        for (entity_id, cell) in affected {
-            let cell_slot = self.slot_of_cell(cell);
-            if let Some(e) = self.entities.get_mut(&entity_id) {
-                e.owner_slot = cell_slot;
-                e.handing_to = None;
-            }
-            self.take_over(entity_id, cell_slot);
+        for (entity_id, (from_slot, cell)) in affected {
+            self.take_over(entity_id, from_slot, self.slot_of_cell(cell));
+        }
+        // A handover to it that its owner has not released yet goes nowhere: the owner's
+        // release (it must answer its RELEASE) gives the entity back to it, in an ACQUIRE
+        // (`release`), instead of to a slot nobody serves.
+        for e in self.entities.values_mut().filter(|e| e.handing_to == Some(slot)) {
+            e.handing_to = None;
         }
     }
 }

@@ -310,7 +310,7 @@ async fn a_controller_flooding_its_entitys_server_is_told_to_retry_and_the_serve
         }
         assert!(sent < 4000, "never refused");
     };
-    assert!(refused.to_string().contains("more messages waiting than it takes from clients"), "{refused}");
+    assert!(refused.to_string().contains("more messages waiting than it takes from others"), "{refused}");
     assert_eq!(gw.session_count(), 2, "the server's session is still there");
     for seq in 1..=sent {
         let m = EntityMessage::decode(common::channels::next(&s0, "spatial.message").await).unwrap();
@@ -403,4 +403,96 @@ async fn a_controller_that_leaves_is_let_go_by_every_entity_it_controls() {
     // The first one did too, in the same step.
     let first = refused(s0.call("channel.send", hello(ids[0]).encode_to_vec().into()).await);
     assert_eq!(first, Some(Status::NotFound), "the first entity let go of its controller");
+}
+
+/// A handover whose destination server is lost before the owner releases goes nowhere: the
+/// release gives the entity back to its owner (an ACQUIRE from and to its own slot, with the
+/// message it had not processed), and messages reach it again. (It used to wait for a server in
+/// the lost slot, every message refused, though the owner was alive.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_to_a_server_lost_before_the_release_gives_the_entity_back() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("session.resume_window=\"300ms\"");
+    let gw = common::start(&overrides).await;
+    let owner = server(&gw, "owner", Some(0)).await;
+    let player = client(&gw, "player").await;
+    // The destination: a bare connection, so that it can vanish without a goodbye.
+    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
+    opts.token = "server:doomed".into();
+    let mut doomed = tickwire_client::Connection::connect(opts).await.unwrap();
+    let register = RegisterServer { slot: Some(1), observe_only: false }.encode_to_vec();
+    doomed.send_request(1, "spatial.register", register.into()).unwrap();
+    doomed.flush().await;
+    let joined = SpatialEvent::decode(common::channels::next(&owner, "spatial.event").await).unwrap();
+    assert_eq!((joined.kind(), joined.slot), (SpatialEventKind::ServerJoined, 1));
+    let spawn = SpawnEntity {
+        position: v3([15.0, 0.0, 5.0]),
+        value_json: r#"{"pos":[15,0,5]}"#.into(),
+        controller_connection: player.connection_id(),
+    };
+    let entity_id = owner.spatial_spawn(spawn).await.unwrap().entity_id;
+    player.send_to_entity(entity_id, Bytes::from_static(b"one")).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&owner, "spatial.message").await).unwrap();
+    assert_eq!(m.seq, 1);
+    // It walks into slot 1's block: the owner is asked to release it.
+    let walked = EntityState { entity_id, position: v3([25.0, 0.0, 5.0]), ..EntityState::default() };
+    owner.spatial_publish(vec![walked]).await.unwrap();
+    let release = Handover::decode(common::channels::next(&owner, "spatial.handover").await).unwrap();
+    assert_eq!((release.kind(), release.from_slot, release.to_slot), (HandoverKind::Release, 0, 1));
+    // A message sent meanwhile waits for the handover.
+    player.send_to_entity(entity_id, Bytes::from_static(b"two")).await.unwrap();
+    // The destination dies before the release.
+    drop(doomed);
+    let lost = SpatialEvent::decode(common::channels::next(&owner, "spatial.event").await).unwrap();
+    assert_eq!((lost.kind(), lost.slot), (SpatialEventKind::ServerLost, 1));
+    let release = Release {
+        entity_id,
+        handover_id: release.handover_id,
+        processed_seq: 1,
+        value_json: String::new(),
+        position: None,
+    };
+    owner.spatial_release(release).await.unwrap();
+    let back = Handover::decode(common::channels::next(&owner, "spatial.handover").await).unwrap();
+    assert_eq!(
+        (back.kind(), back.entity_id, back.from_slot, back.to_slot),
+        (HandoverKind::Acquire, entity_id, 0, 0)
+    );
+    assert_eq!(
+        back.messages.iter().map(|m| (m.seq, m.body.clone())).collect::<Vec<_>>(),
+        [(2, Bytes::from_static(b"two"))]
+    );
+    player.send_to_entity(entity_id, Bytes::from_static(b"three")).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&owner, "spatial.message").await).unwrap();
+    assert_eq!((m.seq, &m.body[..]), (3, &b"three"[..]));
+}
+
+/// A publish without a position changes the value only (the entity stays where it is); an
+/// observer may not message entities; a spawn at a non-finite height is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_without_a_position_keeps_it_and_observers_cannot_message_entities() {
+    let gw = start().await;
+    let owner = server(&gw, "owner", Some(0)).await;
+    let observer = client(&gw, "server:observer").await;
+    observer.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
+    let bad = SpawnEntity { position: v3([5.0, f32::NAN, 5.0]), ..SpawnEntity::default() };
+    assert_eq!(status(owner.spatial_spawn(bad).await), Status::InvalidArgument);
+    let spawn = SpawnEntity { position: v3([15.0, 0.0, 5.0]), ..SpawnEntity::default() };
+    let entity_id = owner.spatial_spawn(spawn).await.unwrap().entity_id;
+    let viewer = client(&gw, "viewer").await;
+    // Only the entity's cell, (10..20, 0..10): were it moved to (0, 0, 0), it would leave.
+    let area = set_interest::Area::Box(AreaBox { min: v3([11.0, -1.0, 1.0]), max: v3([19.0, 1.0, 9.0]) });
+    let result =
+        viewer.spatial_interest(SetInterest { area: Some(area), ..SetInterest::default() }).await.unwrap();
+    let mut view = View::new(&result.cell_schema_json);
+    view.until(&viewer, "the entity shows", |v, _| v.entities().contains_key(&entity_id)).await;
+    let value_only =
+        EntityState { entity_id, position: None, value_json: r#"{"pos":[1,2,3]}"#.into(), processed_seq: 0 };
+    owner.spatial_publish(vec![value_only]).await.unwrap();
+    view.until(&viewer, "the value changes", |v, _| v.entities().get(&entity_id) == Some(&[1.0, 2.0, 3.0]))
+        .await;
+    assert_eq!(
+        status(observer.send_to_entity(entity_id, Bytes::from_static(b"hi")).await),
+        Status::PermissionDenied
+    );
 }

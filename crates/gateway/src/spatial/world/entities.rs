@@ -9,7 +9,7 @@ use bytes::Bytes;
 use prost::Message;
 use tickwire_spatial::Move;
 use tickwire_spatial::handover::{Action, Route};
-use tickwire_state::{Key, Step};
+use tickwire_state::{Key, StateError, Step};
 use tickwire_wire::proto::{
     ChannelMessage, ChannelSend, Despawn, EntityMessage, EntityState, Handover, HandoverKind, Publish,
     PublishResult, Release, Response, SpawnEntity, SpawnResult, Status,
@@ -33,6 +33,13 @@ impl World {
             return error_response(id, Status::ResourceExhausted, msg);
         }
         let position = vec3(req.position);
+        if !position.iter().all(|v| v.is_finite()) {
+            return error_response(
+                id,
+                Status::InvalidArgument,
+                format!("position {position:?} must be finite"),
+            );
+        }
         let Some(cell) = self.layout.cell_of(position) else {
             return error_response(
                 id,
@@ -50,8 +57,8 @@ impl World {
         }
         let value = if req.value_json.is_empty() { "{}" } else { req.value_json.trim() };
         let entity_id = ENTITY_BASE + self.next_entity;
-        if let Err(msg) = self.set_in_cell(index, entity_id, value) {
-            return error_response(id, Status::InvalidArgument, msg);
+        if let Err((status, msg)) = self.set_in_cell(index, entity_id, value) {
+            return error_response(id, status, msg);
         }
         let value = value.to_owned();
         self.next_entity += 1;
@@ -76,13 +83,19 @@ impl World {
     }
 
     /// Writes an entity's value, JSON text in the entity schema's form, into a cell's state;
-    /// a value that does not fit changes nothing.
-    fn set_in_cell(&mut self, index: u32, entity_id: u64, value: &str) -> Result<(), String> {
+    /// a value that does not fit changes nothing. The error's status: `RESOURCE_EXHAUSTED` when
+    /// the cell is past its limits (too many entities, too many bytes), else
+    /// `INVALID_ARGUMENT` (the value is malformed or does not fit the schema).
+    fn set_in_cell(&mut self, index: u32, entity_id: u64, value: &str) -> Result<(), (Status, String)> {
         let key = Key::Int(entity_id as i64);
         let cell = &mut self.cells[index as usize];
-        cell.state
-            .set_json(&[Step::Field(ENTITIES_FIELD), Step::Key(&key)], value)
-            .map_err(|e| format!("entity {entity_id}: value_json: {e}"))
+        cell.state.set_json(&[Step::Field(ENTITIES_FIELD), Step::Key(&key)], value).map_err(|e| {
+            let status = match e {
+                StateError::TooLong { .. } | StateError::TooBig { .. } => Status::ResourceExhausted,
+                _ => Status::InvalidArgument,
+            };
+            (status, format!("entity {entity_id} in cell {index}: value_json: {e}"))
+        })
     }
 
     fn remove_from_cell(&mut self, index: u32, entity_id: u64) {
@@ -108,8 +121,8 @@ impl World {
         let mut ignored = Vec::new();
         for update in req.entities {
             if let Err(why) = self.publish_one(conn, &update) {
-                if let Some(msg) = why {
-                    return error_response(id, Status::InvalidArgument, msg);
+                if let Some((status, msg)) = why {
+                    return error_response(id, status, msg);
                 }
                 ignored.push(update.entity_id);
             }
@@ -118,8 +131,9 @@ impl World {
         ok(id, PublishResult { ignored }.encode_to_vec().into())
     }
 
-    /// One entity of a publish. `Err(None)`: ignored (not this server's); `Err(Some)`: bad input.
-    fn publish_one(&mut self, conn: u64, update: &EntityState) -> Result<(), Option<String>> {
+    /// One entity of a publish. `Err(None)`: ignored (not this server's); `Err(Some)`: refused
+    /// (bad input, or a cell past its limits). Without a position, the entity stays where it is.
+    fn publish_one(&mut self, conn: u64, update: &EntityState) -> Result<(), Option<(Status, String)>> {
         let entity_id = update.entity_id;
         let owner_slot = self.entities.get(&entity_id).ok_or(None)?.owner_slot;
         let owner_live = self.live_server(owner_slot).is_some_and(|s| s.conn_id() == conn);
@@ -130,9 +144,12 @@ impl World {
         if update.processed_seq > 0 {
             e.route.processed(conn, update.processed_seq);
         }
-        let position = vec3(update.position);
+        let position = update.position.map_or(e.position, |p| vec3(Some(p)));
         if !position.iter().all(|v| v.is_finite()) {
-            return Err(Some(format!("entity {entity_id}: position must be finite")));
+            return Err(Some((
+                Status::InvalidArgument,
+                format!("entity {entity_id}: position must be finite"),
+            )));
         }
         let value = (!update.value_json.is_empty()).then(|| update.value_json.trim());
         let from_position = e.position;
@@ -237,9 +254,9 @@ impl World {
         // Into the cell first: a value that does not fit changes nothing.
         let (cell, value) = (e.cell, (!req.value_json.is_empty()).then(|| req.value_json.trim()));
         if let Some(value) = value
-            && let Err(msg) = self.set_in_cell(cell, entity_id, value)
+            && let Err((status, msg)) = self.set_in_cell(cell, entity_id, value)
         {
-            return Some(error_response(id, Status::InvalidArgument, msg));
+            return Some(error_response(id, status, msg));
         }
         let e = self.entities.get_mut(&entity_id).expect("looked up above");
         if let Some(value) = value {
@@ -262,7 +279,7 @@ impl World {
             Some(to) if Some(to.conn_id()) == self.entities.get(&entity_id).map(|e| e.route.owner()) => {
                 self.acquire(entity_id, from_slot, to_slot, &to, action);
             }
-            Some(_) => self.take_over(entity_id, to_slot),
+            Some(_) => self.take_over(entity_id, from_slot, to_slot),
             // Nobody there now: the next server to register in the slot takes it over.
             None => {}
         }
@@ -300,7 +317,8 @@ impl World {
     /// server with `to_connection` set, to the entity's controller.
     pub fn send(&mut self, from: &SessionHandle, send: ChannelSend, id: u64) -> Response {
         let (entity_id, body) = (send.channel_id, send.body);
-        let server = self.servers.contains_key(&from.conn_id());
+        // A spatial server in a slot (an observer only watches: it is told events, no more).
+        let server = self.slot_of_server(from.conn_id()).is_some();
         let max_in_flight = self.settings.max_in_flight;
         let max_in_flight_bytes = self.settings.max_in_flight_bytes;
         let Some(e) = self.entities.get_mut(&entity_id) else {
@@ -350,16 +368,16 @@ impl World {
             );
             return error_response(id, Status::Unavailable, msg);
         }
-        // A client's message holds a place in the server's outbox before it takes a number: a
-        // client sending faster than its server reads is told to retry, and never makes the
-        // server a slow consumer (`SessionHandle::relay`).
+        // A message holds a place in the server's outbox before it takes a number: a client
+        // (or another server) sending faster than the entity's server reads is told to retry,
+        // and never makes that server a slow consumer (`SessionHandle::relay`).
         // (Held for a handover under way, it needs no place: the acquire carries it.)
-        let place = if server || e.route.handing_over() {
+        let place = if e.route.handing_over() {
             None
         } else {
             let Ok(place) = owner.relay() else {
                 let msg = format!(
-                    "entity {entity_id}'s server has more messages waiting than it takes from clients; retry"
+                    "entity {entity_id}'s server has more messages waiting than it takes from others; retry"
                 );
                 return error_response(id, Status::Unavailable, msg);
             };
@@ -371,6 +389,7 @@ impl World {
                 let body = m.encode_to_vec().into();
                 match place {
                     Some(place) => place.push("spatial.message", body),
+                    // Not reached: a route handing over holds what it is sent.
                     None => {
                         let _ = owner.push("spatial.message", body);
                     }
