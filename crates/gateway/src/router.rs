@@ -205,10 +205,24 @@ impl SessionHandle {
     /// otherwise, with no consequence for the session: the sender is told to retry. So clients
     /// sending faster than a server reads never make that server a slow consumer.
     pub(crate) fn relay(&self) -> Result<Relay<'_>, PushError> {
+        self.place_leaving(self.outbox.max_capacity() / 4)
+    }
+
+    /// A place in the outbox for a message the gateway itself sends in bursts it can spread
+    /// out (the spatial world's handovers: a server that registers into a slot of 300 waiting
+    /// entities is due 300 ACQUIREs at once), if half of the outbox is free; `Full` otherwise,
+    /// and the caller sends it later. So the gateway never makes a session a slow consumer by
+    /// its own burst.
+    pub(crate) fn paced(&self) -> Result<Relay<'_>, PushError> {
+        self.place_leaving(self.outbox.max_capacity() / 2)
+    }
+
+    /// A place in the outbox if more than `keep` places are free.
+    fn place_leaving(&self, keep: usize) -> Result<Relay<'_>, PushError> {
         if self.outbox.is_closed() {
             return Err(PushError::Closed);
         }
-        if self.outbox.capacity() <= self.outbox.max_capacity() / 4 {
+        if self.outbox.capacity() <= keep {
             return Err(PushError::Full);
         }
         self.outbox.try_reserve().map(Relay).map_err(|e| match e {

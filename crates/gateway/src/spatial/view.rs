@@ -400,6 +400,7 @@ impl World {
     /// [`World::tick`] but for the world's own delivery: the pass, encoded and handed to every
     /// delivery, the world's own included, which has not run it yet.
     pub fn post_pass(&mut self, scheduled: Instant) {
+        self.send_waiting_acquires();
         let mut changed = Vec::new();
         for (index, cell) in self.cells.iter_mut().enumerate() {
             let before = cell.state.version();

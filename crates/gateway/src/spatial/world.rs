@@ -17,12 +17,11 @@ use bytes::Bytes;
 // and there are at most `max_entities` of those.
 use hashbrown::{HashMap, HashSet};
 use prost::Message;
-use tickwire_spatial::handover::{Action, Route};
+use tickwire_spatial::handover::Route;
 use tickwire_spatial::{Cell, Layout};
 use tickwire_state::{PreparedCache, Schema, State, Version};
 use tickwire_wire::proto::{
-    CellInfo, EntityMessage, Handover, HandoverKind, RegisterResult, RegisterServer, Response, SpatialEvent,
-    SpatialEventKind, Status, Vec3,
+    CellInfo, RegisterResult, RegisterServer, Response, SpatialEvent, SpatialEventKind, Status, Vec3,
 };
 
 use super::delivery::{Delivery, Mailbox};
@@ -31,6 +30,7 @@ use super::view::Viewer;
 use super::{CELL_BASE, SpatialFigures, SpatialSettings};
 use crate::router::{SessionHandle, error_response};
 
+mod acquires;
 mod entities;
 
 /// Root field of a cell's state: the map of entity id to entity value.
@@ -83,6 +83,10 @@ pub(super) struct Entity {
     pub controller_session: Option<SessionHandle>,
     /// The slot a handover under way goes to.
     handing_to: Option<u32>,
+    /// The handover id of its ACQUIRE while that waits for room in the new owner's outbox
+    /// (`world/acquires.rs`): meanwhile messages to it are refused (retry) and it is not
+    /// handed on.
+    acquire_waits: Option<u64>,
 }
 
 pub(super) struct World {
@@ -136,6 +140,8 @@ pub(super) struct World {
     /// Publishes of each slot since the last pass; those beyond the first are counted in
     /// `spatial_frames_merged`.
     pub publishes_since_pass: Vec<u32>,
+    /// Per slot, the ACQUIREs waiting for room in its server's outbox, in order.
+    acquires_waiting: Vec<std::collections::VecDeque<acquires::Waiting>>,
 }
 
 fn ok(id: u64, body: Bytes) -> Response {
@@ -176,6 +182,7 @@ impl World {
         World {
             slots: vec![None; (sx * sz) as usize],
             publishes_since_pass: vec![0; (sx * sz) as usize],
+            acquires_waiting: (0..sx * sz).map(|_| Default::default()).collect(),
             layout,
             settings,
             cells,
@@ -325,39 +332,10 @@ impl World {
         let Some(e) = self.entities.get_mut(&entity_id) else { return };
         e.owner_slot = slot;
         e.handing_to = None;
+        e.acquire_waits = None;
         let Some(server) = server else { return };
         let action = e.route.lost(server.conn_id(), e.value.clone().into_bytes());
         self.acquire(entity_id, from_slot, slot, &server, action);
-    }
-
-    /// Sends an [`Action::Acquire`] to its new owner.
-    fn acquire(
-        &self,
-        entity_id: u64,
-        from_slot: u32,
-        to_slot: u32,
-        to: &SessionHandle,
-        action: Action<EntityMsg>,
-    ) {
-        let Action::Acquire { handover, state, messages, .. } = action else { return };
-        let Some(e) = self.entities.get(&entity_id) else { return };
-        let handover = Handover {
-            entity_id,
-            handover_id: handover,
-            kind: HandoverKind::Acquire as i32,
-            from_slot,
-            to_slot,
-            position: to_vec3(e.position),
-            value_json: String::from_utf8(state).unwrap_or_default(),
-            controller_connection: e.controller,
-            messages: messages
-                .into_iter()
-                .map(|(seq, m)| EntityMessage { entity_id, seq, from_connection: m.from, body: m.body })
-                .collect(),
-        };
-        // Pushed like any message: exactly once, in order, across the server's resumes; a server
-        // too slow to take it is closed as a slow consumer, and its entities are taken over.
-        let _ = to.push("spatial.handover", handover.encode_to_vec().into());
     }
 
     /// A session ended: a server's slot frees up (its entities wait for the next server in the
@@ -378,6 +356,8 @@ impl World {
             return;
         };
         self.slots[slot as usize] = None;
+        // Every ACQUIRE waiting for it: its entities are taken over below (their routes name it).
+        self.acquires_waiting[slot as usize].clear();
         self.figures.servers.fetch_sub(1, Ordering::Relaxed);
         self.event(SpatialEventKind::ServerLost, slot, conn, "the spatial server's session ended");
         // Entities it owned, and those it was about to be handed: each goes to the server of

@@ -496,3 +496,61 @@ async fn a_publish_without_a_position_keeps_it_and_observers_cannot_message_enti
         Status::PermissionDenied
     );
 }
+
+/// A server that registers into a slot where many entities wait (its last server was lost)
+/// gets an ACQUIRE for each, paced to what its outbox takes: with an outbox of 16, 100 ACQUIREs
+/// at once closed it as a slow consumer, and every entity waited for the next server, which
+/// met the same wall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_taking_a_slot_over_gets_every_waiting_entity_without_being_overrun() {
+    const ENTITIES: u64 = 100;
+    let mut overrides = LAYOUT.to_vec();
+    overrides.extend(["session.resume_window=\"300ms\"", "limits.outbox_capacity=16"]);
+    let gw = common::start(&overrides).await;
+    let master = client(&gw, "server:master").await;
+    master.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
+    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
+    opts.token = "server:doomed".into();
+    let mut doomed = tickwire_client::Connection::connect(opts).await.unwrap();
+    let register = RegisterServer { slot: Some(0), observe_only: false }.encode_to_vec();
+    doomed.send_request(1, "spatial.register", register.into()).unwrap();
+    // Spawned 10 at a time: more requests at once than its outbox holds would have their
+    // answers overrun it.
+    let mut spawned = BTreeSet::new();
+    for batch in 0..ENTITIES / 10 {
+        for i in batch * 10..batch * 10 + 10 {
+            let x = 1.0 + (i % 18) as f32;
+            let spawn = SpawnEntity { position: v3([x, 0.0, 5.0]), ..SpawnEntity::default() };
+            doomed.send_request(2 + i, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
+        }
+        doomed.flush().await;
+        while spawned.len() < (batch as usize + 1) * 10 {
+            match doomed.next_event().await.unwrap() {
+                Some(tickwire_client::Event::Response(r)) if r.id >= 2 => {
+                    assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                    spawned.insert(tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id);
+                }
+                Some(tickwire_client::Event::Closed { reason, message }) => {
+                    panic!("closed: {reason:?} {message}")
+                }
+                Some(_) => {}
+                None => doomed.flush().await,
+            }
+        }
+    }
+    drop(doomed);
+    let lost = |e: &SpatialEvent| e.kind() == SpatialEventKind::ServerLost && e.slot == 0;
+    while !lost(&SpatialEvent::decode(common::channels::next(&master, "spatial.event").await).unwrap()) {}
+    let heir = server(&gw, "heir", Some(0)).await;
+    let mut acquired = BTreeSet::new();
+    while acquired.len() < spawned.len() {
+        let h = Handover::decode(common::channels::next(&heir, "spatial.handover").await).unwrap();
+        assert_eq!((h.kind(), h.from_slot, h.to_slot), (HandoverKind::Acquire, 0, 0));
+        assert!(acquired.insert(h.entity_id), "entity {} acquired twice", h.entity_id);
+    }
+    assert_eq!(acquired, spawned);
+    // The heir's session is whole: it owns them all.
+    let states: Vec<EntityState> =
+        acquired.iter().map(|&entity_id| EntityState { entity_id, ..EntityState::default() }).collect();
+    assert!(heir.spatial_publish(states).await.unwrap().ignored.is_empty());
+}

@@ -72,6 +72,7 @@ impl World {
             controller: req.controller_connection,
             controller_session: self.controller_sessions.get(&req.controller_connection).cloned(),
             handing_to: None,
+            acquire_waits: None,
         };
         self.entities.insert(entity_id, entity);
         if req.controller_connection != 0 {
@@ -185,35 +186,39 @@ impl World {
             e.position = position;
         }
         let (controller, at) = (e.controller, e.position);
-        if target != from_cell {
-            self.entity_moved_cell(entity_id);
-        }
+        // At every publish, not only on a cell change: a handover put off for room in the
+        // owner's outbox (`begin_handover`) is tried again.
+        self.entity_moved_cell(entity_id);
         self.follow(entity_id, controller, at, target != from_cell);
         Ok(())
     }
 
-    /// After an entity changed cell: a handover if the cell belongs to another slot.
-    fn entity_moved_cell(&mut self, entity_id: u64) {
-        let cell_slot = {
-            let e = &self.entities[&entity_id];
-            self.slot_of_cell(e.cell)
-        };
+    /// After a publish: a handover if the entity's cell belongs to another slot.
+    pub(super) fn entity_moved_cell(&mut self, entity_id: u64) {
         let Some(e) = self.entities.get(&entity_id) else { return };
-        if cell_slot == e.owner_slot || e.route.handing_over() || self.live_server(cell_slot).is_none() {
+        let cell_slot = self.slot_of_cell(e.cell);
+        if cell_slot == e.owner_slot
+            || e.route.handing_over()
+            || e.acquire_waits.is_some()
+            || self.live_server(cell_slot).is_none()
+        {
             // Same server; or a handover under way (the acquire goes to the slot the entity is
-            // in at release time); or nobody to hand over to (the owner keeps it and the next
-            // cell change tries again).
+            // in at release time), or its ACQUIRE not sent yet; or nobody to hand over to (the
+            // owner keeps it and the next publish tries again).
             return;
         }
         self.begin_handover(entity_id, cell_slot);
     }
 
+    /// Asks the owner to release the entity, if its outbox has room to spare; else the next
+    /// publish asks again (a crowd crossing a border must not make its server a slow consumer).
     fn begin_handover(&mut self, entity_id: u64, to_slot: u32) {
         let Some(to) = self.live_server(to_slot).map(SessionHandle::conn_id) else { return };
         let Some(owner) = self.entities.get(&entity_id).and_then(|e| self.live_server(e.owner_slot)).cloned()
         else {
             return;
         };
+        let Ok(place) = owner.paced() else { return };
         let e = self.entities.get_mut(&entity_id).expect("checked by the caller");
         let Ok(Action::Release { handover, .. }) = e.route.begin_handover(to) else { return };
         e.handing_to = Some(to_slot);
@@ -226,7 +231,7 @@ impl World {
             position: to_vec3(e.position),
             ..Handover::default()
         };
-        let _ = owner.push("spatial.handover", push.encode_to_vec().into());
+        place.push("spatial.handover", push.encode_to_vec().into());
     }
 
     /// Answers itself (`None`) when it hands the entity on, so the answer precedes the acquire.
@@ -349,6 +354,10 @@ impl World {
         if !server && e.controller != from.conn_id() {
             let msg = format!("only entity {entity_id}'s controller and servers may send to it");
             return error_response(id, Status::PermissionDenied, msg);
+        }
+        if e.acquire_waits.is_some() {
+            let msg = format!("entity {entity_id} is being handed to its new server; retry");
+            return error_response(id, Status::Unavailable, msg);
         }
         let Some(owner) = self.slots.get(e.owner_slot as usize).and_then(Option::as_ref) else {
             let msg = format!("entity {entity_id}'s server is gone (slot {}); retry", e.owner_slot);

@@ -1,0 +1,114 @@
+//! ACQUIREs paced to what their new owner can take. A server that registers into a slot whose
+//! last server was lost is due an ACQUIRE for every entity waiting there (300 in B3's layout
+//! at 3,000 clients), and one that takes over a lost neighbour's entities, or a crowd walking
+//! across a border, as many at once. Pushed in one go, they would fill its outbox and close it
+//! as a slow consumer, its entities would wait for the next server, which would meet the same
+//! wall. So an ACQUIRE goes out only while the server's outbox is at least half free
+//! ([`SessionHandle::paced`]); the others wait here, in order, and go out at the next passes.
+//! While an entity's ACQUIRE waits, messages to it are refused (retry) and it is not handed
+//! on, so that nothing reaches its new owner before the ACQUIRE.
+
+use prost::Message;
+use tickwire_spatial::handover::Action;
+use tickwire_wire::proto::{EntityMessage, Handover, HandoverKind};
+
+use super::{EntityMsg, World, to_vec3};
+use crate::router::{Relay, SessionHandle};
+
+/// An ACQUIRE waiting for room in its slot's server's outbox.
+pub(in crate::spatial) struct Waiting {
+    entity_id: u64,
+    from_slot: u32,
+    /// The server it is for: one that took the slot since is not it.
+    to: u64,
+    action: Action<EntityMsg>,
+}
+
+fn handover_of(action: &Action<EntityMsg>) -> Option<u64> {
+    match action {
+        Action::Acquire { handover, .. } => Some(*handover),
+        _ => None,
+    }
+}
+
+impl World {
+    /// Sends an [`Action::Acquire`] to its new owner: now if nothing waits for that server
+    /// and its outbox has room to spare, else after the ACQUIREs waiting for it.
+    pub(super) fn acquire(
+        &mut self,
+        entity_id: u64,
+        from_slot: u32,
+        to_slot: u32,
+        to: &SessionHandle,
+        action: Action<EntityMsg>,
+    ) {
+        let Some(handover) = handover_of(&action) else { return };
+        let queue = &mut self.acquires_waiting[to_slot as usize];
+        if queue.is_empty()
+            && let Ok(place) = to.paced()
+        {
+            self.push_acquire(entity_id, from_slot, to_slot, place, action);
+            return;
+        }
+        queue.push_back(Waiting { entity_id, from_slot, to: to.conn_id(), action });
+        if let Some(e) = self.entities.get_mut(&entity_id) {
+            e.acquire_waits = Some(handover);
+        }
+    }
+
+    /// At each pass: the ACQUIREs that waited go out, in order, as far as their servers'
+    /// outboxes have room. One whose entity was taken over since (its server lost, another
+    /// handover id) is dropped.
+    pub fn send_waiting_acquires(&mut self) {
+        for slot in 0..self.acquires_waiting.len() {
+            if self.acquires_waiting[slot].is_empty() {
+                continue;
+            }
+            let Some(server) = self.live_server(slot as u32).cloned() else { continue };
+            while let Some(next) = self.acquires_waiting[slot].front() {
+                let current = self.entities.get(&next.entity_id).and_then(|e| e.acquire_waits);
+                if next.to != server.conn_id() || current.is_none() || current != handover_of(&next.action) {
+                    self.acquires_waiting[slot].pop_front();
+                    continue;
+                }
+                let Ok(place) = server.paced() else { break };
+                let Waiting { entity_id, from_slot, action, .. } =
+                    self.acquires_waiting[slot].pop_front().expect("looked at above");
+                if let Some(e) = self.entities.get_mut(&entity_id) {
+                    e.acquire_waits = None;
+                }
+                self.push_acquire(entity_id, from_slot, slot as u32, place, action);
+                // It may have been published into another server's cell before it waited.
+                self.entity_moved_cell(entity_id);
+            }
+        }
+    }
+
+    fn push_acquire(
+        &self,
+        entity_id: u64,
+        from_slot: u32,
+        to_slot: u32,
+        place: Relay<'_>,
+        action: Action<EntityMsg>,
+    ) {
+        let Action::Acquire { handover, state, messages, .. } = action else { return };
+        let Some(e) = self.entities.get(&entity_id) else { return };
+        let handover = Handover {
+            entity_id,
+            handover_id: handover,
+            kind: HandoverKind::Acquire as i32,
+            from_slot,
+            to_slot,
+            position: to_vec3(e.position),
+            value_json: String::from_utf8(state).unwrap_or_default(),
+            controller_connection: e.controller,
+            messages: messages
+                .into_iter()
+                .map(|(seq, m)| EntityMessage { entity_id, seq, from_connection: m.from, body: m.body })
+                .collect(),
+        };
+        // Pushed like any message: exactly once, in order, across the server's resumes.
+        place.push("spatial.handover", handover.encode_to_vec().into());
+    }
+}
