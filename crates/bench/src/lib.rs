@@ -7,6 +7,7 @@
 pub mod ddc;
 pub mod hold;
 mod interrupt;
+mod loopback;
 pub mod machine;
 pub mod pingpong;
 mod plot;

@@ -64,6 +64,9 @@ pub struct DdcArgs {
     /// Bearer token sent with every request (with `--target`; the child server gets its own).
     #[arg(long)]
     pub token: Option<String>,
+    /// Let `--target` be a server beyond this machine (one of your own).
+    #[arg(long)]
+    pub allow_remote: bool,
     /// Namespace of the test data.
     #[arg(long, default_value = "bench.ddc")]
     pub namespace: String,
@@ -462,6 +465,12 @@ pub async fn run(args: DdcArgs) -> anyhow::Result<DdcReport> {
         "--workers and --max-in-flight must be positive"
     );
     let machine = Machine::detect();
+    if let Some(url) = &args.target {
+        let uri: hyper::Uri = url.parse().with_context(|| format!("--target {url}: not a URL"))?;
+        let host = uri.host().with_context(|| format!("--target {url}: no host"))?;
+        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+        crate::loopback::require_loopback(host, port, args.allow_remote).await?;
+    }
     let target = Arc::new(Target::start(&args)?);
     let client = load::client();
     println!("tickwire bench ddc: {} tests against {} ({})", tests.len(), target.base, machine.line());

@@ -1,7 +1,8 @@
 //! One simulated ping-pong client, and the counters all of them share.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -17,8 +18,14 @@ use super::{MAX_STEPS, MIN_THINK, Row};
 
 /// Counters the client tasks share, per step where it matters.
 pub(super) struct Shared {
-    /// Index of the step being held, or `usize::MAX` outside hold windows.
+    /// The hold window: which step, and when it began and ended (ns since `epoch`; an end of
+    /// `u64::MAX` while it lasts). A request counts in the step whose window holds the instant
+    /// it was *due*, however late its task got to send it: a load generator that falls behind
+    /// at the end of a window (where an overload shows) cannot leave its latest requests out.
     pub(super) holding: AtomicUsize,
+    hold_start_ns: AtomicU64,
+    hold_end_ns: AtomicU64,
+    epoch: Instant,
     pub(super) sent: [AtomicU64; MAX_STEPS],
     pub(super) answered: [AtomicU64; MAX_STEPS],
     pub(super) duplicated: AtomicU64,
@@ -38,6 +45,9 @@ impl Shared {
     pub(super) fn new() -> Shared {
         Shared {
             holding: AtomicUsize::new(usize::MAX),
+            hold_start_ns: AtomicU64::new(u64::MAX),
+            hold_end_ns: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
             sent: std::array::from_fn(|_| AtomicU64::new(0)),
             answered: std::array::from_fn(|_| AtomicU64::new(0)),
             duplicated: AtomicU64::new(0),
@@ -50,6 +60,36 @@ impl Shared {
             rtt: (0..MAX_STEPS).map(|_| Mutex::new(RttHistograms::default())).collect(),
             stop: CancellationToken::new(),
         }
+    }
+}
+
+impl Shared {
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Starts holding step `step` now (`Some`), or ends the window now (`None`).
+    pub(super) fn set_holding(&self, step: Option<usize>, now: Instant) {
+        // In this order, so that a reader in between never sees a window holding `due`
+        // with the wrong step: the step, then an empty window, then the open one.
+        match step {
+            Some(step) => {
+                self.holding.store(step, SeqCst);
+                self.hold_start_ns.store(self.ns(now), SeqCst);
+                self.hold_end_ns.store(u64::MAX, SeqCst);
+            }
+            None => self.hold_end_ns.store(self.ns(now), SeqCst),
+        }
+    }
+
+    /// The step whose hold window holds `due`, or `usize::MAX`.
+    pub(super) fn step_of(&self, due: Instant) -> usize {
+        // Read in the reverse order of the writes.
+        let at = self.ns(due);
+        let end = self.hold_end_ns.load(SeqCst);
+        let start = self.hold_start_ns.load(SeqCst);
+        let step = self.holding.load(SeqCst);
+        if start <= at && at < end { step } else { usize::MAX }
     }
 }
 
@@ -103,7 +143,7 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
     shared.connected.fetch_add(1, Relaxed);
     let mut rng = SmallRng::seed_from_u64(seed);
     let think = |rng: &mut SmallRng| match row.max_think {
-        Some(max) => rng.random_range(MIN_THINK..=max.max(MIN_THINK)),
+        Some(max) => rng.random_range(row.min_think(max)..=max.max(MIN_THINK)),
         None => row.interval,
     };
     // A random phase spreads the clients' sends evenly over the interval.
@@ -126,7 +166,7 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
             () = shared.stop.cancelled() => break,
             () = &mut timer => {
                 id += 1;
-                let step = shared.holding.load(Relaxed);
+                let step = shared.step_of(next.into_std());
                 if step != usize::MAX {
                     shared.sent[step].fetch_add(1, Relaxed);
                 }
@@ -187,4 +227,29 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
         shared.connected.fetch_sub(1, Relaxed);
     }
     conn.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A request counts in the step whose window holds its due time, sent late or not.
+    #[test]
+    fn a_request_counts_in_the_window_it_was_due_in() {
+        let shared = Shared::new();
+        let t0 = Instant::now() + Duration::from_secs(1);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert_eq!(shared.step_of(ms(0)), usize::MAX, "no window yet");
+        shared.set_holding(Some(3), ms(0));
+        assert_eq!(shared.step_of(t0 - Duration::from_millis(1)), usize::MAX, "due before it");
+        assert_eq!(shared.step_of(ms(5)), 3);
+        shared.set_holding(None, ms(10));
+        assert_eq!(shared.step_of(ms(9)), 3, "due inside, sent after the end");
+        assert_eq!(shared.step_of(ms(10)), usize::MAX, "due after the end");
+        shared.set_holding(Some(4), ms(20));
+        assert_eq!(shared.step_of(ms(9)), usize::MAX, "the last window is over");
+        assert_eq!(shared.step_of(ms(21)), 4);
+    }
 }

@@ -26,6 +26,8 @@ use super::client::{Shared, client, echo_body};
 
 /// Longest wait for a ramp's handshakes to finish.
 const CONNECT_WAIT: Duration = Duration::from_secs(60);
+/// How long a worker may take to answer an order other than a ramp.
+const REPLY_LIMIT: Duration = Duration::from_secs(60);
 
 /// What one load generator needs to know; sent to worker processes as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -155,7 +157,7 @@ impl Local {
     }
 
     pub(crate) fn set_holding(&self, step: Option<usize>) {
-        self.shared.holding.store(step.unwrap_or(usize::MAX), Relaxed);
+        self.shared.set_holding(step, Instant::now());
     }
 
     pub(crate) fn counters(&self, step: usize) -> Counters {
@@ -197,8 +199,13 @@ impl Worker {
         self.stdin.write_all(&line).await.context("a bench worker went away")
     }
 
-    async fn reply<T: for<'de> Deserialize<'de>>(&mut self) -> anyhow::Result<T> {
-        let line = self.stdout.next_line().await?.context("a bench worker exited")?;
+    /// The worker's answer to the last order, within `limit`: a worker alive but stuck must
+    /// not hang the run.
+    async fn reply<T: for<'de> Deserialize<'de>>(&mut self, limit: Duration) -> anyhow::Result<T> {
+        let line = tokio::time::timeout(limit, self.stdout.next_line())
+            .await
+            .map_err(|_| anyhow::anyhow!("a bench worker did not answer within {limit:?}"))??
+            .context("a bench worker exited")?;
         serde_json::from_str(&line).with_context(|| format!("bad reply from a bench worker: {line}"))
     }
 }
@@ -238,8 +245,8 @@ impl LoadGen {
         Ok(LoadGen::Remote(workers))
     }
 
-    /// Grows the whole run to `clients`.
-    pub(crate) async fn ramp_to(&mut self, clients: usize) -> anyhow::Result<()> {
+    /// Grows the whole run to `clients`; a worker must be done within `limit`.
+    pub(crate) async fn ramp_to(&mut self, clients: usize, limit: Duration) -> anyhow::Result<()> {
         match self {
             LoadGen::Local(local) => local.ramp_to(clients).await,
             LoadGen::Remote(workers) => {
@@ -249,7 +256,7 @@ impl LoadGen {
                     worker.send(&Order::Ramp((clients + n - 1 - index) / n)).await?;
                 }
                 for worker in workers.iter_mut() {
-                    let _: Counters = worker.reply().await?;
+                    let _: Counters = worker.reply(limit).await?;
                 }
             }
         }
@@ -268,7 +275,7 @@ impl LoadGen {
                     worker.send(&order).await?;
                 }
                 for worker in workers.iter_mut() {
-                    let _: Counters = worker.reply().await?;
+                    let _: Counters = worker.reply(REPLY_LIMIT).await?;
                 }
             }
         }
@@ -285,7 +292,7 @@ impl LoadGen {
                 }
                 let mut total = Counters::default();
                 for worker in workers.iter_mut() {
-                    total.merge(worker.reply().await?);
+                    total.merge(worker.reply(REPLY_LIMIT).await?);
                 }
                 Ok(total)
             }

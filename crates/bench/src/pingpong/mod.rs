@@ -62,7 +62,9 @@ pub struct PingPongArgs {
     /// Time between two requests of one client.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
-    /// Instead of a fixed interval, think a uniform random time between 10ms and this.
+    /// Instead of a fixed interval, think a uniform random time between `--interval` (at least
+    /// 10ms, at most this) and this: the report's "interval 1-2 s" rows are `--interval 1s
+    /// --max-think 2s`.
     #[arg(long, value_parser = parse_duration)]
     pub max_think: Option<Duration>,
     /// Session heartbeat, set on the gateway and announced to clients.
@@ -91,6 +93,9 @@ pub struct PingPongArgs {
     /// With --target: the gateway's pid, for CPU and memory figures.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Let `--target` be an address beyond this machine (a server of your own).
+    #[arg(long)]
+    pub allow_remote: bool,
     /// Clients per loopback source address (127.0.0.x). Each address has about 28k ephemeral
     /// ports, but past about 14k connections from one address to one destination the kernel's
     /// port search stalls `connect()`, so the default stays well under that.
@@ -147,6 +152,12 @@ struct Row {
 }
 
 impl Row {
+    /// The shortest think time with a random one up to `max`: the interval, within
+    /// [10 ms, `max`].
+    fn min_think(&self, max: Duration) -> Duration {
+        self.interval.max(MIN_THINK).min(max.max(MIN_THINK))
+    }
+
     /// The send pattern a worker process was given (name and heartbeat are the orchestrator's).
     fn from_spec(spec: &WorkerSpec) -> Row {
         Row {
@@ -293,12 +304,13 @@ async fn run_row(
     runtimes: &[Handle],
     steps: &mut Vec<Step>,
 ) -> anyhow::Result<()> {
-    let think =
-        row.max_think.map_or(String::new(), |t| format!(" (plus up to {} ms think time)", t.as_millis()));
+    let every = match row.max_think {
+        Some(max) => format!("{}-{}", row.min_think(max).as_millis(), max.as_millis()),
+        None => row.interval.as_millis().to_string(),
+    };
     println!(
-        "\n== {}: a request every {} ms{think}, {} B out, {} B back, heartbeat {} ms ==",
+        "\n== {}: a request every {every} ms, {} B out, {} B back, heartbeat {} ms ==",
         row.name,
-        row.interval.as_millis(),
         row.request_bytes,
         row.response_bytes,
         row.heartbeat.as_millis()
@@ -314,6 +326,7 @@ async fn run_row(
             let Target::Tcp(addr) = Target::parse(t).await? else {
                 anyhow::bail!("--target must be a TCP address")
             };
+            crate::loopback::require_loopback(&addr.ip().to_string(), addr.port(), args.allow_remote).await?;
             (None, addr, args.server_pid)
         }
         None => {
@@ -339,14 +352,20 @@ async fn run_row(
     };
     let mut loadgen = LoadGen::start(spec, plan.loadgen_procs, runtimes).await?;
     print_header();
+    // A step's errors count from the end of the previous one: its ramp and settling included,
+    // when the gateway takes the new clients on and drops are most likely.
+    let mut errors_before = loadgen.counters(0).await?.errors;
     for (k, &clients) in args.clients.iter().enumerate() {
         let bar = ProgressBar::new_spinner().with_message(format!("ramping to {clients} clients"));
         bar.enable_steady_tick(Duration::from_millis(200));
-        loadgen.ramp_to(clients).await?;
+        // A ramp takes `--ramp` per client, then up to a minute for the last connects.
+        let ramp_limit = args.ramp.saturating_mul(clients as u32) + Duration::from_secs(120);
+        loadgen.ramp_to(clients, ramp_limit).await?;
         bar.finish_and_clear();
         // Let every new client reach its steady schedule before measuring.
         tokio::time::sleep(row.max_think.unwrap_or(row.interval).min(Duration::from_secs(3))).await;
-        let step = hold(args, row, &mut loadgen, k, clients, pid).await?;
+        let (step, errors_after) = hold(args, row, &mut loadgen, k, clients, pid, errors_before).await?;
+        errors_before = errors_after;
         print_row(&step);
         let held = step.held;
         steps.push(step);
@@ -377,7 +396,8 @@ async fn hold(
     k: usize,
     clients: usize,
     pid: Option<u32>,
-) -> anyhow::Result<Step> {
+    errors_before: u64,
+) -> anyhow::Result<(Step, u64)> {
     let server = |pid: Option<u32>| pid.and_then(|p| sample_all(&process_tree(p)));
     let before = loadgen.counters(k).await?;
     let cpu0 = server(pid);
@@ -412,7 +432,7 @@ async fn hold(
         p99: ms(service.value_at_quantile(0.99)),
         max: ms(service.max()),
     };
-    let errors = after.errors - before.errors;
+    let errors = after.errors - errors_before;
     let lost = after.sent.saturating_sub(after.answered);
     let duplicated = after.duplicated - before.duplicated;
     let bad_answers = after.bad_answers - before.bad_answers;
@@ -425,7 +445,7 @@ async fn hold(
         .none("duplicated", duplicated)
         .at_least("requests sent", after.sent as f64, 1.0, "")
         .at_most("RTT p99 from the due time", rtt.p99, args.max_p99.as_secs_f64() * 1000.0, "ms");
-    Ok(Step {
+    let step = Step {
         row: row.name.clone(),
         clients,
         connected,
@@ -451,7 +471,8 @@ async fn hold(
         loadgen_cpu_pct: own0.zip(own1).map(|(a, b)| b.cpu_pct_since(&a)),
         bytes_in_per_s: (mid.bytes_to_server - before.bytes_to_server) as f64 / elapsed,
         bytes_out_per_s: (mid.bytes_from_server - before.bytes_from_server) as f64 / elapsed,
-    })
+    };
+    Ok((step, after.errors))
 }
 
 #[cfg(test)]
@@ -479,5 +500,33 @@ mod tests {
         let rows = report_grid();
         assert_eq!(rows.len(), 16);
         assert!(rows.iter().any(|r| r.heartbeat == Duration::from_millis(500) && r.max_think.is_some()));
+        // The heartbeat rows send every 1-2 s, as BENCHMARKS.md's grid says.
+        for r in rows.iter().filter(|r| r.max_think.is_some()) {
+            assert_eq!(
+                (r.min_think(r.max_think.unwrap()), r.max_think),
+                (ms(1000), Some(ms(2000))),
+                "{}",
+                r.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_random_think_time_starts_at_the_interval_within_bounds() {
+        let row = |interval: u64| Row {
+            name: String::new(),
+            interval: ms(interval),
+            max_think: None,
+            heartbeat: ms(3000),
+            request_bytes: 0,
+            response_bytes: 0,
+        };
+        assert_eq!(row(1000).min_think(ms(2000)), ms(1000));
+        assert_eq!(row(0).min_think(ms(2000)), MIN_THINK);
+        assert_eq!(row(3000).min_think(ms(2000)), ms(2000), "never above the most");
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 }

@@ -38,7 +38,8 @@ pub struct Step {
     /// Round-trip time from when each request was written: the gateway's and the network's
     /// share only.
     pub rtt_from_write_ms: Rtt,
-    /// Connects that failed, links lost and sessions that ended.
+    /// Connects that failed, links lost and sessions that ended, since the previous step's
+    /// hold (its grace period) ended: this step's ramp, settling, hold and grace.
     pub errors: u64,
     /// Answers with an error status or a body of the wrong size.
     pub bad_answers: u64,

@@ -32,6 +32,9 @@ use crate::sim::spatial_server::SpawnRequest;
 /// Orders and replies queued per worker pipe; a full queue waits (the bench sends one sample
 /// order per second and one order per joining bot).
 const PIPE_QUEUE: usize = 1024;
+/// How long a bot worker may take to answer a sample order: one alive but stuck must not hang
+/// the run.
+const SAMPLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// What a worker process needs to know to run its share of the bots.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -325,7 +328,11 @@ impl Fleet {
                 }
                 let mut total = BotSample::default();
                 for worker in workers.iter_mut() {
-                    total.merge(worker.samples.recv().await.context("a bot worker exited")?);
+                    let sample =
+                        tokio::time::timeout(SAMPLE_LIMIT, worker.samples.recv()).await.map_err(|_| {
+                            anyhow::anyhow!("a bot worker did not answer within {SAMPLE_LIMIT:?}")
+                        })?;
+                    total.merge(sample.context("a bot worker exited")?);
                 }
                 Ok(total)
             }

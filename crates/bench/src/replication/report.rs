@@ -150,7 +150,8 @@ pub struct Step {
     /// Scenario `spatial`: handovers completed per second (`spatial_handovers`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handovers_per_s: Option<f64>,
-    /// Scenario `spatial`: due updates the world held back, per client per second: a viewer
+    /// Due updates held back, per client per second (scenario `single`: those of the channel,
+    /// `channel_updates_coalesced`; `spatial` and `lod`: the world's, as follows): a viewer
     /// had a change in view at its due pass and nothing was queued, because its window of
     /// updates in flight was full (or a resume's rewind was pending) or its outbox was full
     /// (`spatial_updates_coalesced` over the hold, divided by the clients; the game servers
