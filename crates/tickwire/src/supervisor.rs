@@ -57,6 +57,17 @@ fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, Socket)> {
     Ok((local, socket))
 }
 
+/// The directory of the workers' handoff sockets, through which they hand each other
+/// sessions (a resume's socket and its Hello, resume token included): a fresh, unguessable
+/// name made with mode 0700, so that no other local user can put a socket of its own there or
+/// connect to ours. Removed when dropped.
+fn handoff_dir() -> std::io::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("tickwire-gateway-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+}
+
 /// Runs the workers until a signal arrives or one of them dies.
 pub async fn run(
     config: &GatewayConfig,
@@ -75,8 +86,8 @@ pub async fn run(
         }
     }
     check_metrics_ports(config, processes)?;
-    let dir = std::env::temp_dir().join(format!("tickwire-gateway-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let handoff = handoff_dir().context("creating the workers' handoff directory")?;
+    let dir = handoff.path().to_owned();
     let exe = std::env::current_exe().context("cannot find the tickwire executable")?;
     let (exited_tx, mut exited) =
         mpsc::channel::<(u8, std::io::Result<std::process::ExitStatus>)>(processes as usize);
@@ -148,7 +159,22 @@ pub async fn run(
     if tokio::time::timeout(WORKER_STOP, stopped).await.is_err() {
         tracing::warn!("some workers did not stop in time");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = handoff.close();
     drop(reserved);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn the_handoff_directory_is_private_and_fresh() {
+        let (a, b) = (handoff_dir().unwrap(), handoff_dir().unwrap());
+        assert_ne!(a.path(), b.path());
+        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    }
 }
