@@ -102,7 +102,10 @@ pub(crate) async fn serve(
             async move { exporter.render(&stats, &*router) }
         }),
     );
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await {
+    if let Err(e) = axum::serve(tickwire_web::bounded::BoundedListener::new(listener), app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+    {
         tracing::warn!(error = %e, "metrics endpoint stopped");
     }
 }

@@ -12,6 +12,8 @@
 //! `sdk/ts`'s tests fail when they differ from a fresh build. `rust-embed` puts them in the
 //! binary: the page needs no network and no files beside the binary.
 
+pub mod bounded;
+
 use std::net::SocketAddr;
 
 use axum::extract::Path;
@@ -119,7 +121,9 @@ impl WebView {
                 }),
             )
             .route("/{file}", get(|Path(file): Path<String>| async move { asset(&file) }));
-        if let Err(e) = axum::serve(self.listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await
+        if let Err(e) = axum::serve(bounded::BoundedListener::new(self.listener), app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await
         {
             tracing::warn!(error = %e, "the web view stopped");
         }
