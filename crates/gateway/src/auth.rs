@@ -10,6 +10,11 @@ use serde::Deserialize;
 
 use crate::config::{AuthConfig, AuthMode, ConfigError, DEFAULT_JWT_LEEWAY_SECS, JwtAlgorithm};
 
+/// The shortest HS256 secret accepted, in bytes (RFC 7518 §3.2: the hash's size).
+const MIN_HS256_SECRET: usize = 32;
+/// The most clock skew tolerated on `exp` and `nbf`.
+const MAX_JWT_LEEWAY: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The identity an accepted token stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -134,6 +139,15 @@ impl JwtAuth {
                     .as_deref()
                     .filter(|s| !s.is_empty())
                     .ok_or_else(|| invalid("auth.jwt_secret is required for HS256".into()))?;
+                // RFC 7518 §3.2: an HS256 key of at least the hash's 256 bits. A short one can
+                // be found offline from one token, and then any token forged, `role: server`
+                // included.
+                if secret.len() < MIN_HS256_SECRET {
+                    return Err(invalid(format!(
+                        "auth.jwt_secret must be at least {MIN_HS256_SECRET} bytes (it is {}): use a random one, e.g. `openssl rand -hex 32`",
+                        secret.len()
+                    )));
+                }
                 (DecodingKey::from_secret(secret.as_bytes()), Algorithm::HS256)
             }
             JwtAlgorithm::RS256 => {
@@ -148,6 +162,12 @@ impl JwtAuth {
                 (key, Algorithm::RS256)
             }
         };
+        if config.jwt_leeway > MAX_JWT_LEEWAY {
+            return Err(invalid(format!(
+                "auth.jwt_leeway must be at most {}s: more would make `exp` meaningless",
+                MAX_JWT_LEEWAY.as_secs()
+            )));
+        }
         let mut auth = JwtAuth::new(key, algorithm);
         auth.validation.leeway = config.jwt_leeway.as_secs();
         let mut required = vec!["exp", "sub"];
@@ -239,6 +259,9 @@ mod tests {
         .unwrap()
     }
 
+    /// A secret of the shortest length accepted.
+    const K: &str = "0123456789abcdef0123456789abcdef";
+
     fn hs256(secret: &str) -> JwtAuth {
         JwtAuth::from_config(&AuthConfig {
             mode: AuthMode::Jwt,
@@ -250,68 +273,65 @@ mod tests {
 
     #[test]
     fn valid_hs256_token_yields_its_subject() {
-        let auth = hs256("s3cret");
-        let id = auth.authenticate(&token("s3cret", "player-7", 60)).unwrap();
+        let auth = hs256(K);
+        let id = auth.authenticate(&token(K, "player-7", 60)).unwrap();
         assert_eq!(id.player_id, "player-7");
     }
 
     #[test]
     fn forged_expired_missing_and_garbage_tokens_are_refused() {
-        let auth = hs256("s3cret");
+        let auth = hs256(K);
         assert!(matches!(auth.authenticate(&token("other", "p", 60)), Err(AuthError::Invalid(_))));
-        assert!(matches!(auth.authenticate(&token("s3cret", "p", -3600)), Err(AuthError::Invalid(_))));
+        assert!(matches!(auth.authenticate(&token(K, "p", -3600)), Err(AuthError::Invalid(_))));
         assert!(matches!(auth.authenticate(""), Err(AuthError::MissingToken)));
         assert!(matches!(auth.authenticate("not.a.jwt"), Err(AuthError::Invalid(_))));
-        assert!(matches!(auth.authenticate(&token("s3cret", "", 60)), Err(AuthError::EmptySubject)));
+        assert!(matches!(auth.authenticate(&token(K, "", 60)), Err(AuthError::EmptySubject)));
     }
 
     #[test]
     fn a_configured_issuer_and_audience_must_be_present() {
         let auth = JwtAuth::from_config(&AuthConfig {
             mode: AuthMode::Jwt,
-            jwt_secret: Some("k".into()),
+            jwt_secret: Some(K.into()),
             jwt_issuer: Some("studio".into()),
             jwt_audience: Some("game".into()),
             ..Default::default()
         })
         .unwrap();
         let mut claims = serde_json_like("p", now() + 60);
-        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "neither");
+        assert!(matches!(auth.authenticate(&signed(K, &claims)), Err(AuthError::Invalid(_))), "neither");
         claims.iss = Some("studio".into());
-        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "no aud");
+        assert!(matches!(auth.authenticate(&signed(K, &claims)), Err(AuthError::Invalid(_))), "no aud");
         claims.aud = Some("game".into());
-        assert!(auth.authenticate(&signed("k", &claims)).is_ok());
+        assert!(auth.authenticate(&signed(K, &claims)).is_ok());
         claims.aud = Some("other".into());
-        assert!(matches!(auth.authenticate(&signed("k", &claims)), Err(AuthError::Invalid(_))), "wrong aud");
+        assert!(matches!(auth.authenticate(&signed(K, &claims)), Err(AuthError::Invalid(_))), "wrong aud");
     }
 
     #[test]
     fn leeway_is_seconds_and_nbf_is_honoured() {
-        let auth = hs256("k");
+        let auth = hs256(K);
         // Expired 30 s ago: past the 5 s default leeway (the library's own default is 60 s).
-        assert!(matches!(auth.authenticate(&token("k", "p", -30)), Err(AuthError::Invalid(_))));
-        assert!(auth.authenticate(&token("k", "p", -2)).is_ok(), "within the leeway");
+        assert!(matches!(auth.authenticate(&token(K, "p", -30)), Err(AuthError::Invalid(_))));
+        assert!(auth.authenticate(&token(K, "p", -2)).is_ok(), "within the leeway");
         let mut early = serde_json_like("p", now() + 600);
         early.nbf = Some(now() + 300);
-        assert!(
-            matches!(auth.authenticate(&signed("k", &early)), Err(AuthError::Invalid(_))),
-            "not yet valid"
-        );
+        assert!(matches!(auth.authenticate(&signed(K, &early)), Err(AuthError::Invalid(_))), "not yet valid");
     }
 
     #[test]
     fn the_subject_is_bounded_and_the_role_comes_from_the_token() {
-        let auth = hs256("k");
+        let auth = hs256(K);
         let long = "x".repeat(MAX_PLAYER_ID_BYTES + 1);
-        assert!(matches!(auth.authenticate(&token("k", &long, 60)), Err(AuthError::BadSubject(_))));
-        assert!(matches!(auth.authenticate(&token("k", "a b", 60)), Err(AuthError::BadSubject(_))));
-        assert!(matches!(auth.authenticate(&token("k", "p\u{e9}", 60)), Err(AuthError::BadSubject(_))));
-        assert_eq!(auth.authenticate(&token("k", "auth0|42", 60)).unwrap().role, Role::Player);
+        assert!(matches!(auth.authenticate(&token(K, &long, 60)), Err(AuthError::BadSubject(_))));
+        assert!(matches!(auth.authenticate(&token(K, "a b", 60)), Err(AuthError::BadSubject(_))));
+        assert!(matches!(auth.authenticate(&token(K, "p\u{e9}", 60)), Err(AuthError::BadSubject(_))));
+        assert_eq!(auth.authenticate(&token(K, "auth0|42", 60)).unwrap().role, Role::Player);
         let mut server = serde_json_like("zone-1", now() + 60);
         server.role = Some("server".into());
-        assert_eq!(auth.authenticate(&signed("k", &server)).unwrap().role, Role::Server);
+        assert_eq!(auth.authenticate(&signed(K, &server)).unwrap().role, Role::Server);
         server.role = Some("admin".into());
-        assert!(matches!(auth.authenticate(&signed("k", &server)), Err(AuthError::UnknownRole(_))));
+        assert!(matches!(auth.authenticate(&signed(K, &server)), Err(AuthError::UnknownRole(_))));
     }
 
     #[test]
@@ -328,6 +348,21 @@ mod tests {
         assert_eq!(dev.authenticate("").unwrap().role, Role::Player, "anonymous player");
         assert!(dev.authenticate("server:").is_err(), "a server needs a name");
         assert!(dev.authenticate("bad name").is_err());
+    }
+
+    #[test]
+    fn a_short_secret_and_a_long_leeway_are_refused() {
+        let cfg = |secret: &str, leeway: u64| AuthConfig {
+            mode: AuthMode::Jwt,
+            jwt_secret: Some(secret.into()),
+            jwt_leeway: std::time::Duration::from_secs(leeway),
+            ..Default::default()
+        };
+        let short = JwtAuth::from_config(&cfg(&K[1..], 5)).err().unwrap().to_string();
+        assert!(short.contains("at least 32 bytes"), "{short}");
+        let long = JwtAuth::from_config(&cfg(K, 601)).err().unwrap().to_string();
+        assert!(long.contains("at most 600s"), "{long}");
+        assert!(JwtAuth::from_config(&cfg(K, 600)).is_ok());
     }
 
     #[test]

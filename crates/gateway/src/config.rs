@@ -289,8 +289,40 @@ impl GatewayConfig {
             // The Welcome carries it in whole milliseconds: less would read as 0 ("not said").
             return invalid("session.heartbeat must be at least 1ms");
         }
+        if self.session.heartbeat > Duration::from_secs(3600) {
+            return invalid("session.heartbeat must be at most 1h");
+        }
+        if self.session.read_timeout.is_some_and(|t| t <= self.session.heartbeat) {
+            return invalid("session.read_timeout must be longer than session.heartbeat (default: twice it)");
+        }
         if self.limits.max_frame_bytes < 64 {
             return invalid("limits.max_frame_bytes must be at least 64");
+        }
+        let l = &self.limits;
+        if l.auth_timeout.is_zero() || l.auth_timeout > Duration::from_secs(300) {
+            return invalid("limits.auth_timeout must be above zero and at most 5m");
+        }
+        if [l.messages_per_second, l.message_burst, l.server_messages_per_second, l.server_message_burst]
+            .contains(&0)
+        {
+            return invalid("limits.*messages_per_second and *message_burst must be above zero");
+        }
+        if [
+            l.max_pending_handshakes,
+            l.max_pending_per_ip,
+            l.max_connections_per_ip,
+            l.max_sessions,
+            l.max_sessions_per_ip,
+        ]
+        .contains(&0)
+        {
+            return invalid(
+                "limits.max_pending_handshakes, max_pending_per_ip, max_connections_per_ip, max_sessions \
+                 and max_sessions_per_ip must be above zero (nobody could connect)",
+            );
+        }
+        if l.outbox_capacity > 1 << 20 {
+            return invalid("limits.outbox_capacity must be at most 1048576");
         }
         if self.limits.outbox_capacity == 0 || self.session.max_unacked_messages == 0 {
             return invalid("limits.outbox_capacity and session.max_unacked_messages must be above zero");
@@ -428,6 +460,18 @@ mod tests {
         assert!(GatewayConfig::load(None, &["noequals".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat.x=1".into()]).is_err());
         assert!(GatewayConfig::load(None, &["session.heartbeat=0s".into()]).is_err());
+        // Values that would start a gateway nobody can use, or that overflow.
+        let refused = |set: &str, says: &str| {
+            let err = GatewayConfig::load(None, &[set.into()]).unwrap_err().to_string();
+            assert!(err.contains(says), "{set}: {err}");
+        };
+        refused("session.heartbeat=\"2h\"", "at most 1h");
+        refused("session.read_timeout=\"3s\"", "longer than session.heartbeat");
+        refused("limits.auth_timeout=\"0s\"", "limits.auth_timeout");
+        refused("limits.messages_per_second=0", "above zero");
+        refused("limits.max_connections_per_ip=0", "nobody could connect");
+        refused("limits.max_sessions=0", "nobody could connect");
+        refused("limits.outbox_capacity=100000000", "at most 1048576");
     }
 
     #[test]

@@ -60,7 +60,9 @@ impl Registry {
     }
 
     fn shard(&self, id: &SessionId) -> &Mutex<HashMap<SessionId, Entry>> {
-        &self.shards[id.0[0] as usize % SHARDS]
+        // Not the first byte: with `--processes`, it names the worker that owns the session
+        // (`WorkerSet::stamp`), the same for every session of this process.
+        &self.shards[id.0[1] as usize % SHARDS]
     }
 
     pub(crate) fn insert(&self, id: SessionId, token: ResumeToken, takeover: Takeovers, place: SessionPlace) {

@@ -31,12 +31,15 @@ async fn connect_with(
 
 #[tokio::test]
 async fn jwt_mode_accepts_signed_tokens_only() {
-    let gw = common::start(&["auth.mode=jwt", "auth.jwt_secret=\"correct horse\""]).await;
-    let conn = connect_with(&gw, jwt("correct horse", "player-42", 300)).await.unwrap();
+    let gw =
+        common::start(&["auth.mode=jwt", "auth.jwt_secret=\"correct horse battery staple, twice over\""])
+            .await;
+    let conn =
+        connect_with(&gw, jwt("correct horse battery staple, twice over", "player-42", 300)).await.unwrap();
     assert_eq!(conn.welcome().player_id, "player-42");
     for (name, token) in [
         ("forged", jwt("wrong", "p", 300)),
-        ("expired", jwt("correct horse", "p", -600)),
+        ("expired", jwt("correct horse battery staple, twice over", "p", -600)),
         ("missing", String::new()),
         ("garbage", "x.y.z".to_owned()),
     ] {
