@@ -145,6 +145,23 @@ impl Area {
         }
     }
 
+    /// The most cells the area's footprint can touch wherever it is placed in `layout`: per
+    /// axis, the cells its extent spans (at most the world's), multiplied. Computed without
+    /// building the cells, so that a huge area is judged (and refused) in constant time, and an
+    /// area that follows its entity is judged once for every place it may go.
+    pub fn most_cells(&self, layout: &Layout) -> u64 {
+        let c = layout.config();
+        let (w, d) = match *self {
+            Area::Box { min, max } => (max[0] - min[0], max[2] - min[2]),
+            Area::Sphere { radius, .. } | Area::Cone { range: radius, .. } => (2.0 * radius, 2.0 * radius),
+        };
+        let span = |extent: f32, n: u32| -> u64 {
+            let cells = (f64::from(extent.max(0.0)) / f64::from(c.cell_size)).ceil() + 1.0;
+            (cells.min(f64::from(n))) as u64
+        };
+        span(w, c.cells[0]) * span(d, c.cells[1])
+    }
+
     /// The cells the area's footprint touches: for a sphere and a box exactly those; for a
     /// cone, those within its range of the apex (a superset: it may include cells behind the
     /// apex, never miss one the cone reaches).
@@ -166,6 +183,23 @@ impl Area {
 mod tests {
     use super::*;
     use crate::layout::tests::report as layout;
+
+    /// `most_cells` bounds the cells an area touches wherever it is, without building them.
+    #[test]
+    fn most_cells_bounds_the_cells_an_area_touches_anywhere() {
+        let world = layout();
+        let sphere = |x: f32, z: f32, radius: f32| Area::Sphere { center: [x, 0.0, z], radius };
+        // A 30 m sphere over 20 m cells spans at most 4 x 4.
+        assert_eq!(sphere(150.0, 150.0, 30.0).most_cells(&world), 16);
+        for (x, z) in [(150.0, 150.0), (10.0, 10.0), (119.0, 201.0), (299.0, 0.5)] {
+            let a = sphere(x, z, 30.0);
+            assert!(a.cells(&world).len() as u64 <= a.most_cells(&world), "at ({x}, {z})");
+        }
+        // Past the world's size it is the world's, whatever the radius.
+        assert_eq!(sphere(0.0, 0.0, 1e5).most_cells(&world), 225);
+        let b = Area::Box { min: [0.0, 0.0, 0.0], max: [39.0, 1.0, 19.0] };
+        assert_eq!(b.most_cells(&world), 3 * 2);
+    }
 
     #[test]
     fn an_area_centred_elsewhere_keeps_its_shape() {

@@ -130,6 +130,17 @@ impl World {
                 }
             }
         }
+        // Judged before any cell is built, and for wherever a followed area may go: at most
+        // four times the cells a view may hold (a disc touches at least about π/4 of the
+        // cells its square spans, so no area that fits is refused here).
+        let most = area.most_cells(&self.layout);
+        if most > 4 * self.settings.max_view_cells as u64 {
+            let msg = format!(
+                "the area spans up to {most} cells; a view holds at most {} (channels.max_subscriptions_per_session, and limits.outbox_capacity less 16)",
+                self.settings.max_view_cells
+            );
+            return error_response(id, Status::ResourceExhausted, msg);
+        }
         let centred = match follow {
             Follow::Off => area,
             _ => self.controlled_position(conn).map_or(area, |p| area.centred_at(p)),

@@ -166,3 +166,31 @@ async fn leaving_the_largest_area_at_once_keeps_the_session() {
     // Still connected and served.
     assert_eq!(viewer.spatial_interest(area(15.0, 15.0)).await.unwrap().cells.len(), 4);
 }
+
+/// An area is judged by the most cells it can span anywhere, before any cell is built: a huge
+/// sphere is refused at once even where it would touch few cells (off the world's edge, or
+/// following an entity that is not there yet), so that neither its cost nor a later move of a
+/// followed area depends on where it is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_area_that_could_span_too_many_cells_is_refused_wherever_it_is() {
+    let mut overrides = LAYOUT.to_vec();
+    // A view of at most 2 cells (half of an outbox of 4).
+    overrides.push("limits.outbox_capacity=4");
+    let gw = common::start(&overrides).await;
+    let viewer = client(&gw, "viewer").await;
+    let sphere = |x: f32, radius: f32, follow: Follow| SetInterest {
+        area: Some(set_interest::Area::Sphere(Sphere { center: v3([x, 0.0, 5.0]), radius })),
+        follow: follow as i32,
+        ..SetInterest::default()
+    };
+    // Far off the world, touching no cell, and following nothing yet: still refused.
+    match viewer.spatial_interest(sphere(-5000.0, 100.0, Follow::Always)).await {
+        Err(tickwire_client::ClientError::Status { status, message, .. }) => {
+            assert_eq!(status, Status::ResourceExhausted);
+            assert!(message.contains("spans up to 16 cells"), "{message}");
+        }
+        other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+    }
+    // A small one is taken.
+    assert_eq!(viewer.spatial_interest(sphere(5.0, 1.0, Follow::Off)).await.unwrap().cells.len(), 1);
+}
