@@ -132,7 +132,8 @@ impl World {
         }
         // Judged before any cell is built, and for wherever a followed area may go: at most
         // four times the cells a view may hold (a disc touches at least about π/4 of the
-        // cells its square spans, so no area that fits is refused here).
+        // cells its square spans, so no area that would fit away from the world's edges is
+        // refused here).
         let most = area.most_cells(&self.layout);
         if most > 4 * self.settings.max_view_cells as u64 {
             let msg = format!(
