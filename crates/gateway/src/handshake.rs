@@ -127,9 +127,14 @@ pub(crate) async fn handshake_with(
         Ok(identity) => identity,
         Err(e) => return reject(&shared, conn, CloseReason::AuthFailed, e.to_string()).await,
     };
-    let place = match open.session() {
-        Ok(place) => place,
-        Err(refused) => return reject(&shared, conn, CloseReason::Overloaded, refused.to_string()).await,
+    // Game servers (role `server`, an authenticated token) are not counted: players filling
+    // the budgets must not lock out a server coming back.
+    let place = match identity.role {
+        crate::auth::Role::Server => None,
+        crate::auth::Role::Player => match open.session() {
+            Ok(place) => Some(place),
+            Err(refused) => return reject(&shared, conn, CloseReason::Overloaded, refused.to_string()).await,
+        },
     };
     let mut id = SessionId(rand::random());
     if let Some(workers) = &shared.workers {

@@ -35,8 +35,9 @@ pub(crate) type Takeovers = mpsc::Sender<Box<Takeover>>;
 struct Entry {
     token: ResumeToken,
     takeover: Takeovers,
-    /// The session's place in the session budgets, given back when it is removed.
-    _place: SessionPlace,
+    /// The session's place in the session budgets (none for a game server), given back when
+    /// it is removed.
+    _place: Option<SessionPlace>,
 }
 
 /// Why a resume was refused.
@@ -65,7 +66,13 @@ impl Registry {
         &self.shards[id.0[1] as usize % SHARDS]
     }
 
-    pub(crate) fn insert(&self, id: SessionId, token: ResumeToken, takeover: Takeovers, place: SessionPlace) {
+    pub(crate) fn insert(
+        &self,
+        id: SessionId,
+        token: ResumeToken,
+        takeover: Takeovers,
+        place: Option<SessionPlace>,
+    ) {
         let entry = Entry { token, takeover, _place: place };
         self.shard(&id).lock().expect("registry lock").insert(id, entry);
     }

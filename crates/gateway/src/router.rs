@@ -210,11 +210,12 @@ impl SessionHandle {
 
     /// A place in the outbox for a message the gateway itself sends in bursts it can spread
     /// out (the spatial world's handovers: a server that registers into a slot of 300 waiting
-    /// entities is due 300 ACQUIREs at once), if half of the outbox is free; `Full` otherwise,
-    /// and the caller sends it later. So the gateway never makes a session a slow consumer by
-    /// its own burst.
+    /// entities is due 300 ACQUIREs at once), if more than an eighth of the outbox is free;
+    /// `Full` otherwise, and the caller sends it later. So the gateway never makes a session a
+    /// slow consumer by its own burst, and its handovers go before what clients relay (which
+    /// stops at a quarter free: [`SessionHandle::relay`]), never starved by them.
     pub(crate) fn paced(&self) -> Result<Relay<'_>, PushError> {
-        self.place_leaving(self.outbox.max_capacity() / 2)
+        self.place_leaving(self.outbox.max_capacity() / 8)
     }
 
     /// A place in the outbox if more than `keep` places are free.

@@ -117,7 +117,8 @@ pub(crate) struct NewSession {
     pub(crate) token: ResumeToken,
     pub(crate) player_id: String,
     pub(crate) role: Role,
-    pub(crate) place: SessionPlace,
+    /// Its place in the session budgets (none for a game server).
+    pub(crate) place: Option<SessionPlace>,
 }
 
 impl SessionTask {

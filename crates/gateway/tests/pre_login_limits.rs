@@ -278,6 +278,11 @@ async fn one_address_cannot_pile_up_sessions_by_dropping_its_links() {
         }
         other => panic!("expected OVERLOADED, got {:?}", other.map(|_| ())),
     }
+    // A game server is not counted: players filling the budget do not lock it out.
+    let mut as_server = from(8);
+    as_server.token = "server:zone-1".into();
+    let mut server = Connection::connect(as_server).await.unwrap();
+    assert_eq!(common::round_trip(&mut server, 1, 8).await.id, 1);
     // Another address is not affected, and the live session still works.
     let mut other = Connection::connect(from(9)).await.unwrap();
     assert_eq!(common::round_trip(&mut other, 1, 8).await.id, 1);

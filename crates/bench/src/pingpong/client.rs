@@ -1,8 +1,8 @@
 //! One simulated ping-pong client, and the counters all of them share.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -22,8 +22,9 @@ pub(super) struct Shared {
     /// `u64::MAX` while it lasts). A request counts in the step whose window holds the instant
     /// it was *due*, however late its task got to send it: a load generator that falls behind
     /// at the end of a window (where an overload shows) cannot leave its latest requests out.
-    pub(super) holding: AtomicUsize,
-    hold_start_ns: AtomicU64,
+    /// The step (top 8 bits) and the window's start (the low 56 bits, ns since `epoch`), in
+    /// one word so that a reader never pairs one window's step with another's start.
+    hold_start: AtomicU64,
     hold_end_ns: AtomicU64,
     epoch: Instant,
     pub(super) sent: [AtomicU64; MAX_STEPS],
@@ -44,8 +45,7 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn new() -> Shared {
         Shared {
-            holding: AtomicUsize::new(usize::MAX),
-            hold_start_ns: AtomicU64::new(u64::MAX),
+            hold_start: AtomicU64::new(u64::MAX),
             hold_end_ns: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             sent: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -70,12 +70,13 @@ impl Shared {
 
     /// Starts holding step `step` now (`Some`), or ends the window now (`None`).
     pub(super) fn set_holding(&self, step: Option<usize>, now: Instant) {
-        // In this order, so that a reader in between never sees a window holding `due`
-        // with the wrong step: the step, then an empty window, then the open one.
+        // The window first, then its end: a reader that sees the new end sees the new window;
+        // one that sees the old end sees an empty or past window.
         match step {
             Some(step) => {
-                self.holding.store(step, SeqCst);
-                self.hold_start_ns.store(self.ns(now), SeqCst);
+                debug_assert!(step < MAX_STEPS && MAX_STEPS <= 255);
+                let start = self.ns(now).min(START_MASK) | ((step as u64) << 56);
+                self.hold_start.store(start, SeqCst);
                 self.hold_end_ns.store(u64::MAX, SeqCst);
             }
             None => self.hold_end_ns.store(self.ns(now), SeqCst),
@@ -87,11 +88,17 @@ impl Shared {
         // Read in the reverse order of the writes.
         let at = self.ns(due);
         let end = self.hold_end_ns.load(SeqCst);
-        let start = self.hold_start_ns.load(SeqCst);
-        let step = self.holding.load(SeqCst);
+        let packed = self.hold_start.load(SeqCst);
+        if packed == u64::MAX {
+            return usize::MAX;
+        }
+        let (step, start) = ((packed >> 56) as usize, packed & START_MASK);
         if start <= at && at < end { step } else { usize::MAX }
     }
 }
+
+/// The bits of [`Shared`]'s packed window start that hold nanoseconds (2^56 ns: 2.2 years).
+const START_MASK: u64 = (1 << 56) - 1;
 
 /// A step's round-trip times in microseconds.
 pub(super) struct RttHistograms {

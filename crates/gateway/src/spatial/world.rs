@@ -142,6 +142,8 @@ pub(super) struct World {
     pub publishes_since_pass: Vec<u32>,
     /// Per slot, the ACQUIREs waiting for room in its server's outbox, in order.
     acquires_waiting: Vec<std::collections::VecDeque<acquires::Waiting>>,
+    /// Entities whose RELEASE waits for room in their owner's outbox: asked again each pass.
+    releases_put_off: HashSet<u64>,
 }
 
 fn ok(id: u64, body: Bytes) -> Response {
@@ -183,6 +185,7 @@ impl World {
             slots: vec![None; (sx * sz) as usize],
             publishes_since_pass: vec![0; (sx * sz) as usize],
             acquires_waiting: (0..sx * sz).map(|_| Default::default()).collect(),
+            releases_put_off: HashSet::new(),
             layout,
             settings,
             cells,
@@ -316,8 +319,10 @@ impl World {
         // Answer first: the acquires of entities left by a lost server follow the result.
         let _ = server.respond(ok(id, result.encode_to_vec().into()));
         self.watch_block(server, slot, now);
-        let orphans: Vec<u64> =
+        let mut orphans: Vec<u64> =
             self.entities.iter().filter(|(_, e)| e.owner_slot == slot).map(|(&id, _)| id).collect();
+        // In the order they were spawned, from run to run.
+        orphans.sort_unstable();
         for entity_id in orphans {
             self.take_over(entity_id, slot, slot);
         }

@@ -468,9 +468,10 @@ async fn a_handover_to_a_server_lost_before_the_release_gives_the_entity_back() 
 }
 
 /// A publish without a position changes the value only (the entity stays where it is); an
-/// observer may not message entities; a spawn at a non-finite height is refused.
+/// observer's message to an entity reaches its owner; a spawn at a non-finite height is
+/// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_publish_without_a_position_keeps_it_and_observers_cannot_message_entities() {
+async fn a_publish_without_a_position_keeps_it_and_an_observer_messages_an_entity() {
     let gw = start().await;
     let owner = server(&gw, "owner", Some(0)).await;
     let observer = client(&gw, "server:observer").await;
@@ -491,9 +492,11 @@ async fn a_publish_without_a_position_keeps_it_and_observers_cannot_message_enti
     owner.spatial_publish(vec![value_only]).await.unwrap();
     view.until(&viewer, "the value changes", |v, _| v.entities().get(&entity_id) == Some(&[1.0, 2.0, 3.0]))
         .await;
+    observer.send_to_entity(entity_id, Bytes::from_static(b"hi")).await.unwrap();
+    let m = EntityMessage::decode(common::channels::next(&owner, "spatial.message").await).unwrap();
     assert_eq!(
-        status(observer.send_to_entity(entity_id, Bytes::from_static(b"hi")).await),
-        Status::PermissionDenied
+        (m.entity_id, m.from_connection, &m.body[..]),
+        (entity_id, observer.connection_id(), &b"hi"[..])
     );
 }
 
@@ -553,4 +556,74 @@ async fn a_server_taking_a_slot_over_gets_every_waiting_entity_without_being_ove
     let states: Vec<EntityState> =
         acquired.iter().map(|&entity_id| EntityState { entity_id, ..EntityState::default() }).collect();
     assert!(heir.spatial_publish(states).await.unwrap().ignored.is_empty());
+}
+
+/// While an entity's ACQUIRE waits for room in its new owner's outbox, a message to the entity
+/// is taken (not refused) and goes in that ACQUIRE, numbered after what was there; nothing
+/// about the entity reaches the owner before its ACQUIRE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_to_an_entity_whose_acquire_waits_goes_in_the_acquire() {
+    const ENTITIES: u64 = 60;
+    let mut overrides = LAYOUT.to_vec();
+    // A server that acknowledges nothing holds 16 messages in flight and 16 in its outbox.
+    overrides.extend([
+        "session.resume_window=\"300ms\"",
+        "limits.outbox_capacity=16",
+        "session.max_unacked_messages=16",
+        "channels.update_window.max_updates=8",
+    ]);
+    let gw = common::start(&overrides).await;
+    let master = client(&gw, "server:master").await;
+    master.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
+    let player = client(&gw, "player").await;
+    let doomed = server(&gw, "doomed", Some(0)).await;
+    let mut spawned = Vec::new();
+    for i in 0..ENTITIES {
+        let spawn = SpawnEntity {
+            position: v3([1.0 + (i % 18) as f32, 0.0, 5.0]),
+            controller_connection: player.connection_id(),
+            ..SpawnEntity::default()
+        };
+        spawned.push(doomed.spatial_spawn(spawn).await.unwrap().entity_id);
+    }
+    // The doomed server's session ends (its Client is dropped, and with it the connection).
+    drop(doomed);
+    let lost = |e: &SpatialEvent| e.kind() == SpatialEventKind::ServerLost && e.slot == 0;
+    while !lost(&SpatialEvent::decode(common::channels::next(&master, "spatial.event").await).unwrap()) {}
+    // The heir registers and then reads nothing for a while: its ACQUIREs back up.
+    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
+    opts.token = "server:heir".into();
+    let mut heir = tickwire_client::Connection::connect(opts).await.unwrap();
+    let register = RegisterServer { slot: Some(0), observe_only: false }.encode_to_vec();
+    heir.send_request(1, "spatial.register", register.into()).unwrap();
+    heir.flush().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The ACQUIREs go in spawn order: the last ones wait. A message to one of those is taken.
+    let last = *spawned.last().unwrap();
+    player.send_to_entity(last, Bytes::from_static(b"while it waits")).await.unwrap();
+    // Now the heir reads (and acknowledges): every ACQUIRE, the last one carrying the message.
+    let mut acquired = BTreeSet::new();
+    let mut carried = None;
+    while acquired.len() < spawned.len() {
+        match tokio::time::timeout(WAIT, heir.next_event()).await.expect("the ACQUIREs come").unwrap() {
+            Some(tickwire_client::Event::Push(p)) if p.topic == "spatial.handover" => {
+                let h = Handover::decode(p.body).unwrap();
+                assert_eq!(h.kind(), HandoverKind::Acquire);
+                if h.entity_id == last {
+                    carried = Some(h.messages.iter().map(|m| (m.seq, m.body.clone())).collect::<Vec<_>>());
+                }
+                acquired.insert(h.entity_id);
+            }
+            Some(tickwire_client::Event::Push(p)) if p.topic == "spatial.message" => {
+                let m = EntityMessage::decode(p.body).unwrap();
+                panic!("a message for entity {} before its ACQUIRE", m.entity_id);
+            }
+            Some(tickwire_client::Event::Closed { reason, message }) => {
+                panic!("closed: {reason:?} {message}")
+            }
+            Some(_) => {}
+            None => heir.flush().await,
+        }
+    }
+    assert_eq!(carried, Some(vec![(1, Bytes::from_static(b"while it waits"))]));
 }

@@ -5,8 +5,10 @@
 //! as a slow consumer, its entities would wait for the next server, which would meet the same
 //! wall. So an ACQUIRE goes out only while the server's outbox is at least half free
 //! ([`SessionHandle::paced`]); the others wait here, in order, and go out at the next passes.
-//! While an entity's ACQUIRE waits, messages to it are refused (retry) and it is not handed
-//! on, so that nothing reaches its new owner before the ACQUIRE.
+//! While an entity's ACQUIRE waits, it is not handed on, and messages to it join the waiting
+//! ACQUIRE, numbered in order, so that nothing reaches its new owner before the ACQUIRE and
+//! nobody is refused for the wait. A RELEASE put off for room (`begin_handover`) is asked
+//! again at every pass until it goes, whether or not its entity is published again.
 
 use prost::Message;
 use tickwire_spatial::handover::Action;
@@ -56,10 +58,34 @@ impl World {
         }
     }
 
+    /// Where the waiting ACQUIRE of `entity_id` is in `slot`'s queue, if one waits.
+    pub(super) fn waiting_acquire(&self, slot: u32, entity_id: u64) -> Option<usize> {
+        let handover = self.entities.get(&entity_id)?.acquire_waits?;
+        let queue = self.acquires_waiting.get(slot as usize)?;
+        queue.iter().position(|w| w.entity_id == entity_id && handover_of(&w.action) == Some(handover))
+    }
+
+    /// Puts a message numbered `seq` in the waiting ACQUIRE at `at` (from
+    /// [`World::waiting_acquire`]), after the messages already there.
+    pub(super) fn join_waiting_acquire(&mut self, slot: u32, at: usize, seq: u64, message: EntityMsg) {
+        if let Some(Waiting { action: Action::Acquire { messages, .. }, .. }) =
+            self.acquires_waiting.get_mut(slot as usize).and_then(|q| q.get_mut(at))
+        {
+            messages.push((seq, message));
+        }
+    }
+
     /// At each pass: the ACQUIREs that waited go out, in order, as far as their servers'
-    /// outboxes have room. One whose entity was taken over since (its server lost, another
-    /// handover id) is dropped.
+    /// outboxes have room (one whose entity was taken over since, its server lost or another
+    /// handover id, is dropped); then the RELEASEs put off for room are asked again.
     pub fn send_waiting_acquires(&mut self) {
+        self.send_acquires();
+        for entity_id in std::mem::take(&mut self.releases_put_off) {
+            self.entity_moved_cell(entity_id);
+        }
+    }
+
+    fn send_acquires(&mut self) {
         for slot in 0..self.acquires_waiting.len() {
             if self.acquires_waiting[slot].is_empty() {
                 continue;

@@ -218,7 +218,11 @@ impl World {
         else {
             return;
         };
-        let Ok(place) = owner.paced() else { return };
+        let Ok(place) = owner.paced() else {
+            // Asked again at the next pass (`send_waiting_acquires`).
+            self.releases_put_off.insert(entity_id);
+            return;
+        };
         let e = self.entities.get_mut(&entity_id).expect("checked by the caller");
         let Ok(Action::Release { handover, .. }) = e.route.begin_handover(to) else { return };
         e.handing_to = Some(to_slot);
@@ -322,8 +326,9 @@ impl World {
     /// server with `to_connection` set, to the entity's controller.
     pub fn send(&mut self, from: &SessionHandle, send: ChannelSend, id: u64) -> Response {
         let (entity_id, body) = (send.channel_id, send.body);
-        // A spatial server in a slot (an observer only watches: it is told events, no more).
-        let server = self.slot_of_server(from.conn_id()).is_some();
+        // A registered server, observers (the master) included: its messages take a place in
+        // the owner's outbox like anyone's, so none can flood the owner.
+        let server = self.servers.contains_key(&from.conn_id());
         let max_in_flight = self.settings.max_in_flight;
         let max_in_flight_bytes = self.settings.max_in_flight_bytes;
         let Some(e) = self.entities.get_mut(&entity_id) else {
@@ -355,10 +360,6 @@ impl World {
             let msg = format!("only entity {entity_id}'s controller and servers may send to it");
             return error_response(id, Status::PermissionDenied, msg);
         }
-        if e.acquire_waits.is_some() {
-            let msg = format!("entity {entity_id} is being handed to its new server; retry");
-            return error_response(id, Status::Unavailable, msg);
-        }
         let Some(owner) = self.slots.get(e.owner_slot as usize).and_then(Option::as_ref) else {
             let msg = format!("entity {entity_id}'s server is gone (slot {}); retry", e.owner_slot);
             return error_response(id, Status::Unavailable, msg);
@@ -376,6 +377,32 @@ impl World {
                  {max_in_flight_bytes} bytes; retry"
             );
             return error_response(id, Status::Unavailable, msg);
+        }
+        // While its ACQUIRE waits for room, a message joins it (numbered, after the messages
+        // already in it): it needs no place of its own.
+        if e.acquire_waits.is_some() {
+            let owner_slot = e.owner_slot;
+            // Found before the message takes a number, so that a number is never given to a
+            // message that goes nowhere.
+            let Some(at) = self.waiting_acquire(owner_slot, entity_id) else {
+                let msg = format!("entity {entity_id} is being handed to its new server; retry");
+                return error_response(id, Status::Unavailable, msg);
+            };
+            let e = self.entities.get_mut(&entity_id).expect("looked up above");
+            return match e.route.send(message) {
+                Ok(Some(Action::Deliver { seq, message, .. })) => {
+                    self.join_waiting_acquire(owner_slot, at, seq, message);
+                    self.figures.messages.fetch_add(1, Ordering::Relaxed);
+                    ok(id, Bytes::new())
+                }
+                // Held by the route (not reached: no handover starts while an ACQUIRE waits);
+                // it goes with the next ACQUIRE.
+                Ok(_) => {
+                    self.figures.messages.fetch_add(1, Ordering::Relaxed);
+                    ok(id, Bytes::new())
+                }
+                Err(e) => error_response(id, Status::Unavailable, format!("entity {entity_id}: {e}; retry")),
+            };
         }
         // A message holds a place in the server's outbox before it takes a number: a client
         // (or another server) sending faster than the entity's server reads is told to retry,
