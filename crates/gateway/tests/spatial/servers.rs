@@ -417,12 +417,7 @@ async fn a_handover_to_a_server_lost_before_the_release_gives_the_entity_back() 
     let owner = server(&gw, "owner", Some(0)).await;
     let player = client(&gw, "player").await;
     // The destination: a bare connection, so that it can vanish without a goodbye.
-    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
-    opts.token = "server:doomed".into();
-    let mut doomed = tickwire_client::Connection::connect(opts).await.unwrap();
-    let register = RegisterServer { slot: Some(1), observe_only: false }.encode_to_vec();
-    doomed.send_request(1, "spatial.register", register.into()).unwrap();
-    doomed.flush().await;
+    let doomed = bare_server(&gw, "doomed", 1).await;
     let joined = SpatialEvent::decode(common::channels::next(&owner, "spatial.event").await).unwrap();
     assert_eq!((joined.kind(), joined.slot), (SpatialEventKind::ServerJoined, 1));
     let spawn = SpawnEntity {
@@ -512,11 +507,7 @@ async fn a_server_taking_a_slot_over_gets_every_waiting_entity_without_being_ove
     let gw = common::start(&overrides).await;
     let master = client(&gw, "server:master").await;
     master.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
-    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
-    opts.token = "server:doomed".into();
-    let mut doomed = tickwire_client::Connection::connect(opts).await.unwrap();
-    let register = RegisterServer { slot: Some(0), observe_only: false }.encode_to_vec();
-    doomed.send_request(1, "spatial.register", register.into()).unwrap();
+    let mut doomed = bare_server(&gw, "doomed", 0).await;
     // Spawned 10 at a time: more requests at once than its outbox holds would have their
     // answers overrun it.
     let mut spawned = BTreeSet::new();
@@ -591,12 +582,7 @@ async fn a_message_to_an_entity_whose_acquire_waits_goes_in_the_acquire() {
     let lost = |e: &SpatialEvent| e.kind() == SpatialEventKind::ServerLost && e.slot == 0;
     while !lost(&SpatialEvent::decode(common::channels::next(&master, "spatial.event").await).unwrap()) {}
     // The heir registers and then reads nothing for a while: its ACQUIREs back up.
-    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(&gw));
-    opts.token = "server:heir".into();
-    let mut heir = tickwire_client::Connection::connect(opts).await.unwrap();
-    let register = RegisterServer { slot: Some(0), observe_only: false }.encode_to_vec();
-    heir.send_request(1, "spatial.register", register.into()).unwrap();
-    heir.flush().await;
+    let mut heir = bare_server(&gw, "heir", 0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The ACQUIREs go in spawn order: the last ones wait. A message to one of those is taken.
     let last = *spawned.last().unwrap();
@@ -626,4 +612,16 @@ async fn a_message_to_an_entity_whose_acquire_waits_goes_in_the_acquire() {
         }
     }
     assert_eq!(carried, Some(vec![(1, Bytes::from_static(b"while it waits"))]));
+}
+
+/// A spatial server on a bare connection (it reads and acknowledges only when the test does,
+/// and can vanish without a goodbye), registering in `slot` (request 1, sent).
+async fn bare_server(gw: &RunningGateway, name: &str, slot: u32) -> tickwire_client::Connection {
+    let mut opts = tickwire_client::ConnectOptions::new(common::tcp_target(gw));
+    opts.token = format!("server:{name}");
+    let mut conn = tickwire_client::Connection::connect(opts).await.unwrap();
+    let register = RegisterServer { slot: Some(slot), observe_only: false }.encode_to_vec();
+    conn.send_request(1, "spatial.register", register.into()).unwrap();
+    conn.flush().await;
+    conn
 }

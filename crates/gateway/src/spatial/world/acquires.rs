@@ -10,6 +10,8 @@
 //! nobody is refused for the wait. A RELEASE put off for room (`begin_handover`) is asked
 //! again at every pass until it goes, whether or not its entity is published again.
 
+use std::collections::VecDeque;
+
 use prost::Message;
 use tickwire_spatial::handover::Action;
 use tickwire_wire::proto::{EntityMessage, Handover, HandoverKind};
@@ -64,17 +66,20 @@ impl World {
         let queue = self.acquires_waiting.get(slot as usize)?;
         queue.iter().position(|w| w.entity_id == entity_id && handover_of(&w.action) == Some(handover))
     }
+}
 
-    /// Puts a message numbered `seq` in the waiting ACQUIRE at `at` (from
-    /// [`World::waiting_acquire`]), after the messages already there.
-    pub(super) fn join_waiting_acquire(&mut self, slot: u32, at: usize, seq: u64, message: EntityMsg) {
-        if let Some(Waiting { action: Action::Acquire { messages, .. }, .. }) =
-            self.acquires_waiting.get_mut(slot as usize).and_then(|q| q.get_mut(at))
-        {
-            messages.push((seq, message));
-        }
+/// Puts a message numbered `seq` in the waiting ACQUIRE at `at` of `slot`'s queue (from
+/// [`World::waiting_acquire`]), after the messages already there. On the queues alone, so
+/// that it can be called while an entity and a server of the world are borrowed.
+pub(super) fn join(queues: &mut [VecDeque<Waiting>], (slot, at): (u32, usize), seq: u64, message: EntityMsg) {
+    if let Some(Waiting { action: Action::Acquire { messages, .. }, .. }) =
+        queues.get_mut(slot as usize).and_then(|q| q.get_mut(at))
+    {
+        messages.push((seq, message));
     }
+}
 
+impl World {
     /// At each pass: the ACQUIREs that waited go out, in order, as far as their servers'
     /// outboxes have room (one whose entity was taken over since, its server lost or another
     /// handover id, is dropped); then the RELEASEs put off for room are asked again.

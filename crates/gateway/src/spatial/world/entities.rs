@@ -15,7 +15,7 @@ use tickwire_wire::proto::{
     PublishResult, Release, Response, SpawnEntity, SpawnResult, Status,
 };
 
-use super::{ENTITIES_FIELD, Entity, EntityMsg, World, ok, to_vec3, vec3};
+use super::{ENTITIES_FIELD, Entity, EntityMsg, World, acquires, ok, to_vec3, vec3};
 use crate::router::{SessionHandle, error_response};
 use crate::spatial::ENTITY_BASE;
 
@@ -380,35 +380,24 @@ impl World {
         }
         // While its ACQUIRE waits for room, a message joins it (numbered, after the messages
         // already in it): it needs no place of its own.
-        if e.acquire_waits.is_some() {
-            let owner_slot = e.owner_slot;
-            // Found before the message takes a number, so that a number is never given to a
-            // message that goes nowhere.
+        // Where it goes: while the entity's ACQUIRE waits for room, into that ACQUIRE, found
+        // before the message takes a number (so that a number never goes to a message that
+        // goes nowhere); else to the owner, in a place it holds in the owner's outbox first: a
+        // client (or another server) sending faster than the entity's server reads is told to
+        // retry, and never makes that server a slow consumer (`SessionHandle::relay`). (Held
+        // for a handover under way, it needs no place: the acquire carries it.)
+        let (waits, owner_slot) = (e.acquire_waits.is_some(), e.owner_slot);
+        let acquire = if waits {
             let Some(at) = self.waiting_acquire(owner_slot, entity_id) else {
                 let msg = format!("entity {entity_id} is being handed to its new server; retry");
                 return error_response(id, Status::Unavailable, msg);
             };
-            let e = self.entities.get_mut(&entity_id).expect("looked up above");
-            return match e.route.send(message) {
-                Ok(Some(Action::Deliver { seq, message, .. })) => {
-                    self.join_waiting_acquire(owner_slot, at, seq, message);
-                    self.figures.messages.fetch_add(1, Ordering::Relaxed);
-                    ok(id, Bytes::new())
-                }
-                // Held by the route (not reached: no handover starts while an ACQUIRE waits);
-                // it goes with the next ACQUIRE.
-                Ok(_) => {
-                    self.figures.messages.fetch_add(1, Ordering::Relaxed);
-                    ok(id, Bytes::new())
-                }
-                Err(e) => error_response(id, Status::Unavailable, format!("entity {entity_id}: {e}; retry")),
-            };
-        }
-        // A message holds a place in the server's outbox before it takes a number: a client
-        // (or another server) sending faster than the entity's server reads is told to retry,
-        // and never makes that server a slow consumer (`SessionHandle::relay`).
-        // (Held for a handover under way, it needs no place: the acquire carries it.)
-        let place = if e.route.handing_over() {
+            Some((owner_slot, at))
+        } else {
+            None
+        };
+        let e = self.entities.get_mut(&entity_id).expect("looked up above");
+        let place = if acquire.is_some() || e.route.handing_over() {
             None
         } else {
             let Ok(place) = owner.relay() else {
@@ -421,13 +410,18 @@ impl World {
         };
         match e.route.send(message) {
             Ok(Some(Action::Deliver { seq, message, .. })) => {
-                let m = EntityMessage { entity_id, seq, from_connection: message.from, body: message.body };
-                let body = m.encode_to_vec().into();
-                match place {
-                    Some(place) => place.push("spatial.message", body),
-                    // Not reached: a route handing over holds what it is sent.
-                    None => {
-                        let _ = owner.push("spatial.message", body);
+                if let Some(waiting) = acquire {
+                    acquires::join(&mut self.acquires_waiting, waiting, seq, message);
+                } else {
+                    let m =
+                        EntityMessage { entity_id, seq, from_connection: message.from, body: message.body };
+                    let body = m.encode_to_vec().into();
+                    match place {
+                        Some(place) => place.push("spatial.message", body),
+                        // Not reached: a route handing over holds what it is sent.
+                        None => {
+                            let _ = owner.push("spatial.message", body);
+                        }
                     }
                 }
                 self.figures.messages.fetch_add(1, Ordering::Relaxed);
