@@ -65,7 +65,8 @@ fn single_scenario_bots_in_two_worker_processes_hold_a_step() {
     // The replica bot gets every character's change of every frame: 80 x 30 a second.
     let entities = step["entity_updates_per_client_per_s"].as_f64().unwrap();
     assert!((2000.0..=2600.0).contains(&entities), "{step}");
-    assert!(step.get("held_back_per_client_per_s").is_none(), "a spatial figure: {step}");
+    // Updates merged for a full window are reported for `single` too (`channel_updates_coalesced`).
+    assert!(step["held_back_per_client_per_s"].as_f64().is_some_and(|n| n >= 0.0), "{step}");
     assert!(step.get("cell_encodings_per_pass").is_none(), "a spatial figure: {step}");
     assert!(step.get("delivery_cpu_mean_ms").is_none(), "a spatial figure: {step}");
 }

@@ -3,7 +3,7 @@
 //! at 3,000 clients), and one that takes over a lost neighbour's entities, or a crowd walking
 //! across a border, as many at once. Pushed in one go, they would fill its outbox and close it
 //! as a slow consumer, its entities would wait for the next server, which would meet the same
-//! wall. So an ACQUIRE goes out only while the server's outbox is at least half free
+//! wall. So an ACQUIRE goes out only while more than an eighth of the server's outbox is free
 //! ([`SessionHandle::paced`]); the others wait here, in order, and go out at the next passes.
 //! While an entity's ACQUIRE waits, it is not handed on, and messages to it join the waiting
 //! ACQUIRE, numbered in order, so that nothing reaches its new owner before the ACQUIRE and
