@@ -308,10 +308,21 @@ impl World {
                 }
             },
         };
+        // A server sees its block and border as a view: one the view limit cannot hold would
+        // flood its outbox with one UNSUBSCRIBED per cell when it sets an area of its own.
+        let [sx, _] = c.servers;
+        let received = self.layout.cells_received_by([slot % sx, slot / sx]).len();
+        if received > self.settings.max_view_cells {
+            let msg = format!(
+                "slot {slot}'s block and interest border hold {received} cells, more than a view may ({}): \
+                 raise limits.outbox_capacity and channels.max_subscriptions_per_session, or use smaller blocks",
+                self.settings.max_view_cells
+            );
+            return Some(error_response(id, Status::ResourceExhausted, msg));
+        }
         self.slots[slot as usize] = Some(server.clone());
         self.servers.insert(conn, Some(slot));
         result.slot = slot;
-        let [sx, _] = c.servers;
         let server_slot = [slot % sx, slot / sx];
         result.cells =
             self.layout.cells_of(server_slot).map(|cell| self.cell_info(self.cell_index(cell))).collect();

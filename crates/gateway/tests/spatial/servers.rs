@@ -625,3 +625,27 @@ async fn bare_server(gw: &RunningGateway, name: &str, slot: u32) -> tickwire_cli
     conn.flush().await;
     conn
 }
+
+/// A server sees its block (and border) as a view: a slot whose block is more cells than a
+/// view may hold is refused at register, with what to change, instead of flooding the server
+/// with one UNSUBSCRIBED per cell when it later sets an area.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_whose_block_is_larger_than_a_view_is_refused_at_register() {
+    let mut overrides = LAYOUT.to_vec();
+    // A view of at most 2 cells; a block is 2 x 2.
+    overrides.push("limits.outbox_capacity=4");
+    let gw = common::start(&overrides).await;
+    let c = client(&gw, "server:big-block").await;
+    match c.spatial_register(RegisterServer { slot: Some(0), observe_only: false }).await {
+        Err(tickwire_client::ClientError::Status { status, message, .. }) => {
+            assert_eq!(status, Status::ResourceExhausted);
+            assert!(
+                message.contains("hold 4 cells") && message.contains("limits.outbox_capacity"),
+                "{message}"
+            );
+        }
+        other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+    }
+    // An observer (no block) is still taken.
+    c.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
+}
