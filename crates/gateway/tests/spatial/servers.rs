@@ -649,3 +649,34 @@ async fn a_slot_whose_block_is_larger_than_a_view_is_refused_at_register() {
     // An observer (no block) is still taken.
     c.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
 }
+
+/// A spatial event reaches each session once: a server that also sees the slot's cells (its
+/// interest border) is told once, and a joining server is not told of its own join. And a
+/// spawn into a cell past the cell's limit of entities is RESOURCE_EXHAUSTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spatial_event_reaches_each_session_once_and_a_full_cell_is_resource_exhausted() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.extend(["spatial.server_interest_border=1", "channels.max_list_len=2"]);
+    let gw = common::start(&overrides).await;
+    let s0 = server(&gw, "s0", Some(0)).await;
+    let s1 = server(&gw, "s1", Some(1)).await;
+    // The fence: slot 3's join, which s0 also sees (its border reaches cell [2, 2]).
+    let _s3 = server(&gw, "s3", Some(3)).await;
+    let mut joins = Vec::new();
+    loop {
+        let e = SpatialEvent::decode(common::channels::next(&s0, "spatial.event").await).unwrap();
+        assert_eq!(e.kind(), SpatialEventKind::ServerJoined);
+        joins.push(e.slot);
+        if e.slot == 3 {
+            break;
+        }
+    }
+    assert_eq!(joins, [1, 3], "each join once, never s0's own");
+    let first = SpatialEvent::decode(common::channels::next(&s1, "spatial.event").await).unwrap();
+    assert_eq!(first.slot, 3, "s1 was not told of its own join");
+    // Two entities fill cell [0, 0]; a third is refused as past the cell's limits.
+    let spawn = || SpawnEntity { position: v3([5.0, 0.0, 5.0]), ..SpawnEntity::default() };
+    s0.spatial_spawn(spawn()).await.unwrap();
+    s0.spatial_spawn(spawn()).await.unwrap();
+    assert_eq!(status(s0.spatial_spawn(spawn()).await), Status::ResourceExhausted);
+}
