@@ -19,6 +19,24 @@ pub enum Method {
     Lz4,
 }
 
+impl Method {
+    /// The method a header's byte names.
+    fn of(byte: u8) -> Result<Method, CompressedError> {
+        match byte {
+            0 => Ok(Method::None),
+            3 => Ok(Method::Oodle),
+            4 => Ok(Method::Lz4),
+            m => Err(CompressedError::Method(m)),
+        }
+    }
+}
+
+/// The raw size of block `i` of a payload of `total_raw_size` bytes in blocks of `block`:
+/// `block`, but the last may be shorter (0 past the end).
+fn raw_block_len(block: u64, total_raw_size: u64, i: u64) -> u64 {
+    block.min(total_raw_size.saturating_sub(i.saturating_mul(block)))
+}
+
 /// A checked header and block table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
@@ -75,12 +93,7 @@ pub fn check(body: &[u8]) -> Result<Header, CompressedError> {
     if magic != MAGIC {
         return Err(CompressedError::Magic(magic));
     }
-    let method = match body[8] {
-        0 => Method::None,
-        3 => Method::Oodle,
-        4 => Method::Lz4,
-        m => return Err(CompressedError::Method(m)),
-    };
+    let method = Method::of(body[8])?;
     let exp = body[11];
     let block_count = be32(body, 12) as usize;
     let total_raw_size = be64(body, 16);
@@ -120,7 +133,7 @@ pub fn check(body: &[u8]) -> Result<Header, CompressedError> {
                 return Err(CompressedError::Blocks("stored sizes do not add up to the body"));
             }
             for (i, &s) in block_sizes.iter().enumerate() {
-                let raw = block.min(total_raw_size - i as u64 * block);
+                let raw = raw_block_len(block, total_raw_size, i as u64);
                 if u64::from(s) > raw || (s == 0 && raw > 0) {
                     return Err(CompressedError::Blocks(
                         "a block's stored size is zero or above its raw size",
@@ -172,7 +185,7 @@ impl BlockTable {
     /// The table the header describes.
     pub fn of(header: &[u8; HEADER]) -> BlockTable {
         BlockTable {
-            oodle: header[8] == 3,
+            oodle: Method::of(header[8]) == Ok(Method::Oodle),
             blocks: u64::from(be32(header, 12)),
             block: 1u64 << header[11].min(63),
             total_raw_size: be64(header, 16),
@@ -188,7 +201,7 @@ impl BlockTable {
     /// Whether block `i`, stored in `stored` bytes, cannot be decoded here: an Oodle block
     /// smaller than its raw size.
     pub fn undecodable(&self, i: u64, stored: u32) -> bool {
-        let raw = self.block.min(self.total_raw_size.saturating_sub(i.saturating_mul(self.block)));
+        let raw = raw_block_len(self.block, self.total_raw_size, i);
         self.oodle && u64::from(stored) < raw
     }
 }
@@ -253,7 +266,7 @@ fn for_each_block(body: &[u8], header: &Header, mut sink: impl FnMut(&[u8])) -> 
     let mut at = HEADER + 4 * header.block_sizes.len();
     for (i, &stored) in header.block_sizes.iter().enumerate() {
         // Both fit in usize: `check` bounded them by the body's length and 2^31.
-        let raw = block.min(header.total_raw_size - i as u64 * block) as usize;
+        let raw = raw_block_len(block, header.total_raw_size, i as u64) as usize;
         let data = &body[at..at + stored as usize];
         at += stored as usize;
         if stored as usize >= raw {

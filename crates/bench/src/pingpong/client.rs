@@ -14,16 +14,16 @@ use tickwire_client::{ConnectOptions, Connection, Event};
 use tickwire_wire::proto::{EchoRequest, Status};
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_STEPS, MIN_THINK, Row};
+use super::{MAX_STEPS, Row};
 
 /// Counters the client tasks share, per step where it matters.
 pub(super) struct Shared {
-    /// The hold window: which step, and when it began and ended (ns since `epoch`; an end of
-    /// `u64::MAX` while it lasts). A request counts in the step whose window holds the instant
-    /// it was *due*, however late its task got to send it: a load generator that falls behind
-    /// at the end of a window (where an overload shows) cannot leave its latest requests out.
-    /// The step (top 8 bits) and the window's start (the low 56 bits, ns since `epoch`), in
-    /// one word so that a reader never pairs one window's step with another's start.
+    /// The hold window, in two words: this one, the step held (top 8 bits) and when its window
+    /// began (low 56 bits, ns since `epoch`), one word so that a reader never pairs one
+    /// window's step with another's start; and `hold_end_ns`, when it ended (`u64::MAX` while
+    /// it lasts). A request counts in the step whose window holds the instant it was *due*,
+    /// however late its task got to send it: a load generator that falls behind at the end of
+    /// a window (where an overload shows) cannot leave its latest requests out.
     hold_start: AtomicU64,
     hold_end_ns: AtomicU64,
     epoch: Instant,
@@ -61,9 +61,7 @@ impl Shared {
             stop: CancellationToken::new(),
         }
     }
-}
 
-impl Shared {
     fn ns(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
@@ -150,7 +148,7 @@ pub(super) async fn client(seed: u64, shared: Arc<Shared>, opts: ConnectOptions,
     shared.connected.fetch_add(1, Relaxed);
     let mut rng = SmallRng::seed_from_u64(seed);
     let think = |rng: &mut SmallRng| match row.max_think {
-        Some(max) => rng.random_range(row.min_think(max)..=max.max(MIN_THINK)),
+        Some(max) => rng.random_range(row.think_range(max)),
         None => row.interval,
     };
     // A random phase spreads the clients' sends evenly over the interval.

@@ -152,10 +152,11 @@ struct Row {
 }
 
 impl Row {
-    /// The shortest think time with a random one up to `max`: the interval, within
-    /// [10 ms, `max`].
-    fn min_think(&self, max: Duration) -> Duration {
-        self.interval.max(MIN_THINK).min(max.max(MIN_THINK))
+    /// The think times drawn from with a random one up to `max`: from the interval (at least
+    /// 10 ms, at most `max`) to `max` (at least 10 ms).
+    fn think_range(&self, max: Duration) -> std::ops::RangeInclusive<Duration> {
+        let most = max.max(MIN_THINK);
+        self.interval.max(MIN_THINK).min(most)..=most
     }
 
     /// The send pattern a worker process was given (name and heartbeat are the orchestrator's).
@@ -305,7 +306,10 @@ async fn run_row(
     steps: &mut Vec<Step>,
 ) -> anyhow::Result<()> {
     let every = match row.max_think {
-        Some(max) => format!("{}-{}", row.min_think(max).as_millis(), max.as_millis()),
+        Some(max) => {
+            let range = row.think_range(max);
+            format!("{}-{}", range.start().as_millis(), range.end().as_millis())
+        }
         None => row.interval.as_millis().to_string(),
     };
     println!(
@@ -502,12 +506,7 @@ mod tests {
         assert!(rows.iter().any(|r| r.heartbeat == Duration::from_millis(500) && r.max_think.is_some()));
         // The heartbeat rows send every 1-2 s, as BENCHMARKS.md's grid says.
         for r in rows.iter().filter(|r| r.max_think.is_some()) {
-            assert_eq!(
-                (r.min_think(r.max_think.unwrap()), r.max_think),
-                (ms(1000), Some(ms(2000))),
-                "{}",
-                r.name
-            );
+            assert_eq!(r.think_range(r.max_think.unwrap()), ms(1000)..=ms(2000), "{}", r.name);
         }
     }
 
@@ -521,9 +520,9 @@ mod tests {
             request_bytes: 0,
             response_bytes: 0,
         };
-        assert_eq!(row(1000).min_think(ms(2000)), ms(1000));
-        assert_eq!(row(0).min_think(ms(2000)), MIN_THINK);
-        assert_eq!(row(3000).min_think(ms(2000)), ms(2000), "never above the most");
+        assert_eq!(row(1000).think_range(ms(2000)), ms(1000)..=ms(2000));
+        assert_eq!(row(0).think_range(ms(2000)), MIN_THINK..=ms(2000));
+        assert_eq!(row(3000).think_range(ms(2000)), ms(2000)..=ms(2000), "never above the most");
     }
 
     fn ms(n: u64) -> Duration {

@@ -130,30 +130,28 @@ impl World {
                 }
             }
         }
+        let max_cells = self.settings.max_view_cells;
+        let too_many = |what: String| {
+            let msg = format!(
+                "{what}; a view holds at most {max_cells} (channels.max_subscriptions_per_session, and limits.outbox_capacity less 16)"
+            );
+            error_response(id, Status::ResourceExhausted, msg)
+        };
         // Judged before any cell is built, and for wherever a followed area may go: at most
         // four times the cells a view may hold (a disc touches at least about π/4 of the
         // cells its square spans, so no area that would fit away from the world's edges is
         // refused here).
         let most = area.most_cells(&self.layout);
-        if most > 4 * self.settings.max_view_cells as u64 {
-            let msg = format!(
-                "the area spans up to {most} cells; a view holds at most {} (channels.max_subscriptions_per_session, and limits.outbox_capacity less 16)",
-                self.settings.max_view_cells
-            );
-            return error_response(id, Status::ResourceExhausted, msg);
+        if most > 4 * max_cells as u64 {
+            return too_many(format!("the area spans up to {most} cells"));
         }
         let centred = match follow {
             Follow::Off => area,
             _ => self.controlled_position(conn).map_or(area, |p| area.centred_at(p)),
         };
         let cells = self.cells_of_area(&centred);
-        if cells.len() > self.settings.max_view_cells {
-            let msg = format!(
-                "the area touches {} cells; at most {} (channels.max_subscriptions_per_session, and limits.outbox_capacity less 16)",
-                cells.len(),
-                self.settings.max_view_cells
-            );
-            return error_response(id, Status::ResourceExhausted, msg);
+        if cells.len() > max_cells {
+            return too_many(format!("the area touches {} cells", cells.len()));
         }
         let interval = match options.fanout_interval_ms {
             0 => self.settings.fanout,

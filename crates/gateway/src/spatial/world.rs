@@ -84,8 +84,8 @@ pub(super) struct Entity {
     /// The slot a handover under way goes to.
     handing_to: Option<u32>,
     /// The handover id of its ACQUIRE while that waits for room in the new owner's outbox
-    /// (`world/acquires.rs`): meanwhile messages to it are refused (retry) and it is not
-    /// handed on.
+    /// (`world/acquires.rs`): meanwhile messages to it join that ACQUIRE and it is not handed
+    /// on.
     acquire_waits: Option<u64>,
 }
 

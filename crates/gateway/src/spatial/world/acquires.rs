@@ -62,24 +62,17 @@ impl World {
 
     /// Where the waiting ACQUIRE of `entity_id` is in `slot`'s queue, if one waits.
     pub(super) fn waiting_acquire(&self, slot: u32, entity_id: u64) -> Option<usize> {
-        let handover = self.entities.get(&entity_id)?.acquire_waits?;
         let queue = self.acquires_waiting.get(slot as usize)?;
-        queue.iter().position(|w| w.entity_id == entity_id && handover_of(&w.action) == Some(handover))
+        queue.iter().position(|w| w.entity_id == entity_id && self.is_current(w))
     }
-}
 
-/// Puts a message numbered `seq` in the waiting ACQUIRE at `at` of `slot`'s queue (from
-/// [`World::waiting_acquire`]), after the messages already there. On the queues alone, so
-/// that it can be called while an entity and a server of the world are borrowed.
-pub(super) fn join(queues: &mut [VecDeque<Waiting>], (slot, at): (u32, usize), seq: u64, message: EntityMsg) {
-    if let Some(Waiting { action: Action::Acquire { messages, .. }, .. }) =
-        queues.get_mut(slot as usize).and_then(|q| q.get_mut(at))
-    {
-        messages.push((seq, message));
+    /// Whether `w` is its entity's ACQUIRE that waits now, not one left behind by a take-over
+    /// (another handover id) or a despawn.
+    fn is_current(&self, w: &Waiting) -> bool {
+        let waits = self.entities.get(&w.entity_id).and_then(|e| e.acquire_waits);
+        waits.is_some() && waits == handover_of(&w.action)
     }
-}
 
-impl World {
     /// At each pass: the ACQUIREs that waited go out, in order, as far as their servers'
     /// outboxes have room (one whose entity was taken over since, its server lost or another
     /// handover id, is dropped); then the RELEASEs put off for room are asked again.
@@ -97,8 +90,7 @@ impl World {
             }
             let Some(server) = self.live_server(slot as u32).cloned() else { continue };
             while let Some(next) = self.acquires_waiting[slot].front() {
-                let current = self.entities.get(&next.entity_id).and_then(|e| e.acquire_waits);
-                if next.to != server.conn_id() || current.is_none() || current != handover_of(&next.action) {
+                if next.to != server.conn_id() || !self.is_current(next) {
                     self.acquires_waiting[slot].pop_front();
                     continue;
                 }
@@ -141,5 +133,16 @@ impl World {
         };
         // Pushed like any message: exactly once, in order, across the server's resumes.
         place.push("spatial.handover", handover.encode_to_vec().into());
+    }
+}
+
+/// Puts a message numbered `seq` in the waiting ACQUIRE at `at` of `slot`'s queue (from
+/// [`World::waiting_acquire`]), after the messages already there. On the queues alone, so
+/// that it can be called while an entity and a server of the world are borrowed.
+pub(super) fn join(queues: &mut [VecDeque<Waiting>], (slot, at): (u32, usize), seq: u64, message: EntityMsg) {
+    if let Some(Waiting { action: Action::Acquire { messages, .. }, .. }) =
+        queues.get_mut(slot as usize).and_then(|q| q.get_mut(at))
+    {
+        messages.push((seq, message));
     }
 }

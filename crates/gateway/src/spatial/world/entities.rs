@@ -378,8 +378,6 @@ impl World {
             );
             return error_response(id, Status::Unavailable, msg);
         }
-        // While its ACQUIRE waits for room, a message joins it (numbered, after the messages
-        // already in it): it needs no place of its own.
         // Where it goes: while the entity's ACQUIRE waits for room, into that ACQUIRE, found
         // before the message takes a number (so that a number never goes to a message that
         // goes nowhere); else to the owner, in a place it holds in the owner's outbox first: a
