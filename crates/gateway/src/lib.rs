@@ -35,7 +35,7 @@ pub use channel::{
 };
 pub use config::{AuthConfig, AuthMode, ConfigError, GatewayConfig, JwtAlgorithm, MetricsConfig, TlsConfig};
 pub use gateway::{Gateway, GatewayError, RunningGateway};
-pub use router::{EchoRouter, Gauge, PushError, Router, SessionHandle, Startup, error_response};
+pub use router::{EchoRouter, Gauge, PushError, Reply, Router, SessionHandle, Startup, error_response};
 pub use spatial::SpatialRouter;
 /// For the criterion bench of the world's pass (the `harness` feature); not part of the API.
 #[cfg(feature = "harness")]

@@ -111,10 +111,25 @@ impl SessionHandle {
         self.role
     }
 
-    /// Answers a request later, from another task. Like [`SessionHandle::push`], a full outbox
-    /// marks the session a slow consumer.
-    pub fn respond(&self, response: Response) -> Result<(), PushError> {
-        self.queue(Envelope { kind: Some(envelope::Kind::Response(response)) }, true)
+    /// A place in the outbox for the answer to request `id`, for a router that hands the
+    /// request to another task (a channel's actor, the spatial world) and answers it from
+    /// there. The place is held until [`Reply::send`], so the answer never finds the outbox
+    /// full, however fast that task answers a burst. The session hands on no more requests
+    /// while half its outbox is held so (it holds back the client's later messages, and stops
+    /// reading its connection). `Err` is the answer to give at once when the outbox has no
+    /// place: `UNAVAILABLE`, to retry.
+    pub fn reply(&self, id: u64) -> Result<Reply, Response> {
+        match self.outbox.clone().try_reserve_owned() {
+            Ok(place) => Ok(Reply { id, place: Some(place) }),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(error_response(
+                id,
+                Status::Unavailable,
+                "this session has no room for the answer: too many messages queued for it; retry".into(),
+            )),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(error_response(id, Status::Unavailable, "the session has ended".into()))
+            }
+        }
     }
 
     /// Queues a one-way message if there is room, and otherwise reports `Full` without any
@@ -233,6 +248,40 @@ impl SessionHandle {
     }
 }
 
+/// The answer owed to one request, with its place held in the session's outbox
+/// ([`SessionHandle::reply`]). A reply dropped unanswered answers `UNAVAILABLE` as it goes,
+/// so no request is left without an answer and no place is held for ever.
+#[derive(Debug)]
+pub struct Reply {
+    id: u64,
+    place: Option<mpsc::OwnedPermit<Outgoing>>,
+}
+
+impl Reply {
+    /// The id of the request this answers.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Queues the answer in the place held. The first answer goes; later ones are ignored.
+    pub fn send(&mut self, response: Response) {
+        debug_assert_eq!(response.id, self.id, "an answer to another request");
+        if let Some(place) = self.place.take() {
+            let envelope = Envelope { kind: Some(envelope::Kind::Response(response)) };
+            place.send(Outgoing::Message(encode_message(&envelope)));
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.place.is_some() {
+            let msg = "the request was dropped before it was answered".to_owned();
+            self.send(error_response(self.id, Status::Unavailable, msg));
+        }
+    }
+}
+
 /// A place held in a session's outbox ([`SessionHandle::relay`]).
 pub(crate) struct Relay<'a>(mpsc::Permit<'a, Outgoing>);
 
@@ -329,10 +378,11 @@ impl PushParts {
 }
 
 /// Application logic behind the gateway. Called on the session's own task, so a slow router
-/// slows only that session; hand long work to another task and answer through
-/// [`SessionHandle::push`].
+/// slows only that session; hand long work to another task, with a [`Reply`] to answer through
+/// ([`SessionHandle::reply`]).
 pub trait Router: Send + Sync + 'static {
-    /// Answers a request. `None` means no response is sent for it.
+    /// Answers a request. `None` means no response is sent now: none at all, or one later
+    /// through a [`Reply`] taken here.
     fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response>;
 
     /// A one-way message from the client.
@@ -427,6 +477,41 @@ impl Router for EchoRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(item: Outgoing) -> Response {
+        let Outgoing::Message(bytes) = item else { panic!("an answer is a message") };
+        match tickwire_wire::decode_envelope(bytes).unwrap() {
+            envelope::Kind::Response(r) => r,
+            other => panic!("not a response: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reply_holds_its_place_until_it_answers_once_and_a_dropped_one_answers_unavailable() {
+        let config = crate::GatewayConfig::load(None, &["limits.outbox_capacity=2".into()]).unwrap();
+        let (handle, mut rx) = SessionHandle::unattached(1, Role::Server, &config);
+        let mut first = handle.reply(7).unwrap();
+        let second = handle.reply(8).unwrap();
+        assert_eq!(handle.outbox.capacity(), 0, "both places held");
+        assert_eq!(handle.push("t", Bytes::new()), Err(PushError::Full), "nothing else fits");
+        let refused = handle.reply(9).unwrap_err();
+        assert_eq!((refused.id, refused.status()), (9, Status::Unavailable));
+        drop(second);
+        let r = answer(rx.try_recv().unwrap());
+        assert_eq!((r.id, r.status()), (8, Status::Unavailable), "{}", r.error);
+        first.send(Response {
+            id: 7,
+            status: Status::Ok as i32,
+            body: Bytes::from_static(b"x"),
+            error: String::new(),
+        });
+        first.send(error_response(7, Status::Internal, "a second answer".into()));
+        drop(first);
+        let r = answer(rx.try_recv().unwrap());
+        assert_eq!((r.id, r.status(), &r.body[..]), (7, Status::Ok, &b"x"[..]));
+        assert!(rx.try_recv().is_err(), "one answer each");
+        assert_eq!(handle.outbox.capacity(), 2, "both places given back");
+    }
 
     #[test]
     fn joined_parts_are_the_push_of_the_concatenation() {

@@ -88,6 +88,9 @@ pub(crate) struct SessionTask {
     /// The server's messages waiting for room in the session's resend buffer, and the
     /// client's waiting for the reply before them to go (`backlog.rs`).
     backlog: Backlog,
+    /// Frames are left in `rbuf`, and the connection is not read, while the outbox is half
+    /// taken ([`SessionTask::hold_input`]).
+    input_held: bool,
 }
 
 /// The payload length `item` takes in the session's resend buffer.
@@ -158,6 +161,7 @@ impl SessionTask {
             },
             acked: 0,
             backlog: Backlog::default(),
+            input_held: false,
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -212,6 +216,8 @@ impl SessionTask {
         self.open = None;
         let conn = self.conn.take()?;
         Stats::sub(&self.shared.stats.connections_open, 1);
+        // Frames left unread were not acknowledged: the client sends them again on a resume.
+        self.input_held = false;
         self.rbuf = BytesMut::new();
         self.wbuf.clear();
         Some(conn)
@@ -239,7 +245,7 @@ impl SessionTask {
                 biased;
                 () = &mut cancelled => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
                 Some(takeover) = self.takeovers.recv() => Box::pin(self.on_takeover(*takeover)).await,
-                read = read_conn(&mut self.conn, &mut self.rbuf), if attached => match read {
+                read = read_conn(&mut self.conn, &mut self.rbuf), if attached && !self.input_held => match read {
                     Ok(0) | Err(_) => {
                         self.drop_link();
                         Ok(())
@@ -255,6 +261,14 @@ impl SessionTask {
                 () = &mut deadline => Box::pin(self.on_deadline()).await,
             };
             if let Err(end) = step {
+                return end;
+            }
+            if self.input_held
+                && !self.hold_input()
+                && let Err(end) = Box::pin(self.on_input(Instant::now())).await
+            {
+                // Answers taken from the outbox let the client's frames in again. (Boxed: a
+                // rare path, kept out of the size of every session's task.)
                 return end;
             }
             if self.handle.slow.load(Ordering::Relaxed) {
@@ -366,7 +380,12 @@ impl SessionTask {
                 ));
             }
         }
+        self.input_held = false;
         while self.conn.is_some() {
+            if self.hold_input() {
+                self.input_held = true;
+                break;
+            }
             let Some(frame) = self.shared.decoder.decode(&mut self.rbuf)? else { break };
             match frame {
                 Frame::Control(body) => match decode_control(body)? {
@@ -394,7 +413,7 @@ impl SessionTask {
                     }
                     if let Received::Deliver(payload) = self.session.on_frame(now, frame)? {
                         Stats::add(&self.shared.stats.messages_in, 1);
-                        if self.backlog.parked_is_empty() && !self.backlog.reply_waiting() {
+                        if self.backlog.parked_is_empty() && !self.must_hold() {
                             self.dispatch(now, payload)?;
                         } else {
                             self.park(payload)?;
@@ -446,8 +465,9 @@ impl SessionTask {
         Ok(())
     }
 
-    /// Keeps a message of the client's until the reply before it has gone; a client that keeps
-    /// sending while it does not acknowledge its replies is closed as slow. Copied: the payload
+    /// Keeps a message of the client's while the ones before it wait ([`SessionTask::must_hold`],
+    /// while something waits for room); a client that keeps sending while it does not
+    /// acknowledge its replies is closed as slow. Copied: the payload
     /// is a slice of the read buffer, and would keep all of it.
     fn park(&mut self, payload: Bytes) -> Result<(), End> {
         let limits = &self.shared.config.limits;
@@ -471,9 +491,33 @@ impl SessionTask {
         })
     }
 
-    /// Handles the client's messages that waited, in order, until a reply waits again.
+    /// Whether the client's next message must wait (in the backlog's `parked`): a reply to
+    /// one before it waits for room, or the outbox is half taken.
+    fn must_hold(&mut self) -> bool {
+        self.backlog.reply_waiting() || self.outbox_half_taken()
+    }
+
+    /// Whether half the outbox is taken: queued, or held for answers to the client's requests
+    /// that a channel or the world has not given yet ([`SessionHandle::reply`]). The client's
+    /// next request then waits, so that its answer always finds a place.
+    fn outbox_half_taken(&self) -> bool {
+        let tx = &self.handle.outbox;
+        tx.capacity() <= tx.max_capacity() / 2
+    }
+
+    /// Whether to leave the client's frames in the read buffer, and stop reading: the outbox
+    /// is half taken, and is being read (the serve loop takes the frames up again once it is
+    /// not). So a client that pipelines requests faster than the channels and the world answer
+    /// them is held back by TCP and its own window of unacknowledged messages, not queued for.
+    /// While something waits for room in the session, the frames are read on: the client's
+    /// acknowledgements make that room, and its messages wait in `parked`.
+    fn hold_input(&self) -> bool {
+        self.backlog.waiting_is_empty() && self.outbox_half_taken()
+    }
+
+    /// Handles the client's messages that waited, in order, until one must wait again.
     fn dispatch_parked(&mut self, now: Instant) -> Result<(), End> {
-        while !self.backlog.reply_waiting() {
+        while !self.backlog.parked_is_empty() && !self.must_hold() {
             let Some(payload) = self.backlog.pop_parked() else { break };
             self.dispatch(now, payload)?;
         }
@@ -522,6 +566,7 @@ impl SessionTask {
             self.put(now, next, &mut updates)?;
         }
         self.updates_sent(updates);
+        self.dispatch_parked(now)?;
         self.flush().await;
         Ok(())
     }

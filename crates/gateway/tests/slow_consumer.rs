@@ -9,9 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tickwire_client::Event;
+use prost::Message;
+use tickwire_client::{ConnectOptions, Connection, Event};
 use tickwire_gateway::{EchoRouter, Gateway, GatewayConfig, PushError, Router, SessionHandle};
-use tickwire_wire::proto::{CloseReason, Request, Response, Status};
+use tickwire_wire::proto::{
+    ChannelType, CloseReason, CreateChannel, CreateChannelResult, Request, Response, Status, UpdateChannel,
+};
 use tokio::io::AsyncWriteExt;
 
 /// Answers `burst` with three pushes of 400 KiB: more than the session's resend buffer (1 MiB)
@@ -206,4 +209,57 @@ async fn what_waited_before_a_close_is_handled() {
     stream.write_all(&bytes).await.unwrap();
     common::wait_until("all eight handled", || handled.load(Ordering::SeqCst) == 8).await;
     common::wait_until("the session ended", || gw.session_count() == 0).await;
+}
+
+/// A game server that pipelines far more requests to a channel than its outbox holds gets
+/// every answer, in order, and stays. Each request handed to the channel's actor holds a place
+/// in the outbox for its answer (`SessionHandle::reply`), and the session hands on no more
+/// than half its outbox's worth at a time: it leaves the rest of the client's frames unread.
+/// Before, the actor's burst of answers outran the session's task and closed it as a slow
+/// consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_to_a_channel_get_every_answer_in_order() {
+    // Within the client's own window of unacknowledged messages (1,024).
+    const REQUESTS: u64 = 1_000;
+    let gw = common::start(&["limits.outbox_capacity=8"]).await;
+    let mut opts = ConnectOptions::new(common::tcp_target(&gw));
+    opts.token = "server:pipeliner".into();
+    let mut conn = Connection::connect(opts).await.unwrap();
+    let create = CreateChannel {
+        r#type: ChannelType::Global as i32,
+        name: "pipelined".into(),
+        schema_json: common::channels::SCHEMA.into(),
+    };
+    conn.send_request(1, "channel.create", create.encode_to_vec().into()).unwrap();
+    conn.flush().await;
+    let channel_id = loop {
+        match conn.next_event().await.unwrap() {
+            Some(Event::Response(r)) => {
+                assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                break CreateChannelResult::decode(r.body).unwrap().channel_id;
+            }
+            Some(Event::Closed { reason, message }) => panic!("closed: {reason:?}: {message}"),
+            Some(_) => {}
+            None => conn.flush().await,
+        }
+    };
+    for i in 0..REQUESTS {
+        let patch = format!(r#"{{"op":"set","path":"/round","value":{i}}}"#);
+        let update = UpdateChannel { channel_id, patch: patch.into_bytes().into() };
+        conn.send_request(2 + i, "channel.update", update.encode_to_vec().into()).unwrap();
+    }
+    conn.flush().await;
+    let mut next = 2;
+    while next < 2 + REQUESTS {
+        let event = tokio::time::timeout(Duration::from_secs(10), conn.next_event()).await;
+        match event.expect("the answers keep coming").unwrap() {
+            Some(Event::Response(r)) => {
+                assert_eq!((r.id, r.status()), (next, Status::Ok), "{}", r.error);
+                next += 1;
+            }
+            Some(Event::Closed { reason, message }) => panic!("closed after {next}: {reason:?}: {message}"),
+            Some(_) => {}
+            None => conn.flush().await,
+        }
+    }
 }

@@ -33,7 +33,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::Registry;
 use crate::pass_times::PassTimes;
-use crate::router::{PushError, SessionHandle, error_response, push_envelope};
+use crate::router::{PushError, Reply, SessionHandle, error_response, push_envelope};
 
 /// Figures every channel adds to, read by the metrics endpoint. All are cumulative: a scrape
 /// never resets them, so any number of readers can take their own windows from differences.
@@ -67,56 +67,35 @@ impl Figures {
 
 /// What the router asks of a channel.
 pub(crate) enum Msg {
+    /// A request, with the place held for its answer in the caller's outbox.
+    Request(Op, Reply),
+    /// A member's session ended.
+    Left { conn_id: u64 },
+}
+
+/// A request a channel answers.
+pub(crate) enum Op {
     Subscribe {
         member: SessionHandle,
         server: bool,
         options: SubscriptionOptions,
-        request_id: u64,
     },
     Unsubscribe {
         member: SessionHandle,
-        request_id: u64,
     },
     Update {
         from: SessionHandle,
         patch: Bytes,
-        request_id: u64,
     },
     Send {
         from: SessionHandle,
         send: ChannelSend,
-        request_id: u64,
     },
-    Remove {
-        by: SessionHandle,
-        request_id: u64,
-    },
+    Remove,
     /// A server takes an ownerless channel.
     Claim {
         owner: SessionHandle,
-        request_id: u64,
     },
-    /// A member's session ended.
-    Left {
-        conn_id: u64,
-    },
-}
-
-impl Msg {
-    /// The session waiting for an answer to this message, and its request id.
-    fn caller(&self) -> Option<(&SessionHandle, u64)> {
-        match self {
-            Msg::Subscribe { member, request_id, .. } | Msg::Unsubscribe { member, request_id } => {
-                Some((member, *request_id))
-            }
-            Msg::Update { from, request_id, .. } | Msg::Send { from, request_id, .. } => {
-                Some((from, *request_id))
-            }
-            Msg::Remove { by, request_id } => Some((by, *request_id)),
-            Msg::Claim { owner, request_id } => Some((owner, *request_id)),
-            Msg::Left { .. } => None,
-        }
-    }
 }
 
 struct Subscriber {
@@ -227,9 +206,9 @@ impl Channel {
         // callers waiting.
         inbox.close();
         while let Ok(msg) = inbox.try_recv() {
-            if let Some((who, request_id)) = msg.caller() {
+            if let Msg::Request(_, mut reply) = msg {
                 let gone = format!("channel {} is gone", self.id);
-                let _ = who.respond(error_response(request_id, Status::NotFound, gone));
+                reply.send(error_response(reply.id(), Status::NotFound, gone));
             }
         }
     }
@@ -278,45 +257,7 @@ impl Channel {
     /// Handles one message that arrived at `now`.
     fn on_msg(&mut self, now: Instant, msg: Msg) -> Flow {
         match msg {
-            Msg::Subscribe { member, server, options, request_id } => {
-                let caller = member.clone();
-                let response = self.subscribe(now, member, server, options, request_id);
-                // The quota first: a client that sends its next subscribe on this answer must
-                // find the place this one gave back.
-                self.handled(caller.conn_id(), true);
-                let _ = caller.respond(response);
-            }
-            Msg::Unsubscribe { member, request_id } => {
-                self.remove_subscriber(member.conn_id());
-                self.handled(member.conn_id(), false);
-                let _ = member.respond(ok(request_id, Bytes::new()));
-            }
-            Msg::Update { from, patch, request_id } => {
-                let response = self.update(&from, &patch, request_id);
-                let applied = response.status == Status::Ok as i32;
-                let _ = from.respond(response);
-                if applied {
-                    // Subscribers that are due get the change now instead of at the next tick;
-                    // the others get it when they are due. Each still gets at most one update
-                    // per fan-out interval.
-                    batch(|| self.on_tick(now, now));
-                }
-            }
-            Msg::Send { from, send, request_id } => {
-                let response = self.send(&from, send, request_id);
-                let _ = from.respond(response);
-            }
-            Msg::Remove { by, request_id } => {
-                self.event_to_all(ChannelEventKind::Removed, "the channel was removed");
-                let _ = by.respond(ok(request_id, Bytes::new()));
-                return Flow::Stop;
-            }
-            Msg::Claim { owner, request_id } => {
-                let _ = owner.respond(ok(request_id, Bytes::new()));
-                self.owner = Some(owner);
-                self.orphaned_at = None;
-                self.event_to_all(ChannelEventKind::OwnerRecovered, "a new owner took the channel");
-            }
+            Msg::Request(op, mut reply) => return self.on_request(now, op, &mut reply),
             Msg::Left { conn_id } => {
                 self.remove_subscriber(conn_id);
                 if self.owner.as_ref().is_some_and(|o| o.conn_id() == conn_id) {
@@ -328,6 +269,53 @@ impl Channel {
                     self.orphaned_at = Some(now);
                     self.event_to_all(ChannelEventKind::OwnerLost, "the owner's session ended");
                 }
+            }
+        }
+        Flow::Continue
+    }
+
+    /// Handles and answers one request that arrived at `now`.
+    fn on_request(&mut self, now: Instant, op: Op, reply: &mut Reply) -> Flow {
+        let id = reply.id();
+        match op {
+            Op::Subscribe { member, server, options } => {
+                let conn_id = member.conn_id();
+                let response = self.subscribe(now, member, server, options, id);
+                // The quota first: a client that sends its next subscribe on this answer must
+                // find the place this one gave back.
+                self.handled(conn_id, true);
+                reply.send(response);
+            }
+            Op::Unsubscribe { member } => {
+                self.remove_subscriber(member.conn_id());
+                self.handled(member.conn_id(), false);
+                reply.send(ok(id, Bytes::new()));
+            }
+            Op::Update { from, patch } => {
+                let response = self.update(&from, &patch, id);
+                let applied = response.status == Status::Ok as i32;
+                reply.send(response);
+                if applied {
+                    // Subscribers that are due get the change now instead of at the next tick;
+                    // the others get it when they are due. Each still gets at most one update
+                    // per fan-out interval.
+                    batch(|| self.on_tick(now, now));
+                }
+            }
+            Op::Send { from, send } => {
+                let response = self.send(&from, send, id);
+                reply.send(response);
+            }
+            Op::Remove => {
+                self.event_to_all(ChannelEventKind::Removed, "the channel was removed");
+                reply.send(ok(id, Bytes::new()));
+                return Flow::Stop;
+            }
+            Op::Claim { owner } => {
+                reply.send(ok(id, Bytes::new()));
+                self.owner = Some(owner);
+                self.orphaned_at = None;
+                self.event_to_all(ChannelEventKind::OwnerRecovered, "a new owner took the channel");
             }
         }
         Flow::Continue

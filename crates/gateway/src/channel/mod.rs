@@ -29,8 +29,8 @@ pub use config::{Access, ChannelTypeConfig, ChannelsConfig, Preset, SpatialDeliv
 
 use crate::auth::Role;
 use crate::pass_times::{Names, PassTimes};
-use crate::router::{EchoRouter, Gauge, Router, SessionHandle, Startup, error_response};
-use actor::{Channel, Msg};
+use crate::router::{EchoRouter, Gauge, Reply, Router, SessionHandle, Startup, error_response};
+use actor::{Channel, Msg, Op};
 use registry::Registry;
 use registry::{Entry, SharedRegistry, lock};
 
@@ -288,10 +288,10 @@ impl ChannelRouter {
 
     /// Looks the channel up, checks the access rule the request is under (if any), keeps the
     /// registry in step, and queues `msg` for the channel's actor.
-    fn forward(&self, session: &SessionHandle, id: u64, channel_id: u64, msg: Msg) -> Option<Response> {
+    fn forward(&self, session: &SessionHandle, id: u64, channel_id: u64, op: Op) -> Option<Response> {
         let mut reg = self.registry();
         let master = reg.master;
-        if matches!(msg, Msg::Subscribe { .. } | Msg::Unsubscribe { .. }) {
+        if matches!(op, Op::Subscribe { .. } | Op::Unsubscribe { .. }) {
             // Channels removed since the session subscribed no longer hold its places: their
             // subscribers are told (REMOVED), not made to unsubscribe.
             let Registry { channels, members, .. } = &mut *reg;
@@ -303,12 +303,12 @@ impl ChannelRouter {
             return Some(error_response(id, Status::NotFound, format!("no channel {channel_id}")));
         };
         let cfg = self.type_config(entry.ty);
-        let rule = match &msg {
-            Msg::Subscribe { .. } => Some(("subscribe", cfg.subscribe)),
-            Msg::Remove { .. } => Some(("remove", cfg.remove)),
+        let rule = match &op {
+            Op::Subscribe { .. } => Some(("subscribe", cfg.subscribe)),
+            Op::Remove => Some(("remove", cfg.remove)),
             // A client may send where it may subscribe (a `PRIVATE` channel: nobody but its
             // owner); the owner always may.
-            Msg::Send { .. } if entry.owner != Some(session.conn_id()) => Some(("send", cfg.subscribe)),
+            Op::Send { .. } if entry.owner != Some(session.conn_id()) => Some(("send", cfg.subscribe)),
             _ => None,
         };
         if let Some((what, access)) = rule
@@ -321,12 +321,12 @@ impl ChannelRouter {
             return Some(error_response(id, Status::PermissionDenied, msg));
         }
         let inbox = entry.inbox.clone();
-        if let Msg::Remove { .. } = &msg
+        if let Op::Remove = &op
             && let Some(refused) = self.check_role(session, id, entry.ty, "remove")
         {
             return Some(refused);
         }
-        if let Msg::Subscribe { .. } = &msg {
+        if let Op::Subscribe { .. } = &op {
             let member = reg.members.get(&session.conn_id());
             let subscribed = member.map_or(0, |m| m.subscribed.len());
             let again = member.is_some_and(|m| m.subscribed.contains_key(&channel_id));
@@ -335,19 +335,19 @@ impl ChannelRouter {
                 return Some(error_response(id, Status::ResourceExhausted, msg));
             }
         }
-        // A place in the actor's inbox first: the registry changes only for a message that
-        // will reach the actor.
-        let permit = match reserve(&inbox, id, channel_id) {
-            Ok(permit) => permit,
+        // Places in the actor's inbox and for the answer first: the registry changes only for
+        // a message that will reach the actor.
+        let (permit, reply) = match reserve(&inbox, session, id, channel_id) {
+            Ok(places) => places,
             Err(refused) => return Some(refused),
         };
-        match &msg {
-            Msg::Remove { .. } => {
+        match &op {
+            Op::Remove => {
                 reg.forget(channel_id);
             }
             // The place is the actor's to give back once it has handled this subscribe
             // (`Registry::handled`).
-            Msg::Subscribe { .. } => {
+            Op::Subscribe { .. } => {
                 let member = reg.members.entry(session.conn_id()).or_default();
                 let place = member.subscribed.entry(channel_id).or_default();
                 place.pending = place.pending.saturating_add(1);
@@ -356,7 +356,7 @@ impl ChannelRouter {
             // before any later), so that an unsubscribe and a subscribe sent back to back fit a
             // full quota; otherwise when the actor has handled them. Only once it will reach
             // the actor: one refused as busy leaves the subscription, and so its place.
-            Msg::Unsubscribe { .. } => {
+            Op::Unsubscribe { .. } => {
                 if let Some(m) = reg.members.get_mut(&session.conn_id())
                     && m.subscribed.get(&channel_id).is_some_and(|p| p.pending == 0)
                 {
@@ -366,7 +366,7 @@ impl ChannelRouter {
             _ => {}
         }
         drop(reg);
-        permit.send(msg);
+        permit.send(Msg::Request(op, reply));
         None
     }
 
@@ -389,7 +389,7 @@ impl ChannelRouter {
                 let options = sub.options.unwrap_or_default();
                 let write = options.access() == DataAccess::Write;
                 let server = session.role() == Role::Server;
-                let msg = Msg::Subscribe { member: session.clone(), server, options, request_id: id };
+                let op = Op::Subscribe { member: session.clone(), server, options };
                 if write {
                     let rule =
                         self.registry().channels.get(&sub.channel_id).map(|e| self.type_config(e.ty).write);
@@ -399,15 +399,15 @@ impl ChannelRouter {
                         return Some(refused);
                     }
                 }
-                self.forward(session, id, sub.channel_id, msg)
+                self.forward(session, id, sub.channel_id, op)
             }
             "channel.unsubscribe" => {
                 let r = match ChannelRef::decode(request.body) {
                     Ok(r) => r,
                     Err(e) => return bad(e),
                 };
-                let msg = Msg::Unsubscribe { member: session.clone(), request_id: id };
-                self.forward(session, id, r.channel_id, msg)
+                let op = Op::Unsubscribe { member: session.clone() };
+                self.forward(session, id, r.channel_id, op)
             }
             "channel.update" => {
                 let u = match UpdateChannel::decode(request.body) {
@@ -422,16 +422,15 @@ impl ChannelRouter {
                     );
                     return Some(error_response(id, Status::ResourceExhausted, msg));
                 }
-                let msg = Msg::Update { from: session.clone(), patch: u.patch, request_id: id };
-                self.forward(session, id, u.channel_id, msg)
+                let op = Op::Update { from: session.clone(), patch: u.patch };
+                self.forward(session, id, u.channel_id, op)
             }
             "channel.remove" => {
                 let r = match ChannelRef::decode(request.body) {
                     Ok(r) => r,
                     Err(e) => return bad(e),
                 };
-                let msg = Msg::Remove { by: session.clone(), request_id: id };
-                self.forward(session, id, r.channel_id, msg)
+                self.forward(session, id, r.channel_id, Op::Remove)
             }
             "channel.claim" => {
                 let r = match ChannelRef::decode(request.body) {
@@ -446,8 +445,8 @@ impl ChannelRouter {
                     Err(e) => return bad(e),
                 };
                 let channel_id = send.channel_id;
-                let msg = Msg::Send { from: session.clone(), send, request_id: id };
-                self.forward(session, id, channel_id, msg)
+                let op = Op::Send { from: session.clone(), send };
+                self.forward(session, id, channel_id, op)
             }
             other => Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
         }
@@ -494,8 +493,8 @@ impl ChannelRouter {
         }
         let entry = reg.channels.get_mut(&channel_id).expect("looked up above");
         let inbox = entry.inbox.clone();
-        let permit = match reserve(&inbox, id, channel_id) {
-            Ok(permit) => permit,
+        let (permit, reply) = match reserve(&inbox, session, id, channel_id) {
+            Ok(places) => places,
             Err(refused) => return Some(refused),
         };
         entry.owner = Some(session.conn_id());
@@ -505,7 +504,7 @@ impl ChannelRouter {
             reg.master = Some(session.conn_id());
         }
         drop(reg);
-        permit.send(Msg::Claim { owner: session.clone(), request_id: id });
+        permit.send(Msg::Request(Op::Claim { owner: session.clone() }, reply));
         None
     }
 
@@ -547,16 +546,23 @@ impl ChannelRouter {
     }
 }
 
-/// A place in a channel actor's inbox, or the answer for a caller when there is none.
-fn reserve(inbox: &mpsc::Sender<Msg>, id: u64, channel_id: u64) -> Result<mpsc::Permit<'_, Msg>, Response> {
-    inbox.try_reserve().map_err(|e| match e {
+/// A place in a channel actor's inbox for request `id`, and one for its answer in the
+/// caller's outbox; or the answer to give at once when there is none.
+fn reserve<'a>(
+    inbox: &'a mpsc::Sender<Msg>,
+    session: &SessionHandle,
+    id: u64,
+    channel_id: u64,
+) -> Result<(mpsc::Permit<'a, Msg>, Reply), Response> {
+    let permit = inbox.try_reserve().map_err(|e| match e {
         mpsc::error::TrySendError::Full(()) => {
             error_response(id, Status::Unavailable, format!("channel {channel_id} is busy; retry"))
         }
         mpsc::error::TrySendError::Closed(()) => {
             error_response(id, Status::NotFound, format!("channel {channel_id} is gone"))
         }
-    })
+    })?;
+    Ok((permit, session.reply(id)?))
 }
 
 fn ok(id: u64, body: Bytes) -> Response {

@@ -24,7 +24,8 @@ use tickwire_state::{Replica, Schema};
 use tickwire_wire::decode_envelope;
 use tickwire_wire::proto::{
     ChannelEvent, ChannelUpdates, DeltaCodec, EntityState, Follow, LodBand, Publish, RegisterServer,
-    SetInterest, SpawnEntity, SpawnResult, Sphere, Status, SubscriptionOptions, Vec3, envelope, set_interest,
+    Response, SetInterest, SpawnEntity, SpawnResult, Sphere, Status, SubscriptionOptions, Vec3, envelope,
+    set_interest,
 };
 use tokio::sync::mpsc;
 
@@ -239,7 +240,9 @@ impl WorldHarness {
             let server = Sink::new(u64::from(slot) + 1, Role::Server, &harness.config);
             let req = RegisterServer { slot: Some(slot), observe_only: false };
             let id = harness.request_id();
-            if let Some(r) = harness.world.register(&server.handle, req, id, now) {
+            let refused = |r: Response| HarnessError::Refused { what: "a registration", message: r.error };
+            let mut reply = server.handle.reply(id).map_err(refused)?;
+            if let Some(r) = harness.world.register(&server.handle, req, &mut reply, now) {
                 return Err(HarnessError::Refused { what: "a registration", message: r.error });
             }
             harness.servers.push(server);
@@ -446,7 +449,9 @@ impl WorldHarness {
             let result = tickwire_wire::proto::PublishResult::decode(r.body.clone())
                 .map_err(|e| HarnessError::Refused { what: "a publish", message: e.to_string() })?;
             ignored += result.ignored.len();
-            let _ = server.handle.respond(r);
+            if let Ok(mut reply) = server.handle.reply(id) {
+                reply.send(r);
+            }
         }
         Ok(ignored)
     }

@@ -41,7 +41,7 @@ use tokio::time::MissedTickBehavior;
 use crate::auth::Role;
 use crate::channel::{ChannelConfigError, ChannelRouter, Figures, SpatialDelivery};
 use crate::pass_times::{Names, PassTimes};
-use crate::router::{Gauge, Router, SessionHandle, Startup, error_response};
+use crate::router::{Gauge, Reply, Router, SessionHandle, Startup, error_response};
 use inbox::{Inboxes, Taker};
 use world::World;
 
@@ -165,15 +165,25 @@ pub(crate) struct SpatialFigures {
 }
 
 /// What the router asks of the world.
+// `Left` is small beside a request; boxing requests would allocate per message to save the
+// inbox's slots nothing: they are few (`channels.inbox_capacity`).
+#[allow(clippy::large_enum_variant)]
 enum Msg {
-    Register(SessionHandle, RegisterServer, u64),
-    Spawn(SessionHandle, SpawnEntity, u64),
-    Publish(SessionHandle, Publish, u64),
-    Release(SessionHandle, Release, u64),
-    Despawn(SessionHandle, Despawn, u64),
-    Interest(SessionHandle, SetInterest, u64),
-    Send(SessionHandle, ChannelSend, u64),
+    /// A session's request, with the place held for its answer in the session's outbox.
+    Request(SessionHandle, Op, Reply),
+    /// A session ended.
     Left(u64),
+}
+
+/// A request the world answers.
+enum Op {
+    Register(RegisterServer),
+    Spawn(SpawnEntity),
+    Publish(Publish),
+    Release(Release),
+    Despawn(Despawn),
+    Interest(SetInterest),
+    Send(ChannelSend),
 }
 
 /// The most cells an area may touch with an outbox of `outbox_capacity` messages: leaving every
@@ -264,22 +274,36 @@ impl SpatialRouter {
     }
 
     /// Queues `msg` from `session` for the world, or answers why not.
-    fn to_world(&self, session: &SessionHandle, id: u64, msg: Msg) -> Option<Response> {
-        match self.inbox.of(session.role()).try_send(msg) {
-            Ok(()) => None,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                Some(error_response(id, Status::Unavailable, "the spatial world is busy; retry".into()))
+    fn to_world(&self, session: &SessionHandle, id: u64, op: Op) -> Option<Response> {
+        let permit = match self.inbox.of(session.role()).try_reserve() {
+            Ok(permit) => permit,
+            Err(mpsc::error::TrySendError::Full(())) => {
+                return Some(error_response(
+                    id,
+                    Status::Unavailable,
+                    "the spatial world is busy; retry".into(),
+                ));
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                Some(error_response(id, Status::Unavailable, "the spatial world is not running".into()))
+            Err(mpsc::error::TrySendError::Closed(())) => {
+                return Some(error_response(
+                    id,
+                    Status::Unavailable,
+                    "the spatial world is not running".into(),
+                ));
             }
+        };
+        match session.reply(id) {
+            Ok(reply) => {
+                permit.send(Msg::Request(session.clone(), op, reply));
+                None
+            }
+            Err(refused) => Some(refused),
         }
     }
 
     fn on_spatial(&self, session: &SessionHandle, request: Request) -> Option<Response> {
         let id = request.id;
         let server = session.role() == Role::Server;
-        let s = session.clone();
         let servers_only = |what: &str| {
             let msg = format!("{what} is for game servers (log in with a server credential)");
             Some(error_response(id, Status::PermissionDenied, msg))
@@ -295,17 +319,17 @@ impl SpatialRouter {
                 }
             };
         }
-        let msg = match request.method.as_str() {
-            "spatial.interest" => Msg::Interest(s, decode!(SetInterest), id),
+        let op = match request.method.as_str() {
+            "spatial.interest" => Op::Interest(decode!(SetInterest)),
             method if !server => return servers_only(method),
-            "spatial.register" => Msg::Register(s, decode!(RegisterServer), id),
-            "spatial.spawn" => Msg::Spawn(s, decode!(SpawnEntity), id),
-            "spatial.publish" => Msg::Publish(s, decode!(Publish), id),
-            "spatial.release" => Msg::Release(s, decode!(Release), id),
-            "spatial.despawn" => Msg::Despawn(s, decode!(Despawn), id),
+            "spatial.register" => Op::Register(decode!(RegisterServer)),
+            "spatial.spawn" => Op::Spawn(decode!(SpawnEntity)),
+            "spatial.publish" => Op::Publish(decode!(Publish)),
+            "spatial.release" => Op::Release(decode!(Release)),
+            "spatial.despawn" => Op::Despawn(decode!(Despawn)),
             other => return Some(error_response(id, Status::NotFound, format!("unknown method `{other}`"))),
         };
-        self.to_world(session, id, msg)
+        self.to_world(session, id, op)
     }
 
     /// The spatial channel a `channel.*` request names, if it names one.
@@ -337,7 +361,7 @@ impl Router for SpatialRouter {
             && target >= ENTITY_BASE
             && let Ok(send) = ChannelSend::decode(request.body.clone())
         {
-            return self.to_world(session, id, Msg::Send(session.clone(), send, id));
+            return self.to_world(session, id, Op::Send(send));
         }
         let msg = format!(
             "channel {target} belongs to the spatial world: clients see cells through spatial.interest, \
@@ -468,42 +492,23 @@ async fn run(
 }
 
 fn on_msg(world: &mut World, msg: Msg, now: Instant) {
-    let (who, response) = match msg {
-        Msg::Register(s, req, id) => {
-            let r = world.register(&s, req, id, now);
-            (s, r)
-        }
-        Msg::Spawn(s, req, id) => {
-            let r = world.spawn(&s, req, id);
-            (s, Some(r))
-        }
-        Msg::Publish(s, req, id) => {
-            let r = world.publish(&s, req, id);
-            (s, Some(r))
-        }
-        Msg::Release(s, req, id) => {
-            let r = world.release(&s, req, id);
-            (s, r)
-        }
-        Msg::Despawn(s, req, id) => {
-            let r = world.despawn(&s, req, id);
-            (s, Some(r))
-        }
-        Msg::Interest(s, req, id) => {
-            let r = world.set_interest(&s, req, id, now);
-            (s, Some(r))
-        }
-        Msg::Send(s, send, id) => {
-            let r = world.send(&s, send, id);
-            (s, Some(r))
-        }
-        Msg::Left(conn) => {
-            world.left(conn);
-            return;
-        }
+    let (s, op, mut reply) = match msg {
+        Msg::Request(s, op, reply) => (s, op, reply),
+        Msg::Left(conn) => return world.left(conn),
+    };
+    let id = reply.id();
+    let response = match op {
+        // These two answer themselves when what follows the answer must come after it.
+        Op::Register(req) => world.register(&s, req, &mut reply, now),
+        Op::Release(req) => world.release(&s, req, &mut reply),
+        Op::Spawn(req) => Some(world.spawn(&s, req, id)),
+        Op::Publish(req) => Some(world.publish(&s, req, id)),
+        Op::Despawn(req) => Some(world.despawn(&s, req, id)),
+        Op::Interest(req) => Some(world.set_interest(&s, req, id, now)),
+        Op::Send(send) => Some(world.send(&s, send, id)),
     };
     if let Some(response) = response {
-        let _ = who.respond(response);
+        reply.send(response);
     }
 }
 

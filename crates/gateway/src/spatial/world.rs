@@ -28,7 +28,7 @@ use super::delivery::{Delivery, Mailbox};
 use super::moves::MoveLog;
 use super::view::Viewer;
 use super::{CELL_BASE, SpatialFigures, SpatialSettings};
-use crate::router::{SessionHandle, error_response};
+use crate::router::{Reply, SessionHandle, error_response};
 
 mod acquires;
 mod entities;
@@ -260,9 +260,10 @@ impl World {
         &mut self,
         server: &SessionHandle,
         req: RegisterServer,
-        id: u64,
+        reply: &mut Reply,
         now: std::time::Instant,
     ) -> Option<Response> {
+        let id = reply.id();
         let conn = server.conn_id();
         if self.servers.contains_key(&conn) {
             return Some(error_response(
@@ -328,7 +329,7 @@ impl World {
             self.layout.cells_of(server_slot).map(|cell| self.cell_info(self.cell_index(cell))).collect();
         self.figures.servers.fetch_add(1, Ordering::Relaxed);
         // Answer first: the acquires of entities left by a lost server follow the result.
-        let _ = server.respond(ok(id, result.encode_to_vec().into()));
+        reply.send(ok(id, result.encode_to_vec().into()));
         self.watch_block(server, slot, now);
         let mut orphans: Vec<u64> =
             self.entities.iter().filter(|(_, e)| e.owner_slot == slot).map(|(&id, _)| id).collect();

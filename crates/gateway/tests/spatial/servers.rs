@@ -508,28 +508,26 @@ async fn a_server_taking_a_slot_over_gets_every_waiting_entity_without_being_ove
     let master = client(&gw, "server:master").await;
     master.spatial_register(RegisterServer { slot: None, observe_only: true }).await.unwrap();
     let mut doomed = bare_server(&gw, "doomed", 0).await;
-    // Spawned 10 at a time: more requests at once than its outbox holds would have their
-    // answers overrun it.
+    // All at once: more requests than its outbox holds. Their answers are paced to the
+    // outbox too (`SessionHandle::reply`); they overran it before.
+    for i in 0..ENTITIES {
+        let x = 1.0 + (i % 18) as f32;
+        let spawn = SpawnEntity { position: v3([x, 0.0, 5.0]), ..SpawnEntity::default() };
+        doomed.send_request(2 + i, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
+    }
+    doomed.flush().await;
     let mut spawned = BTreeSet::new();
-    for batch in 0..ENTITIES / 10 {
-        for i in batch * 10..batch * 10 + 10 {
-            let x = 1.0 + (i % 18) as f32;
-            let spawn = SpawnEntity { position: v3([x, 0.0, 5.0]), ..SpawnEntity::default() };
-            doomed.send_request(2 + i, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
-        }
-        doomed.flush().await;
-        while spawned.len() < (batch as usize + 1) * 10 {
-            match doomed.next_event().await.unwrap() {
-                Some(tickwire_client::Event::Response(r)) if r.id >= 2 => {
-                    assert_eq!(r.status(), Status::Ok, "{}", r.error);
-                    spawned.insert(tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id);
-                }
-                Some(tickwire_client::Event::Closed { reason, message }) => {
-                    panic!("closed: {reason:?} {message}")
-                }
-                Some(_) => {}
-                None => doomed.flush().await,
+    while spawned.len() < ENTITIES as usize {
+        match doomed.next_event().await.unwrap() {
+            Some(tickwire_client::Event::Response(r)) if r.id >= 2 => {
+                assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                spawned.insert(tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id);
             }
+            Some(tickwire_client::Event::Closed { reason, message }) => {
+                panic!("closed: {reason:?} {message}")
+            }
+            Some(_) => {}
+            None => doomed.flush().await,
         }
     }
     drop(doomed);

@@ -16,7 +16,7 @@ use tickwire_wire::proto::{
 };
 
 use super::{ENTITIES_FIELD, Entity, EntityMsg, World, acquires, ok, to_vec3, vec3};
-use crate::router::{SessionHandle, error_response};
+use crate::router::{Reply, SessionHandle, error_response};
 use crate::spatial::ENTITY_BASE;
 
 impl World {
@@ -239,7 +239,8 @@ impl World {
     }
 
     /// Answers itself (`None`) when it hands the entity on, so the answer precedes the acquire.
-    pub fn release(&mut self, server: &SessionHandle, req: Release, id: u64) -> Option<Response> {
+    pub fn release(&mut self, server: &SessionHandle, req: Release, reply: &mut Reply) -> Option<Response> {
+        let id = reply.id();
         let conn = server.conn_id();
         let entity_id = req.entity_id;
         let Some(e) = self.entities.get_mut(&entity_id) else {
@@ -281,7 +282,7 @@ impl World {
         let to_slot = e.handing_to.take().unwrap_or(from_slot);
         e.owner_slot = to_slot;
         self.figures.handovers.fetch_add(1, Ordering::Relaxed);
-        let _ = server.respond(ok(id, Bytes::new()));
+        reply.send(ok(id, Bytes::new()));
         match self.live_server(to_slot).cloned() {
             // The slot's server may have changed since the release was asked for: the route's
             // new owner must be the one that gets the acquire.
