@@ -88,9 +88,6 @@ pub(crate) struct SessionTask {
     /// The server's messages waiting for room in the session's resend buffer, and the
     /// client's waiting for the reply before them to go (`backlog.rs`).
     backlog: Backlog,
-    /// Frames are left in `rbuf`, and the connection is not read, while the outbox is half
-    /// taken ([`SessionTask::hold_input`]).
-    input_held: bool,
 }
 
 /// The payload length `item` takes in the session's resend buffer.
@@ -161,7 +158,6 @@ impl SessionTask {
             },
             acked: 0,
             backlog: Backlog::default(),
-            input_held: false,
             shared: shared.clone(),
         };
         shared.tracker.spawn(task.run(conn));
@@ -217,7 +213,7 @@ impl SessionTask {
         let conn = self.conn.take()?;
         Stats::sub(&self.shared.stats.connections_open, 1);
         // Frames left unread were not acknowledged: the client sends them again on a resume.
-        self.input_held = false;
+        self.backlog.set_input_held(false);
         self.rbuf = BytesMut::new();
         self.wbuf.clear();
         Some(conn)
@@ -245,7 +241,7 @@ impl SessionTask {
                 biased;
                 () = &mut cancelled => Err(End::new(CloseReason::Shutdown, "the gateway is shutting down")),
                 Some(takeover) = self.takeovers.recv() => Box::pin(self.on_takeover(*takeover)).await,
-                read = read_conn(&mut self.conn, &mut self.rbuf), if attached && !self.input_held => match read {
+                read = read_conn(&mut self.conn, &mut self.rbuf), if attached && !self.backlog.input_held() => match read {
                     Ok(0) | Err(_) => {
                         self.drop_link();
                         Ok(())
@@ -261,14 +257,6 @@ impl SessionTask {
                 () = &mut deadline => Box::pin(self.on_deadline()).await,
             };
             if let Err(end) = step {
-                return end;
-            }
-            if self.input_held
-                && !self.hold_input()
-                && let Err(end) = Box::pin(self.on_input(Instant::now())).await
-            {
-                // Answers taken from the outbox let the client's frames in again. (Boxed: a
-                // rare path, kept out of the size of every session's task.)
                 return end;
             }
             if self.handle.slow.load(Ordering::Relaxed) {
@@ -292,7 +280,13 @@ impl SessionTask {
     }
 
     async fn on_deadline(&mut self) -> Result<(), End> {
-        match self.session.on_timeout(Instant::now()) {
+        let now = Instant::now();
+        if self.resumes_input() {
+            // The outbox has room, though no message came to say so (a place held for an
+            // instant by another sender and given back unused).
+            self.on_input(now).await?;
+        }
+        match self.session.on_timeout(now) {
             Timeout::Nothing => Ok(()),
             Timeout::Transmit(frame) => {
                 frame.encode(&mut self.wbuf);
@@ -380,10 +374,10 @@ impl SessionTask {
                 ));
             }
         }
-        self.input_held = false;
+        self.backlog.set_input_held(false);
         while self.conn.is_some() {
             if self.hold_input() {
-                self.input_held = true;
+                self.backlog.set_input_held(true);
                 break;
             }
             let Some(frame) = self.shared.decoder.decode(&mut self.rbuf)? else { break };
@@ -515,6 +509,11 @@ impl SessionTask {
         self.backlog.waiting_is_empty() && self.outbox_half_taken()
     }
 
+    /// Whether the client's frames were left unread and need not be any longer.
+    fn resumes_input(&self) -> bool {
+        self.backlog.input_held() && !self.hold_input()
+    }
+
     /// Handles the client's messages that waited, in order, until one must wait again.
     fn dispatch_parked(&mut self, now: Instant) -> Result<(), End> {
         while !self.backlog.parked_is_empty() && !self.must_hold() {
@@ -566,6 +565,11 @@ impl SessionTask {
             self.put(now, next, &mut updates)?;
         }
         self.updates_sent(updates);
+        if self.resumes_input() {
+            // Answers taken from the outbox let the client's frames in again. (Boxed: a rare
+            // path, kept out of the size of every session's task.)
+            return Box::pin(self.on_input(now)).await;
+        }
         self.dispatch_parked(now)?;
         self.flush().await;
         Ok(())

@@ -10,6 +10,9 @@
 //! waits, the task handles none of the client's later messages, in order; they wait as they
 //! came, bounded by count and bytes. Acknowledgements (every frame's `ack`) are read all the
 //! while, so a client that reads its replies frees the room they wait for.
+//!
+//! It also marks when the client's frames are left unread: while its outbox is half taken
+//! (by answers owed to its requests, mostly), so that their answers always find room.
 
 use std::collections::VecDeque;
 
@@ -41,6 +44,9 @@ struct Queues {
     /// the reply to an earlier request waits, in order, and their bytes.
     parked: VecDeque<Bytes>,
     parked_bytes: usize,
+    /// The client's frames are left in the read buffer, unread, and its connection is not
+    /// read (the session's outbox is half taken: `SessionTask::hold_input`).
+    input_held: bool,
 }
 
 /// More of the client's messages waiting than the backlog takes.
@@ -57,7 +63,11 @@ impl Backlog {
 
     /// Frees the allocation once nothing waits.
     fn tidy(&mut self) {
-        if self.0.as_ref().is_some_and(|q| q.waiting.is_empty() && q.parked.is_empty() && !q.reply_waits) {
+        if self
+            .0
+            .as_ref()
+            .is_some_and(|q| q.waiting.is_empty() && q.parked.is_empty() && !q.reply_waits && !q.input_held)
+        {
             self.0 = None;
         }
     }
@@ -107,6 +117,20 @@ impl Backlog {
         let waits = q.reply_waits;
         self.tidy();
         waits
+    }
+
+    /// Whether the client's frames are left unread.
+    pub fn input_held(&self) -> bool {
+        self.0.as_ref().is_some_and(|q| q.input_held)
+    }
+
+    pub fn set_input_held(&mut self, held: bool) {
+        if held {
+            self.queues().input_held = true;
+        } else if let Some(q) = self.0.as_mut() {
+            q.input_held = false;
+            self.tidy();
+        }
     }
 
     pub fn parked_is_empty(&self) -> bool {
