@@ -103,3 +103,25 @@ impl Registry {
         self.shards.iter().map(|s| s.lock().expect("registry lock").len()).sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One worker of `--processes` stamps the same first byte on every id it makes
+    /// (`WorkerSet::stamp`): its sessions still spread over every shard.
+    #[test]
+    fn the_sessions_of_one_worker_spread_over_the_shards() {
+        let registry = Registry::new();
+        let (takeover, _rx) = mpsc::channel(1);
+        for i in 0..SHARDS * 4 {
+            let mut id = SessionId([0; 16]);
+            id.0[0] = 3;
+            id.0[1..9].copy_from_slice(&(i as u64).to_le_bytes());
+            registry.insert(id, ResumeToken([0; 16]), takeover.clone(), None);
+        }
+        let sizes: Vec<usize> = registry.shards.iter().map(|s| s.lock().unwrap().len()).collect();
+        assert_eq!(sizes, vec![4; SHARDS], "four sessions in each shard");
+        assert_eq!(registry.len(), SHARDS * 4);
+    }
+}

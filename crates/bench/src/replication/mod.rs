@@ -6,6 +6,7 @@
 
 mod fleet;
 mod report;
+mod rule;
 mod scrape;
 
 use std::net::{SocketAddr, TcpListener};
@@ -19,7 +20,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tickwire_client::Target;
 use tokio_util::sync::CancellationToken;
 
-use crate::hold::Hold;
 use crate::machine::{Machine, ProcSample};
 use crate::server::ChildGateway;
 use crate::sim::bots::{BotMode, BotStats, rates_between, run_resuming_bot};
@@ -346,13 +346,6 @@ impl BotCounts {
     }
 }
 
-/// The channel's schedule: 50 Hz ticks (the `hifi` preset the world channel uses).
-const TICK_HZ: f64 = 50.0;
-/// The simulated game server's frame rate.
-const SERVER_FPS: f64 = 30.0;
-/// The longest a fan-out pass may take: one tick.
-const PASS_BUDGET_MS: f64 = 1e3 / TICK_HZ;
-
 /// The clients outside the ramp, if any.
 struct Groups<'a> {
     slow: Option<&'a Group>,
@@ -518,10 +511,6 @@ async fn hold(
     let longest_cell_wait_ms = longest_cell_wait_us as f64 / 1e3;
     let seconds = started.elapsed().as_secs_f64();
     let server_fps = slowest(&frames(), &frames0, seconds);
-    // What each client must get: every frame at the servers' nominal rate, or as many as it
-    // asked for if fewer (`lod`). Nominal, not measured: servers starved by the load generator
-    // (they share its process) must not lower the bar the gateway is held to.
-    let client_hz = args.scenario.client_hz().map_or(SERVER_FPS, |hz| hz.min(SERVER_FPS));
     let fanout_mean = mean(&rates);
     let p5_of_seconds = p5(&mut rates);
     // `rates` is sorted now. A client that gets nothing for half a second keeps its rate over
@@ -574,33 +563,27 @@ async fn hold(
     // loss (the later update carries the newest state) but one message fewer, which the rate
     // rules below count; reported, not a rule of its own.
     let coalesced = if spatial { HELD_BACK } else { "channel_updates_coalesced" };
-    let hold = Hold::new()
-        .at_least("clients connected (fewest in any second)", fewest_connected as f64, clients as f64, "")
-        .none("bot errors", counts1.errors - counts0.errors)
-        .none("decode failures", counts1.decode_errors - counts0.decode_errors)
-        .none("version gaps", counts1.gaps - counts0.gaps)
-        .none("version repeats", counts1.repeats - counts0.repeats)
-        .none("server frames not published", frames_not_published)
-        .at_least("channel tick rate", channel_tick_hz, 0.95 * TICK_HZ, "Hz")
-        .at_least("updates per client over the hold, p5", fanout_p5, 0.95 * client_hz, "/s")
-        .at_least("updates per client over the hold, fewest", fewest_rate, 0.5 * client_hz, "/s")
-        .at_least("updates per client-second, p1", p1_of_seconds, 0.5 * client_hz, "/s")
-        // A pass-time histogram that recorded nothing (a renamed series, a metrics fault)
-        // would read as 0 ms and pass the next rule.
-        .at_least("fan-out passes timed", tick_window.passes(), 1.0, "")
-        .at_most("pass time p99", tick_ms.p99, PASS_BUDGET_MS, "ms")
-        .at_least("server frame rate (slowest server)", server_fps, 0.95 * SERVER_FPS, "fps");
-    // With `channels.spatial_delivery = "io_threads"` the world's pass time leaves out its
-    // delivery on the I/O threads; a delivery that fell so far behind that it dropped passes
-    // did not keep up either. (By default the world delivers, within its pass, and drops none.)
-    let hold = if spatial { hold.none("passes dropped by a delivery", passes_dropped) } else { hold };
-    // Level of detail holds cells back; none may starve.
-    let hold = match args.scenario.longest_cell_wait_ms() {
-        Some(most) => {
-            hold.at_most("longest wait of a cell for a merged update", longest_cell_wait_ms, most, "ms")
-        }
-        None => hold,
-    };
+    let hold = rule::step_hold(
+        &rule::Measured {
+            clients,
+            fewest_connected,
+            bot_errors: counts1.errors - counts0.errors,
+            decode_errors: counts1.decode_errors - counts0.decode_errors,
+            version_gaps: counts1.gaps - counts0.gaps,
+            version_repeats: counts1.repeats - counts0.repeats,
+            frames_not_published,
+            channel_tick_hz,
+            fanout_p5,
+            fewest_rate,
+            p1_of_seconds,
+            passes_timed: tick_window.passes(),
+            pass_p99_ms: tick_ms.p99,
+            server_fps,
+            passes_dropped: spatial.then_some(passes_dropped),
+            longest_cell_wait_ms,
+        },
+        args.scenario,
+    );
     let step = Step {
         clients,
         connected: fewest_connected as usize,

@@ -462,6 +462,43 @@ async fn a_handover_to_a_server_lost_before_the_release_gives_the_entity_back() 
     assert_eq!((m.seq, &m.body[..]), (3, &b"three"[..]));
 }
 
+/// A server lost while one of its entities walks into another server's block: that server
+/// acquires the entity, and the ACQUIRE names the slot it came from (it named the destination
+/// twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_server_lost_mid_handover_hands_the_entity_on_naming_its_slot() {
+    let mut overrides = LAYOUT.to_vec();
+    overrides.push("session.resume_window=\"300ms\"");
+    let gw = common::start(&overrides).await;
+    let heir = server(&gw, "destination", Some(1)).await;
+    let mut doomed = bare_server(&gw, "doomed", 0).await;
+    let spawn = SpawnEntity { position: v3([15.0, 0.0, 5.0]), ..SpawnEntity::default() };
+    doomed.send_request(2, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
+    doomed.flush().await;
+    let mut entity_id = 0;
+    while entity_id == 0 {
+        match doomed.next_event().await.unwrap() {
+            Some(tickwire_client::Event::Response(r)) if r.id == 2 => {
+                assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                entity_id = tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id;
+            }
+            Some(tickwire_client::Event::Closed { reason, message }) => {
+                panic!("closed: {reason:?} {message}")
+            }
+            Some(_) => {}
+            None => doomed.flush().await,
+        }
+    }
+    // It walks into slot 1's block, and its server vanishes without releasing it.
+    let walked = EntityState { entity_id, position: v3([25.0, 0.0, 5.0]), ..EntityState::default() };
+    let publish = tickwire_wire::proto::Publish { entities: vec![walked] };
+    doomed.send_request(3, "spatial.publish", publish.encode_to_vec().into()).unwrap();
+    doomed.flush().await;
+    drop(doomed);
+    let h = Handover::decode(common::channels::next(&heir, "spatial.handover").await).unwrap();
+    assert_eq!((h.kind(), h.entity_id, h.from_slot, h.to_slot), (HandoverKind::Acquire, entity_id, 0, 1));
+}
+
 /// A publish without a position changes the value only (the entity stays where it is); an
 /// observer's message to an entity reaches its owner; a spawn at a non-finite height is
 /// refused.
