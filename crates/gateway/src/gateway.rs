@@ -326,12 +326,14 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
 /// accepted connection; `None` if either failed (the peer is just dropped: it has not said who
 /// it is, and a malformed handshake gets no answer).
 async fn open(shared: &Shared, stream: tokio::net::TcpStream, ws: bool) -> Option<Conn> {
+    // Before login, the Hello (in one message or many, each with its WebSocket header).
+    let limits = WsLimits::chunked(crate::handshake::MAX_HELLO_FRAME_BYTES as usize + 4 + 1024);
     let result = match (&shared.tls, ws) {
         (None, false) => Ok(Conn::Tcp(stream)),
-        (None, true) => accept_ws(WsStream::Plain(stream), WsLimits::chunked()).await,
+        (None, true) => accept_ws(WsStream::Plain(stream), limits).await,
         (Some(tls), false) => accept_tls(stream, tls).await.map(Conn::Tls),
         (Some(tls), true) => match accept_tls(stream, tls).await {
-            Ok(stream) => accept_ws(WsStream::Tls(stream), WsLimits::chunked()).await,
+            Ok(stream) => accept_ws(WsStream::Tls(stream), limits).await,
             Err(e) => Err(e),
         },
     };

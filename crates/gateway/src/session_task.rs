@@ -201,7 +201,9 @@ impl SessionTask {
 
     /// Attaches a connection. Every attach goes through here, and every detach through
     /// [`SessionTask::take_conn`], so the `connections_open` gauge stays right.
-    fn put_conn(&mut self, (conn, open): (Conn, Open)) {
+    fn put_conn(&mut self, (mut conn, open): (Conn, Open)) {
+        // Logged in (or resumed): its reads are no longer bounded as a stranger's.
+        conn.logged_in();
         self.conn = Some(conn);
         self.open = Some(open);
         Stats::add(&self.shared.stats.connections_open, 1);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use futures_util::SinkExt;
 use tickwire_client::{ConnectOptions, Connection};
 use tickwire_gateway::RunningGateway;
+use tickwire_wire::Frame;
 use tickwire_wire::proto::CloseReason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -298,4 +299,88 @@ async fn one_address_cannot_pile_up_sessions_by_dropping_its_links() {
         }
     };
     assert_eq!(common::round_trip(&mut again, 2, 8).await.id, 2);
+}
+
+/// A DATA frame carrying an `echo` request padded to about `padding` bytes.
+fn padded_echo(seq: u64, padding: usize) -> Vec<u8> {
+    use tickwire_wire::proto::{Envelope, Request, envelope};
+    let request = Request { id: seq, method: "echo".into(), body: common::echo_body(1, padding) };
+    let payload = tickwire_wire::encode_message(&Envelope { kind: Some(envelope::Kind::Request(request)) });
+    let mut buf = bytes::BytesMut::new();
+    Frame::Data { seq, ack: 0, payload: payload.into() }.encode(&mut buf);
+    buf.to_vec()
+}
+
+/// Reads a raw WebSocket's messages as frames until `done` says so of what came, or the
+/// connection ends (10 s at most); returns every frame read.
+async fn ws_frames<S>(
+    ws: &mut tokio_tungstenite::WebSocketStream<S>,
+    mut done: impl FnMut(&[Frame]) -> bool,
+) -> Vec<Frame>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::StreamExt;
+    let decoder = tickwire_wire::FrameDecoder::default();
+    let mut buf = bytes::BytesMut::new();
+    let mut frames = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done(&frames) {
+        match tokio::time::timeout_at(deadline, ws.next()).await.expect("the gateway answers in time") {
+            Some(Ok(Message::Binary(data))) => {
+                buf.extend_from_slice(&data);
+                while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                    frames.push(frame);
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
+        }
+    }
+    frames
+}
+
+/// Before login a WebSocket peer is read only up to about a Hello's worth of bytes (17 KiB),
+/// so a connection that has not logged in holds a few tens of KiB, not three buffers of up to
+/// 64 KiB (tungstenite's read buffer, its message in progress, the frame buffer). A message
+/// larger than that never completes before login: the peer is closed at the login deadline.
+/// A client that sends its Hello alone and pipelines requests after it, past the bound, has
+/// every one answered: login lifts the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_login_a_websocket_peer_is_read_only_up_to_a_hellos_worth() {
+    let gw = common::start(&["limits.auth_timeout=\"500ms\""]).await;
+    let addr = gw.ws_addrs()[0];
+    let closed_for = |frames: &[Frame]| {
+        frames.iter().find_map(|f| match f {
+            Frame::Control(body) => match tickwire_wire::decode_control(body.clone()) {
+                Ok(tickwire_wire::proto::control::Kind::Close(c)) => Some(c.reason()),
+                _ => None,
+            },
+            _ => None,
+        })
+    };
+    // A Hello with 30 KiB of requests after it, in one message.
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut greedy, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream).await.unwrap();
+    let mut message = common::hello_frame("greedy");
+    for seq in 1..=100 {
+        message.extend(padded_echo(seq, 300));
+    }
+    assert!(message.len() > 30 << 10);
+    greedy.send(Message::Binary(message.into())).await.unwrap();
+    let frames = ws_frames(&mut greedy, |frames| closed_for(frames).is_some()).await;
+    assert_eq!(closed_for(&frames), Some(CloseReason::AuthTimeout), "{} frames came", frames.len());
+
+    // The same requests, each in a message of its own after the Hello's, all sent at once.
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut polite, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), stream).await.unwrap();
+    polite.feed(Message::Binary(common::hello_frame("polite").into())).await.unwrap();
+    for seq in 1..=100 {
+        polite.feed(Message::Binary(padded_echo(seq, 300).into())).await.unwrap();
+    }
+    polite.flush().await.unwrap();
+    let answered = |frames: &[Frame]| frames.iter().filter(|f| matches!(f, Frame::Data { .. })).count();
+    let frames =
+        ws_frames(&mut polite, |frames| answered(frames) == 100 || closed_for(frames).is_some()).await;
+    assert_eq!((answered(&frames), closed_for(&frames)), (100, None), "every request answered, none closed");
 }

@@ -46,20 +46,28 @@ pub struct WsLimits {
     /// The largest message (and frame) accepted, checked from its header before its payload
     /// is buffered. At least [`WS_WRITE_CHUNK`] bytes, so this side's own messages always fit.
     pub max_message: usize,
+    /// The most bytes read from the peer after the upgrade until [`Conn::logged_in`]; past
+    /// them the connection is not read (the peer's further bytes wait in the kernel, and the
+    /// caller's login deadline ends a peer that never logs in). `None`: no such bound.
+    pub before_login: Option<usize>,
 }
 
 impl WsLimits {
     /// Limits for a peer whose protocol frames are at most `max_frame_bytes` (plus the 4-byte
     /// length prefix): one whole frame per message.
     pub fn for_frames(max_frame_bytes: u32) -> WsLimits {
-        WsLimits { max_message: (max_frame_bytes as usize + 4).max(WS_WRITE_CHUNK) }
+        WsLimits { max_message: (max_frame_bytes as usize + 4).max(WS_WRITE_CHUNK), before_login: None }
     }
 
     /// Messages of at most 64 KiB, the size this side writes: what a server accepts from a
     /// peer it does not know yet, so that no peer can make it buffer more than that per
     /// message, before login or after. Longer writes span messages (frames are a byte stream).
-    pub fn chunked() -> WsLimits {
-        WsLimits { max_message: WS_WRITE_CHUNK }
+    /// And until the peer logs in, at most `before_login` bytes read at all (its first frame,
+    /// with room for the WebSocket headers of many messages): so a connection that has not
+    /// logged in holds a few tens of KiB (tungstenite's read buffer, a message in progress,
+    /// the caller's frame buffer), not three 64 KiB buffers.
+    pub fn chunked(before_login: usize) -> WsLimits {
+        WsLimits { max_message: WS_WRITE_CHUNK, before_login: Some(before_login) }
     }
 
     fn config(self) -> WebSocketConfig {
@@ -122,10 +130,53 @@ impl AsyncWrite for WsStream {
     }
 }
 
+/// What a WebSocket reads from: the stream under it, and how much more of it may be read
+/// before the peer logs in ([`WsLimits::before_login`]).
+#[derive(Debug)]
+struct Metered {
+    io: WsStream,
+    allowance: Option<usize>,
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some(left) = this.allowance else { return Pin::new(&mut this.io).poll_read(cx, buf) };
+        if left == 0 {
+            // Not read again until `Conn::logged_in`, after which the reader polls anew (the
+            // session's task). Nobody is woken: a peer stuck here never logs in, and the
+            // login deadline ends it.
+            return Poll::Pending;
+        }
+        // Through a small buffer of our own: only before login, a few reads per connection.
+        let mut chunk = [0u8; 2048];
+        let mut limited = ReadBuf::new(&mut chunk[..left.min(buf.remaining()).min(2048)]);
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, &mut limited))?;
+        let got = limited.filled();
+        buf.put_slice(got);
+        this.allowance = Some(left - got.len());
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 /// A WebSocket connection and what its peer has sent without data lately.
 #[derive(Debug)]
 pub struct WsConn {
-    stream: WebSocketStream<WsStream>,
+    stream: WebSocketStream<Metered>,
     /// Ping, pong and empty messages in a row since the last data. Kept here, not in a read
     /// future, so that a read cancelled by other work (the session task's `select!`) does not
     /// reset it.
@@ -136,7 +187,7 @@ pub struct WsConn {
 }
 
 impl WsConn {
-    fn new(stream: WebSocketStream<WsStream>) -> Box<WsConn> {
+    fn new(stream: WebSocketStream<Metered>) -> Box<WsConn> {
         Box::new(WsConn { stream, control_run: 0, control_total: 0 })
     }
 }
@@ -148,6 +199,13 @@ impl Conn {
             Conn::Tcp(_) => "tcp",
             Conn::Tls(_) => "tls",
             Conn::Ws(_) => "ws",
+        }
+    }
+
+    /// The peer has logged in: lifts [`WsLimits::before_login`] (nothing to do on TCP).
+    pub fn logged_in(&mut self) {
+        if let Conn::Ws(ws) = self {
+            ws.stream.get_mut().allowance = None;
         }
     }
 
@@ -308,17 +366,22 @@ pub async fn connect_ws(
         }
         None => WsStream::Plain(tcp),
     };
-    let (ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
+    let stream = Metered { io: stream, allowance: None };
+    let (mut ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
+    ws.get_mut().allowance = limits.before_login;
     Ok(Conn::Ws(WsConn::new(ws)))
 }
 
 /// Completes the server side of a WebSocket handshake on an accepted connection.
+/// (The upgrade request itself is bounded by tungstenite: 64 KiB.)
 pub async fn accept_ws(stream: WsStream, limits: WsLimits) -> io::Result<Conn> {
-    let ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
+    let stream = Metered { io: stream, allowance: None };
+    let mut ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
+    ws.get_mut().allowance = limits.before_login;
     Ok(Conn::Ws(WsConn::new(ws)))
 }
 
