@@ -341,14 +341,15 @@ where
 }
 
 /// Before login a WebSocket peer is read only up to about a Hello's worth of bytes (17 KiB),
-/// so a connection that has not logged in holds a few tens of KiB, not three buffers of up to
-/// 64 KiB (tungstenite's read buffer, its message in progress, the frame buffer). A message
-/// larger than that never completes before login: the peer is closed at the login deadline.
-/// A client that sends its Hello alone and pipelines requests after it, past the bound, has
-/// every one answered: login lifts the bound.
+/// in frames that fit what it has left of them, so a connection that has not logged in holds a
+/// few tens of KiB, not three buffers of up to 64 KiB (tungstenite's frame buffer, which it
+/// reserves from a frame's header, its message in progress, the frame buffer). A frame longer
+/// than that is refused from its header (`PROTOCOL_ERROR`), at once. A client that sends its
+/// Hello alone and pipelines requests after it, past the bound, has every one answered: login
+/// lifts the bound. So has one whose Hello follows its upgrade request before the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_login_a_websocket_peer_is_read_only_up_to_a_hellos_worth() {
-    let gw = common::start(&["limits.auth_timeout=\"500ms\""]).await;
+    let gw = common::start(&["limits.auth_timeout=\"5s\""]).await;
     let addr = gw.ws_addrs()[0];
     let closed_for = |frames: &[Frame]| {
         frames.iter().find_map(|f| match f {
@@ -367,9 +368,11 @@ async fn before_login_a_websocket_peer_is_read_only_up_to_a_hellos_worth() {
         message.extend(padded_echo(seq, 300));
     }
     assert!(message.len() > 30 << 10);
+    let sent = Instant::now();
     greedy.send(Message::Binary(message.into())).await.unwrap();
     let frames = ws_frames(&mut greedy, |frames| closed_for(frames).is_some()).await;
-    assert_eq!(closed_for(&frames), Some(CloseReason::AuthTimeout), "{} frames came", frames.len());
+    assert_eq!(closed_for(&frames), Some(CloseReason::ProtocolError), "{} frames came", frames.len());
+    assert!(sent.elapsed() < Duration::from_secs(4), "refused at once, not at the login deadline");
 
     // The same requests, each in a message of its own after the Hello's, all sent at once.
     let stream = TcpStream::connect(addr).await.unwrap();
@@ -383,4 +386,52 @@ async fn before_login_a_websocket_peer_is_read_only_up_to_a_hellos_worth() {
     let frames =
         ws_frames(&mut polite, |frames| answered(frames) == 100 || closed_for(frames).is_some()).await;
     assert_eq!((answered(&frames), closed_for(&frames)), (100, None), "every request answered, none closed");
+
+    // The upgrade request and the start of the Hello in one write, before the gateway's
+    // answer, and the rest a moment later: the frame scan starts at the Hello's header, not
+    // where the second write begins (there the token's bytes read as a header announcing an
+    // 8 EiB frame).
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut bytes = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        .to_vec();
+    let hello = {
+        use tickwire_wire::proto::{Control, Hello, control};
+        let hello = Hello {
+            protocol_version: 1,
+            token: "eager".into(),
+            resume: None,
+            client_name: "eager\x7fzzzzzzzz".into(),
+        };
+        let mut buf = bytes::BytesMut::new();
+        Frame::control(&Control { kind: Some(control::Kind::Hello(hello)) }).encode(&mut buf);
+        buf.to_vec()
+    };
+    // One masked binary frame (a zero mask leaves the payload as it is).
+    bytes.extend_from_slice(&[0x82, 0x80 | 126]);
+    bytes.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+    bytes.extend_from_slice(&[0, 0, 0, 0]);
+    let cut = bytes.len() + hello.iter().position(|&b| b == 0x7f).unwrap() - 1;
+    bytes.extend_from_slice(&hello);
+    stream.write_all(&bytes[..cut]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.write_all(&bytes[cut..]).await.unwrap();
+    // The answer's head, a byte at a time so as to read nothing after it.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(stream.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    let mut eager = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        stream,
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    let frames = ws_frames(&mut eager, |frames| !frames.is_empty()).await;
+    let welcome = match &frames[0] {
+        Frame::Control(body) => tickwire_wire::decode_control(body.clone()).unwrap(),
+        other => panic!("not a control frame: {other:?}"),
+    };
+    assert!(matches!(welcome, tickwire_wire::proto::control::Kind::Welcome(_)), "{welcome:?}");
 }

@@ -5,6 +5,7 @@
 //! sit in a `select!`), and an idle plain TCP connection holds no read buffer: the loop waits
 //! for readiness before it reserves memory.
 
+mod before_login;
 mod client_address;
 mod tls;
 pub mod wake_batch;
@@ -15,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use before_login::Metered;
 pub use client_address::{AddressCounts, ClientAddress};
 pub use tls::{TlsClient, TlsError, TlsServer, root_store_from_file};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -48,7 +50,9 @@ pub struct WsLimits {
     pub max_message: usize,
     /// The most bytes read from the peer after the upgrade until [`Conn::logged_in`]; past
     /// them the connection is not read (the peer's further bytes wait in the kernel, and the
-    /// caller's login deadline ends a peer that never logs in). `None`: no such bound.
+    /// caller's login deadline ends a peer that never logs in), and a WebSocket frame longer
+    /// than what is left of them ends the connection (`before_login.rs`). `None`: no such
+    /// bound.
     pub before_login: Option<usize>,
 }
 
@@ -130,49 +134,6 @@ impl AsyncWrite for WsStream {
     }
 }
 
-/// What a WebSocket reads from: the stream under it, and how much more of it may be read
-/// before the peer logs in ([`WsLimits::before_login`]).
-#[derive(Debug)]
-struct Metered {
-    io: WsStream,
-    allowance: Option<usize>,
-}
-
-impl AsyncRead for Metered {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let Some(left) = this.allowance else { return Pin::new(&mut this.io).poll_read(cx, buf) };
-        if left == 0 {
-            // Not read again until `Conn::logged_in`, after which the reader polls anew (the
-            // session's task). Nobody is woken: a peer stuck here never logs in, and the
-            // login deadline ends it.
-            return Poll::Pending;
-        }
-        // Through a small buffer of our own: only before login, a few reads per connection.
-        let mut chunk = [0u8; 2048];
-        let mut limited = ReadBuf::new(&mut chunk[..left.min(buf.remaining()).min(2048)]);
-        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, &mut limited))?;
-        let got = limited.filled();
-        buf.put_slice(got);
-        this.allowance = Some(left - got.len());
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Metered {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
 /// A WebSocket connection and what its peer has sent without data lately.
 #[derive(Debug)]
 pub struct WsConn {
@@ -205,7 +166,7 @@ impl Conn {
     /// The peer has logged in: lifts [`WsLimits::before_login`] (nothing to do on TCP).
     pub fn logged_in(&mut self) {
         if let Conn::Ws(ws) = self {
-            ws.stream.get_mut().allowance = None;
+            ws.stream.get_mut().logged_in();
         }
     }
 
@@ -366,22 +327,22 @@ pub async fn connect_ws(
         }
         None => WsStream::Plain(tcp),
     };
-    let stream = Metered { io: stream, allowance: None };
+    let stream = Metered::client(stream);
     let (mut ws, _response) = tokio_tungstenite::client_async_with_config(url, stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
-    ws.get_mut().allowance = limits.before_login;
+    ws.get_mut().bound(limits.before_login);
     Ok(Conn::Ws(WsConn::new(ws)))
 }
 
 /// Completes the server side of a WebSocket handshake on an accepted connection.
 /// (The upgrade request itself is bounded by tungstenite: 64 KiB.)
 pub async fn accept_ws(stream: WsStream, limits: WsLimits) -> io::Result<Conn> {
-    let stream = Metered { io: stream, allowance: None };
+    let stream = Metered::server(stream);
     let mut ws = tokio_tungstenite::accept_async_with_config(stream, Some(limits.config()))
         .await
         .map_err(io::Error::other)?;
-    ws.get_mut().allowance = limits.before_login;
+    ws.get_mut().bound(limits.before_login);
     Ok(Conn::Ws(WsConn::new(ws)))
 }
 
