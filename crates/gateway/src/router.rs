@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use prost::Message;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tickwire_fanout::Version;
 use tickwire_session::SessionId;
 use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
@@ -35,6 +35,9 @@ pub struct Startup<'a> {
 pub(crate) enum Outgoing {
     /// Delivered exactly once, in order, across resumes.
     Message(Bytes),
+    /// The same, and the answer to one of the session's requests ([`Reply`]): the session's
+    /// task counts it off the answers it is owed when it takes it.
+    Answer(Bytes),
     /// A channel update: counted in the session's [`UpdateFlow`], and dropped on a resume if
     /// the client never got it (its channel then sends one merged delta instead).
     Update(Bytes),
@@ -53,14 +56,33 @@ pub struct SessionHandle {
     /// From the credential: a player or a game server.
     pub(crate) role: Role,
     pub(crate) outbox: mpsc::Sender<Outgoing>,
-    /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
-    /// task checks it after every step; a full outbox always has a message to wake the task.
-    pub(crate) slow: Arc<AtomicBool>,
+    /// Shared with the session's task: whether a push found the outbox full, and how many
+    /// answers it is owed.
+    pub(crate) signals: Arc<Signals>,
     /// Channel updates in flight to this session.
     pub(crate) flow: Arc<UpdateFlow>,
     /// The I/O thread the session's task runs on (`tickwire_transport::wake_batch::io_thread`),
     /// if any: work for the session can be done there.
     pub(crate) io: Option<usize>,
+}
+
+/// What a session's handle and its task share.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
+    /// task checks it after every step; a full outbox always has a message to wake the task.
+    pub slow: AtomicBool,
+    /// Answers to the session's requests not yet taken from its outbox by its task: places
+    /// held by [`Reply`]s, and answers queued.
+    pub answers_owed: AtomicUsize,
+}
+
+/// The most answers a session is owed before it hands on no more of its client's requests
+/// ([`SessionHandle::reply`]): a 32nd of the outbox, from 1 to 16 (8 by default). Within the
+/// 16 places the spatial world leaves beside a view's `UNSUBSCRIBED` events
+/// (`spatial::max_view_cells`), so those always fit.
+pub(crate) fn max_answers_owed(outbox_capacity: usize) -> usize {
+    (outbox_capacity / 32).clamp(1, 16)
 }
 
 /// A push could not be queued.
@@ -88,7 +110,7 @@ impl SessionHandle {
             player_id: format!("conn-{conn_id}").into(),
             role,
             outbox,
-            slow: Arc::new(AtomicBool::new(false)),
+            signals: Arc::default(),
             flow: Arc::new(UpdateFlow::for_config(config)),
             io: None,
         };
@@ -115,12 +137,15 @@ impl SessionHandle {
     /// request to another task (a channel's actor, the spatial world) and answers it from
     /// there. The place is held until [`Reply::send`], so the answer never finds the outbox
     /// full, however fast that task answers a burst. The session hands on no more requests
-    /// while half its outbox is held so (it holds back the client's later messages, and stops
-    /// reading its connection). `Err` is the answer to give at once when the outbox has no
-    /// place: `UNAVAILABLE`, to retry.
+    /// while it is owed [`max_answers_owed`] answers (it leaves the client's later frames
+    /// unread). `Err` is the answer to give at once when the outbox has no place:
+    /// `UNAVAILABLE`, to retry.
     pub fn reply(&self, id: u64) -> Result<Reply, Response> {
         match self.outbox.clone().try_reserve_owned() {
-            Ok(place) => Ok(Reply { id, place: Some(place) }),
+            Ok(place) => {
+                self.signals.answers_owed.fetch_add(1, Ordering::Relaxed);
+                Ok(Reply { id, place: Some(place) })
+            }
             Err(mpsc::error::TrySendError::Full(_)) => Err(error_response(
                 id,
                 Status::Unavailable,
@@ -197,7 +222,7 @@ impl SessionHandle {
         self.outbox.try_send(item).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 if full_is_slow {
-                    self.slow.store(true, Ordering::Relaxed);
+                    self.signals.slow.store(true, Ordering::Relaxed);
                 }
                 PushError::Full
             }
@@ -268,7 +293,7 @@ impl Reply {
         debug_assert_eq!(response.id, self.id, "an answer to another request");
         if let Some(place) = self.place.take() {
             let envelope = Envelope { kind: Some(envelope::Kind::Response(response)) };
-            place.send(Outgoing::Message(encode_message(&envelope)));
+            place.send(Outgoing::Answer(encode_message(&envelope)));
         }
     }
 }
@@ -479,7 +504,7 @@ mod tests {
     use super::*;
 
     fn answer(item: Outgoing) -> Response {
-        let Outgoing::Message(bytes) = item else { panic!("an answer is a message") };
+        let Outgoing::Answer(bytes) = item else { panic!("an answer is an Answer") };
         match tickwire_wire::decode_envelope(bytes).unwrap() {
             envelope::Kind::Response(r) => r,
             other => panic!("not a response: {other:?}"),
@@ -493,6 +518,7 @@ mod tests {
         let mut first = handle.reply(7).unwrap();
         let second = handle.reply(8).unwrap();
         assert_eq!(handle.outbox.capacity(), 0, "both places held");
+        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 2, "two answers owed");
         assert_eq!(handle.push("t", Bytes::new()), Err(PushError::Full), "nothing else fits");
         let refused = handle.reply(9).unwrap_err();
         assert_eq!((refused.id, refused.status()), (9, Status::Unavailable));

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Context;
 use std::time::Instant;
 
@@ -24,7 +24,7 @@ use crate::close::send_close;
 use crate::flow::UpdateFlow;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
-use crate::router::{Outgoing, SessionHandle};
+use crate::router::{Outgoing, SessionHandle, Signals, max_answers_owed};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -93,8 +93,20 @@ pub(crate) struct SessionTask {
 /// The payload length `item` takes in the session's resend buffer.
 fn outgoing_len(item: &Outgoing) -> usize {
     match item {
-        Outgoing::Message(message) | Outgoing::Update(message) => message.len(),
+        Outgoing::Message(message) | Outgoing::Answer(message) | Outgoing::Update(message) => message.len(),
         Outgoing::UpdateParts(update) => update.encoded_len(),
+    }
+}
+
+/// `item`, just taken from the outbox: an answer is counted off those the session is owed
+/// (and is a message from then on).
+fn took(signals: &Signals, item: Outgoing) -> Outgoing {
+    match item {
+        Outgoing::Answer(message) => {
+            signals.answers_owed.fetch_sub(1, Ordering::Relaxed);
+            Outgoing::Message(message)
+        }
+        item => item,
     }
 }
 
@@ -137,7 +149,7 @@ impl SessionTask {
                 player_id: player_id.into(),
                 role,
                 outbox: outbox_tx,
-                slow: Arc::new(AtomicBool::new(false)),
+                signals: Arc::default(),
                 flow: Arc::new(UpdateFlow::for_config(&shared.config)),
                 io: tickwire_transport::wake_batch::io_thread(),
             },
@@ -261,7 +273,7 @@ impl SessionTask {
             if let Err(end) = step {
                 return end;
             }
-            if self.handle.slow.load(Ordering::Relaxed) {
+            if self.handle.signals.slow.load(Ordering::Relaxed) {
                 let queued = self.shared.config.limits.outbox_capacity;
                 return End::new(
                     CloseReason::SlowConsumer,
@@ -353,7 +365,9 @@ impl SessionTask {
         let mut window = flow.lock();
         let mut queued = Vec::new();
         let waiting = self.backlog.take_waiting();
-        for item in waiting.into_iter().chain(std::iter::from_fn(|| self.outbox.try_recv().ok())) {
+        let signals = self.handle.signals.clone();
+        let outbox = std::iter::from_fn(|| self.outbox.try_recv().ok()).map(|item| took(&signals, item));
+        for item in waiting.into_iter().chain(outbox) {
             if let Outgoing::Message(message) = item {
                 queued.push(message);
             }
@@ -488,27 +502,30 @@ impl SessionTask {
     }
 
     /// Whether the client's next message must wait (in the backlog's `parked`): a reply to
-    /// one before it waits for room, or the outbox is half taken.
+    /// one before it waits for room, or the session is owed as many answers as it may be.
     fn must_hold(&mut self) -> bool {
-        self.backlog.reply_waiting() || self.outbox_half_taken()
+        self.backlog.reply_waiting() || self.owed_enough()
     }
 
-    /// Whether half the outbox is taken: queued, or held for answers to the client's requests
-    /// that a channel or the world has not given yet ([`SessionHandle::reply`]). The client's
-    /// next request then waits, so that its answer always finds a place.
-    fn outbox_half_taken(&self) -> bool {
-        let tx = &self.handle.outbox;
-        tx.capacity() <= tx.max_capacity() / 2
+    /// Whether the session is owed [`max_answers_owed`] answers to the client's requests by
+    /// the channels and the world ([`SessionHandle::reply`]), held or queued: the client's next
+    /// request then waits, so that its answer will find a place. Each answer owed comes to
+    /// the outbox (given, or `UNAVAILABLE` if dropped) and wakes the task.
+    fn owed_enough(&self) -> bool {
+        let owed = self.handle.signals.answers_owed.load(Ordering::Relaxed);
+        owed >= max_answers_owed(self.shared.config.limits.outbox_capacity)
     }
 
-    /// Whether to leave the client's frames in the read buffer, and stop reading: the outbox
-    /// is half taken, and is being read (the serve loop takes the frames up again once it is
-    /// not). So a client that pipelines requests faster than the channels and the world answer
-    /// them is held back by TCP and its own window of unacknowledged messages, not queued for.
-    /// While something waits for room in the session, the frames are read on: the client's
+    /// Whether to leave the client's frames in the read buffer, and stop reading: the session
+    /// is owed enough answers, and its outbox, where they come, is being read
+    /// ([`SessionTask::on_outbox`] takes the frames up again). So a client that pipelines
+    /// requests faster than the channels and the world answer them is held back by TCP and its
+    /// own window of unacknowledged messages, not queued for. The hold lasts as long as the
+    /// channels and the world take to answer: its heartbeats are not read meanwhile. While
+    /// something waits for room in the session, the frames are read on: the client's
     /// acknowledgements make that room, and its messages wait in `parked`.
     fn hold_input(&self) -> bool {
-        self.backlog.waiting_is_empty() && self.outbox_half_taken()
+        self.backlog.waiting_is_empty() && self.owed_enough()
     }
 
     /// Whether the client's frames were left unread and need not be any longer.
@@ -564,7 +581,7 @@ impl SessionTask {
                 break;
             }
             let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
-            self.put(now, next, &mut updates)?;
+            self.put(now, took(&self.handle.signals, next), &mut updates)?;
         }
         self.updates_sent(updates);
         if self.resumes_input() {
@@ -596,7 +613,7 @@ impl SessionTask {
 
     fn send_now(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
         match item {
-            Outgoing::Message(message) => {
+            Outgoing::Message(message) | Outgoing::Answer(message) => {
                 let frame = self.session.send(now, message)?;
                 self.write_data(frame);
                 Ok(())

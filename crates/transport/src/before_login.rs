@@ -145,8 +145,12 @@ impl Metered {
         Metered { io, upgrade: None, held: Vec::new(), before_login: None }
     }
 
-    /// From now on, at most `bytes` more are read until [`Metered::logged_in`].
+    /// The upgrade is done: from now on, at most `bytes` more are read until
+    /// [`Metered::logged_in`]. (An upgrade request whose head ended other than in a blank
+    /// CRLF line, which httparse also takes, left nothing after it: tungstenite refuses bytes
+    /// after the request.)
     pub fn bound(&mut self, bytes: Option<usize>) {
+        self.upgrade = None;
         self.before_login = bytes.map(|left| (left, HeaderScan::default()));
     }
 

@@ -112,7 +112,7 @@ impl Sink {
             self.seq += 1;
             messages += 1;
             let message = match item {
-                Outgoing::Message(m) => m,
+                Outgoing::Message(m) | Outgoing::Answer(m) => m,
                 Outgoing::Update(u) => {
                     window.sent(self.seq);
                     u
@@ -449,9 +449,9 @@ impl WorldHarness {
             let result = tickwire_wire::proto::PublishResult::decode(r.body.clone())
                 .map_err(|e| HarnessError::Refused { what: "a publish", message: e.to_string() })?;
             ignored += result.ignored.len();
-            if let Ok(mut reply) = server.handle.reply(id) {
-                reply.send(r);
-            }
+            // The answer, as the world gives it: in a place of the server's outbox.
+            let no_room = |r: Response| HarnessError::Refused { what: "an answer", message: r.error };
+            server.handle.reply(id).map_err(no_room)?.send(r);
         }
         Ok(ignored)
     }

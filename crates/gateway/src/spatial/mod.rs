@@ -188,8 +188,9 @@ enum Op {
 
 /// The most cells an area may touch with an outbox of `outbox_capacity` messages: leaving every
 /// cell at once queues one UNSUBSCRIBED event per cell in the session's outbox, and 16 places
-/// (or half the outbox, if that is more) stay for whatever else waits there: 240 by default,
-/// enough for a view of the report's whole 15 x 15 world.
+/// (or half the outbox, if that is more) stay for whatever else waits there, the answers the
+/// session may be owed among them (`router::max_answers_owed`): 240 by default, enough for a
+/// view of the report's whole 15 x 15 world.
 fn max_view_cells(outbox_capacity: usize) -> usize {
     outbox_capacity.saturating_sub(16).max(outbox_capacity / 2).max(1)
 }
@@ -520,6 +521,16 @@ mod tests {
     use tokio_util::task::TaskTracker;
 
     use super::*;
+
+    /// A view's UNSUBSCRIBED events and the answers a session may be owed fit its outbox
+    /// together, whatever its size (from 2: an outbox of 1 holds one or the other).
+    #[test]
+    fn a_views_events_and_the_answers_owed_fit_the_outbox() {
+        for outbox in 2..=(1 << 20) {
+            let both = max_view_cells(outbox) + crate::router::max_answers_owed(outbox);
+            assert!(both <= outbox, "outbox {outbox}: {both}");
+        }
+    }
 
     #[tokio::test]
     async fn the_world_runs_as_a_tracked_task_until_stopped() {
