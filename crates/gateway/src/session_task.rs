@@ -182,7 +182,12 @@ impl SessionTask {
         };
         tracing::debug!(session = %self.handle.id, reason = ?end.reason, message = %end.message, "session ended");
         self.shared.stats.closed(end.reason);
-        if let Some(mut conn) = self.take_conn() {
+        let conn = self.take_conn();
+        // What the client sent was acknowledged: what still waited is handled, whatever ended
+        // the session (its Close, a slow-consumer close, its resume window), replies or not
+        // (none can go now).
+        self.dispatch_parked_at_end(Instant::now());
+        if let Some(mut conn) = conn {
             Box::pin(send_close(&mut conn, end.reason, &end.message)).await;
         }
         self.shared.registry.remove(&self.handle.id);
@@ -400,10 +405,8 @@ impl SessionTask {
             match frame {
                 Frame::Control(body) => match decode_control(body)? {
                     control::Kind::Close(close) => {
+                        // What waited is handled as the session ends (`run`).
                         self.take_conn();
-                        // What the client sent before its Close was acknowledged: it is
-                        // handled, replies or not (none can go now).
-                        self.dispatch_parked_at_end(now);
                         return Err(End::new(
                             CloseReason::Normal,
                             format!("client closed: {}", close.message),
@@ -542,8 +545,8 @@ impl SessionTask {
         Ok(())
     }
 
-    /// The session is ending at the client's word: every message that waited is handled, in
-    /// order; their replies, which could not go, are dropped.
+    /// The session is ending: every message of the client's that waited is handled, in order;
+    /// their replies, which cannot go, are dropped.
     fn dispatch_parked_at_end(&mut self, now: Instant) {
         drop(self.backlog.take_waiting());
         while let Some(payload) = self.backlog.pop_parked() {

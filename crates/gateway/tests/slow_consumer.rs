@@ -125,8 +125,13 @@ impl Router for Replier {
 }
 
 fn replier_gateway(handled: &Arc<AtomicUsize>) -> Gateway {
-    let config =
-        GatewayConfig::load(None, &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into()]).unwrap();
+    replier_gateway_with(handled, &[])
+}
+
+fn replier_gateway_with(handled: &Arc<AtomicUsize>, overrides: &[&str]) -> Gateway {
+    let mut all = vec!["listen.tcp=[\"127.0.0.1:0\"]".to_owned(), "listen.ws=[]".to_owned()];
+    all.extend(overrides.iter().map(|o| o.to_string()));
+    let config = GatewayConfig::load(None, &all).unwrap();
     assert_eq!(config.session.max_unacked_bytes, 1 << 20, "the replies are sized for the default");
     Gateway::new(config).unwrap().with_router(Arc::new(Replier { handled: handled.clone() }))
 }
@@ -177,7 +182,8 @@ fn hello_and_requests(player: &str, n: u64) -> Vec<u8> {
 }
 
 /// More requests waiting than the outbox holds (256 by default) from a client that does not
-/// acknowledge: it is closed as slow, having had only three handled.
+/// acknowledge: it is closed as slow, having had three handled while it was served and the 256
+/// that waited (the session had acknowledged them) as it ended; not the 41 it sent past them.
 #[tokio::test]
 async fn a_client_that_keeps_asking_without_acknowledging_is_closed_as_slow() {
     let handled = Arc::new(AtomicUsize::new(0));
@@ -188,11 +194,13 @@ async fn a_client_that_keeps_asking_without_acknowledging_is_closed_as_slow() {
     let close = common::read_close(&mut stream).await;
     assert_eq!(common::reason(&close), Some(CloseReason::SlowConsumer), "{close:?}");
     assert!(close.unwrap().message.contains("does not acknowledge"));
-    assert_eq!(handled.load(Ordering::SeqCst), 3);
+    common::wait_until("the session ended", || gw.session_count() == 0).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 3 + 256);
 }
 
 /// Messages a client sent before its Close were acknowledged: they are handled even when they
-/// waited for a reply's room, though their own replies cannot go.
+/// waited for a reply's room, though their own replies cannot go. So are those of a client that
+/// vanishes, when its resume window ends.
 #[tokio::test]
 async fn what_waited_before_a_close_is_handled() {
     use tickwire_wire::proto::{Close, Control, control};
@@ -209,6 +217,17 @@ async fn what_waited_before_a_close_is_handled() {
     stream.write_all(&bytes).await.unwrap();
     common::wait_until("all eight handled", || handled.load(Ordering::SeqCst) == 8).await;
     common::wait_until("the session ended", || gw.session_count() == 0).await;
+
+    // A client that vanishes with requests waiting: they are handled when its resume window
+    // ends.
+    let handled = Arc::new(AtomicUsize::new(0));
+    let gw = replier_gateway_with(&handled, &["session.resume_window=\"300ms\""]).start().await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    stream.write_all(&hello_and_requests("vanisher", 8)).await.unwrap();
+    common::wait_until("three handled", || handled.load(Ordering::SeqCst) == 3).await;
+    drop(stream);
+    common::wait_until("the session ended", || gw.session_count() == 0).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 8);
 }
 
 /// A game server that pipelines far more requests to a channel than its outbox holds gets
