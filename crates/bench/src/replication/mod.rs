@@ -403,9 +403,12 @@ async fn hold(
     let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
     let unpublished = || -> u64 { servers.iter().map(|s| load(&s.refused) + load(&s.unanswered)).sum() };
     let release_retries = || -> u64 { servers.iter().map(|s| load(&s.release_retries)).sum() };
-    // The slowest server's frame rate between two readings.
+    // Each server's frame rate between two readings, and the slowest.
+    let each = |now: &[u64], before: &[u64], dt: f64| -> Vec<f64> {
+        now.iter().zip(before).map(|(n, b)| (n - b) as f64 / dt).collect()
+    };
     let slowest = |now: &[u64], before: &[u64], dt: f64| -> f64 {
-        now.iter().zip(before).map(|(n, b)| (n - b) as f64 / dt).fold(f64::INFINITY, f64::min)
+        each(now, before, dt).into_iter().fold(f64::INFINITY, f64::min)
     };
     let (fanouts, subscribers) = args.scenario.fanout_series();
     // Played in the spatial world (`spatial`, `lod`): its figures are reported.
@@ -510,7 +513,9 @@ async fn hold(
     longest_cell_wait_us = longest_cell_wait_us.max(sample1.longest_cell_wait_us);
     let longest_cell_wait_ms = longest_cell_wait_us as f64 / 1e3;
     let seconds = started.elapsed().as_secs_f64();
-    let server_fps = slowest(&frames(), &frames0, seconds);
+    let frames1 = frames();
+    let server_fps = slowest(&frames1, &frames0, seconds);
+    let server_fps_each = each(&frames1, &frames0, seconds);
     let fanout_mean = mean(&rates);
     let p5_of_seconds = p5(&mut rates);
     // `rates` is sorted now. A client that gets nothing for half a second keeps its rate over
@@ -635,6 +640,7 @@ async fn hold(
         passes_dropped: (spatial && last.has(PASSES_DROPPED)).then_some(passes_dropped),
         delivery_cpu_mean_ms: delivery_cpu.map(|(_, mean)| mean),
         frames_not_published,
+        server_fps_each,
         frames_merged_per_server_per_s: (spatial && last.has(FRAMES_MERGED))
             .then(|| per_s(FRAMES_MERGED) / f64::from(args.scenario.world().map_or(1, |w| w.slots()))),
         fanout_hz_p5_of_seconds: p5_of_seconds,

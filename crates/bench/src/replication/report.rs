@@ -219,6 +219,9 @@ pub struct Step {
     /// got one message for both. `None` if the gateway did not report the counter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frames_merged_per_server_per_s: Option<f64>,
+    /// Each game server's frames per second over the hold (frames the gateway took), in the
+    /// order they started (`spatial`: by slot); the table's `server fps` is the slowest.
+    pub server_fps_each: Vec<f64>,
     /// The 5th percentile of updates received over client-seconds (each client's count in each
     /// second of the hold). Reported, not ruled on: a second's count of a 30 Hz stream moves by
     /// one when a delivery lands either side of the second's boundary.
@@ -356,8 +359,10 @@ pub(super) fn print_row(step: &Step) {
         .frames_merged_per_server_per_s
         .map(|m| format!(", {m:.2} frames merged per server per s (two of a server in one pass)"))
         .unwrap_or_default();
+    let each: Vec<String> = step.server_fps_each.iter().map(|fps| format!("{fps:.1}")).collect();
     println!(
-        "  servers: {} frames not published{merged}, {} releases retried; bot threads late by p50 / p99 / max {:.1} / {:.1} / {:.1} ms (a probe due every 10 ms)",
+        "  servers: {} fps each, {} frames not published{merged}, {} releases retried; bot threads late by p50 / p99 / max {:.1} / {:.1} / {:.1} ms (a probe due every 10 ms)",
+        each.join(" "),
         step.frames_not_published,
         step.release_retries,
         step.load_lag_ms.p50,
