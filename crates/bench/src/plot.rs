@@ -9,21 +9,23 @@ use crate::pingpong::Report;
 
 /// Writes `pingpong-rtt.svg` and `pingpong-cpu.svg`: p99 RTT and server CPU against clients.
 pub(crate) fn pingpong(dir: &Path, report: &Report) -> anyhow::Result<()> {
-    let series = |f: fn(&crate::pingpong::Step) -> f64| -> Vec<(f64, f64)> {
-        report.steps.iter().map(|s| (s.clients as f64, f(s))).collect()
+    // A step without the figure (the CPU of a `--target` gateway, which the bench cannot
+    // read) has no point: not a point at 0.
+    let series = |f: fn(&crate::pingpong::Step) -> Option<f64>| -> Vec<(f64, f64)> {
+        report.steps.iter().filter_map(|s| Some((s.clients as f64, f(s)?))).collect()
     };
     line_chart(
         dir,
         "pingpong-rtt.svg",
         "p99 RTT (ms) vs clients",
-        &series(|s| s.rtt_ms.p99),
+        &series(|s| Some(s.rtt_ms.p99)),
         &report.machine.line(),
     )?;
     line_chart(
         dir,
         "pingpong-cpu.svg",
         "gateway CPU (% of one core) vs clients",
-        &series(|s| s.server_cpu_pct.unwrap_or(0.0)),
+        &series(|s| s.server_cpu_pct),
         &report.machine.line(),
     )?;
     Ok(())
@@ -40,6 +42,11 @@ pub(crate) fn line_chart(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(file);
+    // A pass past the last histogram bucket reads as infinite: it has no place on the axis
+    // (the table says `>250`), and would stretch it without end.
+    let finite: Vec<(f64, f64)> =
+        points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
+    let points = &finite[..];
     // Both backends draw text with the bundled font (ab_glyph has no system fonts).
     register_font();
     if file.ends_with(".png") {
