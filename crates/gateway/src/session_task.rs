@@ -13,8 +13,8 @@ use bytes::{Bytes, BytesMut};
 use tickwire_session::{Received, ResumeToken, Session, SessionError, SessionId, Timeout};
 use tickwire_transport::Conn;
 use tickwire_transport::wake_batch::DeferrableWaker;
-use tickwire_wire::proto::{CloseReason, Control, Envelope, Welcome, control, envelope};
-use tickwire_wire::{Frame, Payload, WireError, decode_control, decode_envelope, encode_message};
+use tickwire_wire::proto::{CloseReason, Control, Welcome, control};
+use tickwire_wire::{Frame, WireError, decode_control};
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
@@ -24,15 +24,15 @@ use crate::close::send_close;
 use crate::flow::UpdateFlow;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
-use crate::router::{Outgoing, SessionHandle, Signals, max_answers_owed};
+use crate::router::{Outgoing, SessionHandle};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
 mod backlog;
+mod inbound;
+mod outbound;
 use backlog::Backlog;
-
-/// Outbox messages written per wake-up before the task checks its other inputs again.
-const OUTBOX_BATCH: usize = 64;
+use outbound::took;
 
 /// Why the session ended; sent to the client when a connection is attached.
 #[derive(Debug)]
@@ -88,26 +88,6 @@ pub(crate) struct SessionTask {
     /// The server's messages waiting for room in the session's resend buffer, and the
     /// client's waiting for the reply before them to go (`backlog.rs`).
     backlog: Backlog,
-}
-
-/// The payload length `item` takes in the session's resend buffer.
-fn outgoing_len(item: &Outgoing) -> usize {
-    match item {
-        Outgoing::Message(message) | Outgoing::Answer(message) | Outgoing::Update(message) => message.len(),
-        Outgoing::UpdateParts(update) => update.encoded_len(),
-    }
-}
-
-/// `item`, just taken from the outbox: an answer is counted off those the session is owed
-/// (and is a message from then on).
-fn took(signals: &Signals, item: Outgoing) -> Outgoing {
-    match item {
-        Outgoing::Answer(message) => {
-            signals.answers_owed.fetch_sub(1, Ordering::Relaxed);
-            Outgoing::Message(message)
-        }
-        item => item,
-    }
 }
 
 /// The next message in the outbox, polled with the task's deferrable waker.
@@ -451,209 +431,6 @@ impl SessionTask {
         }
         self.flush().await;
         Ok(())
-    }
-
-    fn dispatch(&mut self, now: Instant, payload: Bytes) -> Result<(), End> {
-        let router = &self.shared.router;
-        match decode_envelope(payload)? {
-            envelope::Kind::Request(request) => {
-                if let Some(response) = router.on_request(&self.handle, request) {
-                    let env = Envelope { kind: Some(envelope::Kind::Response(response)) };
-                    self.send(now, encode_message(&env))?;
-                }
-            }
-            envelope::Kind::Push(push) => router.on_push(&self.handle, push),
-            envelope::Kind::Response(_) => {
-                return Err(End::new(CloseReason::ProtocolError, "clients may not send responses"));
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends a message now, or after what waits for room ([`SessionTask::put`]). What the
-    /// client sends next waits until it has gone (`Backlog::reply_waiting`).
-    fn send(&mut self, now: Instant, message: Bytes) -> Result<(), End> {
-        self.put(now, Outgoing::Message(message), &mut Vec::new())?;
-        self.backlog.note_reply();
-        Ok(())
-    }
-
-    /// Keeps a message of the client's while the ones before it wait ([`SessionTask::must_hold`],
-    /// while something waits for room); a client that keeps sending while it does not
-    /// acknowledge its replies is closed as slow. Copied: the payload
-    /// is a slice of the read buffer, and would keep all of it.
-    fn park(&mut self, payload: Bytes) -> Result<(), End> {
-        let limits = &self.shared.config.limits;
-        let max_bytes = self.shared.config.session.max_unacked_bytes.max(limits.max_frame_bytes as usize);
-        // A game server sends thousands of messages a second (its own rate limit): as many
-        // wait for it, within the same bytes.
-        let max_messages = match self.handle.role() {
-            Role::Player => limits.outbox_capacity,
-            Role::Server => limits.outbox_capacity.max(limits.server_message_burst as usize),
-        };
-        let payload = Bytes::copy_from_slice(&payload);
-        self.backlog.park(payload, max_messages, max_bytes).map_err(|full| {
-            End::new(
-                CloseReason::SlowConsumer,
-                format!(
-                    "{} messages ({} bytes) from the client waiting for room for the replies to its \
-                     requests: it does not acknowledge what it is sent",
-                    full.messages, full.bytes
-                ),
-            )
-        })
-    }
-
-    /// Whether the client's next message must wait (in the backlog's `parked`): a reply to
-    /// one before it waits for room, or the session is owed as many answers as it may be.
-    fn must_hold(&mut self) -> bool {
-        self.backlog.reply_waiting() || self.owed_enough()
-    }
-
-    /// Whether the session is owed [`max_answers_owed`] answers to the client's requests by
-    /// the channels and the world ([`SessionHandle::reply`]), held or queued: the client's next
-    /// request then waits, so that its answer will find a place. Each answer owed comes to
-    /// the outbox (given, or `UNAVAILABLE` if dropped) and wakes the task.
-    fn owed_enough(&self) -> bool {
-        let owed = self.handle.signals.answers_owed.load(Ordering::Relaxed);
-        owed >= max_answers_owed(self.shared.config.limits.outbox_capacity)
-    }
-
-    /// Whether to leave the client's frames in the read buffer, and stop reading: the session
-    /// is owed enough answers, and its outbox, where they come, is being read
-    /// ([`SessionTask::on_outbox`] takes the frames up again). So a client that pipelines
-    /// requests faster than the channels and the world answer them is held back by TCP and its
-    /// own window of unacknowledged messages, not queued for. The hold lasts as long as the
-    /// channels and the world take to answer: its heartbeats are not read meanwhile. While
-    /// something waits for room in the session, the frames are read on: the client's
-    /// acknowledgements make that room, and its messages wait in `parked`.
-    fn hold_input(&self) -> bool {
-        self.backlog.waiting_is_empty() && self.owed_enough()
-    }
-
-    /// Whether the client's frames were left unread and need not be any longer.
-    fn resumes_input(&self) -> bool {
-        self.backlog.input_held() && !self.hold_input()
-    }
-
-    /// Handles the client's messages that waited, in order, until one must wait again.
-    fn dispatch_parked(&mut self, now: Instant) -> Result<(), End> {
-        while !self.backlog.parked_is_empty() && !self.must_hold() {
-            let Some(payload) = self.backlog.pop_parked() else { break };
-            self.dispatch(now, payload)?;
-        }
-        Ok(())
-    }
-
-    /// The session is ending: every message of the client's that waited is handled, in order;
-    /// their replies, which cannot go, are dropped.
-    fn dispatch_parked_at_end(&mut self, now: Instant) {
-        drop(self.backlog.take_waiting());
-        while let Some(payload) = self.backlog.pop_parked() {
-            // An error here is the reply's (the router has had the message) or a malformed
-            // message's: either way the session is ending, and the next message is the next.
-            let _ = self.dispatch(now, payload);
-            drop(self.backlog.take_waiting());
-        }
-    }
-
-    /// Queues a DATA frame the session produced (none while detached) for the next flush.
-    fn write_data(&mut self, frame: Option<Frame>) {
-        if let Some(frame) = frame {
-            frame.encode(&mut self.wbuf);
-            Stats::add(&self.shared.stats.messages_out, 1);
-        }
-    }
-
-    /// Sends a channel update, noting its sequence number for the window.
-    fn send_update(&mut self, now: Instant, update: Payload, updates: &mut Vec<u64>) -> Result<(), End> {
-        updates.push(self.session.next_seq());
-        let frame = self.session.send_replaceable(now, update)?;
-        self.write_data(frame);
-        Ok(())
-    }
-
-    async fn on_outbox(&mut self, first: Outgoing) -> Result<(), End> {
-        let now = Instant::now();
-        // Sequence numbers of the channel updates in this batch, told to the window at once.
-        let mut updates = Vec::new();
-        let mut item = Some(first);
-        for _ in 0..OUTBOX_BATCH {
-            // Once one waits for room, the rest stay in the outbox.
-            if !self.backlog.waiting_is_empty() {
-                break;
-            }
-            let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
-            self.put(now, took(&self.handle.signals, next), &mut updates)?;
-        }
-        self.updates_sent(updates);
-        if self.resumes_input() {
-            // Answers taken from the outbox let the client's frames in again. (Boxed: a rare
-            // path, kept out of the size of every session's task.)
-            return Box::pin(self.on_input(now)).await;
-        }
-        self.dispatch_parked(now)?;
-        self.flush().await;
-        Ok(())
-    }
-
-    /// Sends `item` now if the session has room for it and nothing waits before it; else it
-    /// waits (in the backlog). A message larger than the session's bounds alone cannot ever be
-    /// sent: the session ends with `RETRANSMIT_OVERFLOW`, as before.
-    fn put(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
-        if !self.backlog.waiting_is_empty() || self.must_wait(&item) {
-            if self.backlog.waiting_len() >= self.shared.config.limits.outbox_capacity {
-                return Err(End::new(
-                    CloseReason::SlowConsumer,
-                    format!("more than {} messages waiting for acknowledgements", self.backlog.waiting_len()),
-                ));
-            }
-            self.backlog.push_waiting(item);
-            return Ok(());
-        }
-        self.send_now(now, item, updates)
-    }
-
-    fn send_now(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
-        match item {
-            Outgoing::Message(message) | Outgoing::Answer(message) => {
-                let frame = self.session.send(now, message)?;
-                self.write_data(frame);
-                Ok(())
-            }
-            Outgoing::Update(update) => self.send_update(now, update.into(), updates),
-            Outgoing::UpdateParts(update) => self.send_update(now, update.into_payload(), updates),
-        }
-    }
-
-    /// Whether `item` must wait for acknowledgements to make room for it. One that would not
-    /// fit with nothing unacknowledged never will: it goes now, and ends the session.
-    fn must_wait(&self, item: &Outgoing) -> bool {
-        !self.session.has_room(outgoing_len(item)) && self.session.unacked().0 > 0
-    }
-
-    /// Sends what waited for room, in order, as far as the room now goes.
-    fn send_waiting(&mut self, now: Instant) -> Result<(), End> {
-        let mut updates = Vec::new();
-        while let Some(item) = self.backlog.front_waiting() {
-            if self.must_wait(item) {
-                break;
-            }
-            let Some(item) = self.backlog.pop_waiting() else { break };
-            self.send_now(now, item, &mut updates)?;
-        }
-        self.updates_sent(updates);
-        Ok(())
-    }
-
-    /// Tells the update window the sequence numbers the updates just sent took.
-    fn updates_sent(&self, updates: Vec<u64>) {
-        if !updates.is_empty() {
-            let mut window = self.handle.flow.lock();
-            for seq in updates {
-                window.sent(seq);
-            }
-        }
     }
 
     /// Writes the pending output. A failed or stalled write drops the connection; the session
