@@ -24,20 +24,7 @@ async fn a_lost_spatial_server_raises_its_event_and_another_takes_its_slot_over(
         value_json: r#"{"pos":[5,0,5]}"#.into(),
         controller_connection: player.connection_id(),
     };
-    let (method, body) = call("spatial.spawn", spawn.encode_to_vec());
-    doomed.send_request(2, &method, body).unwrap();
-    doomed.flush().await;
-    let mut entity_id = 0;
-    while entity_id == 0 {
-        match doomed.next_event().await.unwrap() {
-            Some(tickwire_client::Event::Response(r)) if r.id == 2 => {
-                assert_eq!(r.status(), Status::Ok, "{}", r.error);
-                entity_id = tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id;
-            }
-            Some(_) => {}
-            None => panic!("closed"),
-        }
-    }
+    let entity_id = bare_spawn(&mut doomed, 2, spawn).await;
     player.send_to_entity(entity_id, Bytes::from_static(b"one")).await.unwrap();
     // A client watching the doomed server's cell.
     let viewer = client(&gw, "viewer").await;
@@ -473,22 +460,7 @@ async fn a_source_server_lost_mid_handover_hands_the_entity_on_naming_its_slot()
     let heir = server(&gw, "destination", Some(1)).await;
     let mut doomed = bare_server(&gw, "doomed", 0).await;
     let spawn = SpawnEntity { position: v3([15.0, 0.0, 5.0]), ..SpawnEntity::default() };
-    doomed.send_request(2, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
-    doomed.flush().await;
-    let mut entity_id = 0;
-    while entity_id == 0 {
-        match doomed.next_event().await.unwrap() {
-            Some(tickwire_client::Event::Response(r)) if r.id == 2 => {
-                assert_eq!(r.status(), Status::Ok, "{}", r.error);
-                entity_id = tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id;
-            }
-            Some(tickwire_client::Event::Closed { reason, message }) => {
-                panic!("closed: {reason:?} {message}")
-            }
-            Some(_) => {}
-            None => doomed.flush().await,
-        }
-    }
+    let entity_id = bare_spawn(&mut doomed, 2, spawn).await;
     // It walks into slot 1's block, and its server vanishes without releasing it.
     let walked = EntityState { entity_id, position: v3([25.0, 0.0, 5.0]), ..EntityState::default() };
     let publish = tickwire_wire::proto::Publish { entities: vec![walked] };
@@ -659,6 +631,26 @@ async fn bare_server(gw: &RunningGateway, name: &str, slot: u32) -> tickwire_cli
     conn.send_request(1, "spatial.register", register.into()).unwrap();
     conn.flush().await;
     conn
+}
+
+/// Spawns on a bare connection as request `id`, and waits for the entity's id (the server's
+/// other messages are skipped).
+async fn bare_spawn(conn: &mut tickwire_client::Connection, id: u64, spawn: SpawnEntity) -> u64 {
+    conn.send_request(id, "spatial.spawn", spawn.encode_to_vec().into()).unwrap();
+    conn.flush().await;
+    loop {
+        match conn.next_event().await.unwrap() {
+            Some(tickwire_client::Event::Response(r)) if r.id == id => {
+                assert_eq!(r.status(), Status::Ok, "{}", r.error);
+                return tickwire_wire::proto::SpawnResult::decode(r.body).unwrap().entity_id;
+            }
+            Some(tickwire_client::Event::Closed { reason, message }) => {
+                panic!("closed: {reason:?} {message}")
+            }
+            Some(_) => {}
+            None => conn.flush().await,
+        }
+    }
 }
 
 /// A server sees its block (and border) as a view: a slot whose block is more cells than a
