@@ -15,6 +15,7 @@ mod flow;
 mod gateway;
 mod handshake;
 mod metrics;
+mod outbox;
 mod pass_times;
 mod rate_limit;
 mod registry;

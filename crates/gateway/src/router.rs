@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use prost::Message;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use tickwire_fanout::Version;
 use tickwire_session::SessionId;
 use tickwire_wire::proto::{EchoRequest, Envelope, Push, Request, Response, Status, envelope};
@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::auth::Role;
 use crate::flow::UpdateFlow;
+use crate::outbox::Signals;
 
 /// What a router is given when the gateway starts ([`Router::on_start`]). Made by the
 /// gateway only, so that a field can be added without breaking routers.
@@ -56,33 +57,14 @@ pub struct SessionHandle {
     /// From the credential: a player or a game server.
     pub(crate) role: Role,
     pub(crate) outbox: mpsc::Sender<Outgoing>,
-    /// Shared with the session's task: whether a push found the outbox full, and how many
-    /// answers it is owed.
+    /// Shared with the session's task: whether a push found the outbox full, how many answers
+    /// it is owed, and the bytes of messages queued (`outbox.rs`).
     pub(crate) signals: Arc<Signals>,
     /// Channel updates in flight to this session.
     pub(crate) flow: Arc<UpdateFlow>,
     /// The I/O thread the session's task runs on (`tickwire_transport::wake_batch::io_thread`),
     /// if any: work for the session can be done there.
     pub(crate) io: Option<usize>,
-}
-
-/// What a session's handle and its task share.
-#[derive(Debug, Default)]
-pub(crate) struct Signals {
-    /// Set when a push finds the outbox full: the session ends as a slow consumer. The session
-    /// task checks it after every step; a full outbox always has a message to wake the task.
-    pub slow: AtomicBool,
-    /// Answers to the session's requests not yet taken from its outbox by its task: places
-    /// held by [`Reply`]s, and answers queued.
-    pub answers_owed: AtomicUsize,
-}
-
-/// The most answers a session is owed before it hands on no more of its client's requests
-/// ([`SessionHandle::reply`]): a 32nd of the outbox, from 1 to 16 (8 by default). Within the
-/// 16 places the spatial world leaves beside a view's `UNSUBSCRIBED` events
-/// (`spatial::max_view_cells`), so those always fit.
-pub(crate) fn max_answers_owed(outbox_capacity: usize) -> usize {
-    (outbox_capacity / 32).clamp(1, 16)
 }
 
 /// A push could not be queued.
@@ -110,7 +92,7 @@ impl SessionHandle {
             player_id: format!("conn-{conn_id}").into(),
             role,
             outbox,
-            signals: Arc::default(),
+            signals: Arc::new(Signals::new(crate::outbox::max_bytes(config))),
             flow: Arc::new(UpdateFlow::for_config(config)),
             io: None,
         };
@@ -137,14 +119,14 @@ impl SessionHandle {
     /// request to another task (a channel's actor, the spatial world) and answers it from
     /// there. The place is held until [`Reply::send`], so the answer never finds the outbox
     /// full, however fast that task answers a burst. The session hands on no more requests
-    /// while it is owed [`max_answers_owed`] answers (it leaves the client's later frames
+    /// while it is owed [`max_answers_owed`](crate::outbox::max_answers_owed) answers (it leaves the client's later frames
     /// unread). `Err` is the answer to give at once when the outbox has no place:
     /// `UNAVAILABLE`, to retry.
     pub fn reply(&self, id: u64) -> Result<Reply, Response> {
         match self.outbox.clone().try_reserve_owned() {
             Ok(place) => {
                 self.signals.answers_owed.fetch_add(1, Ordering::Relaxed);
-                Ok(Reply { id, place: Some(place) })
+                Ok(Reply { id, place: Some(place), signals: self.signals.clone() })
             }
             Err(mpsc::error::TrySendError::Full(_)) => Err(error_response(
                 id,
@@ -218,15 +200,27 @@ impl SessionHandle {
         self.try_send(Outgoing::Message(encode_message(&envelope)), full_is_slow)
     }
 
+    /// Queues `item`; a message (not an update) only within the outbox's byte budget too.
     fn try_send(&self, item: Outgoing, full_is_slow: bool) -> Result<(), PushError> {
-        self.outbox.try_send(item).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => {
-                if full_is_slow {
-                    self.signals.slow.store(true, Ordering::Relaxed);
-                }
-                PushError::Full
+        let bytes = match &item {
+            Outgoing::Message(message) => message.len(),
+            _ => 0,
+        };
+        let full = || {
+            if full_is_slow {
+                self.signals.slow.store(true, Ordering::Relaxed);
             }
-            mpsc::error::TrySendError::Closed(_) => PushError::Closed,
+            PushError::Full
+        };
+        if bytes > 0 && !self.signals.take_bytes(bytes) {
+            return Err(full());
+        }
+        self.outbox.try_send(item).map_err(|e| {
+            self.signals.taken(bytes);
+            match e {
+                mpsc::error::TrySendError::Full(_) => full(),
+                mpsc::error::TrySendError::Closed(_) => PushError::Closed,
+            }
         })
     }
 
@@ -245,7 +239,7 @@ impl SessionHandle {
     /// otherwise, with no consequence for the session: the sender is told to retry. So clients
     /// sending faster than a server reads never make that server a slow consumer.
     pub(crate) fn relay(&self) -> Result<Relay<'_>, PushError> {
-        self.place_leaving(self.outbox.max_capacity() / 4)
+        self.place_leaving(4)
     }
 
     /// A place in the outbox for a message the gateway itself sends in bursts it can spread
@@ -255,18 +249,20 @@ impl SessionHandle {
     /// slow consumer by its own burst, and its handovers go before what clients relay (which
     /// stops at a quarter free: [`SessionHandle::relay`]), never starved by them.
     pub(crate) fn paced(&self) -> Result<Relay<'_>, PushError> {
-        self.place_leaving(self.outbox.max_capacity() / 8)
+        self.place_leaving(8)
     }
 
-    /// A place in the outbox if more than `keep` places are free.
-    fn place_leaving(&self, keep: usize) -> Result<Relay<'_>, PushError> {
+    /// A place in the outbox if more than a `1 / share`th of its places and of its byte budget
+    /// are free.
+    fn place_leaving(&self, share: usize) -> Result<Relay<'_>, PushError> {
         if self.outbox.is_closed() {
             return Err(PushError::Closed);
         }
-        if self.outbox.capacity() <= keep {
+        if self.outbox.capacity() <= self.outbox.max_capacity() / share || !self.signals.has_room(share) {
             return Err(PushError::Full);
         }
-        self.outbox.try_reserve().map(Relay).map_err(|e| match e {
+        let signals = &self.signals;
+        self.outbox.try_reserve().map(|place| Relay(place, signals)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(()) => PushError::Full,
             mpsc::error::TrySendError::Closed(()) => PushError::Closed,
         })
@@ -280,6 +276,7 @@ impl SessionHandle {
 pub struct Reply {
     id: u64,
     place: Option<mpsc::OwnedPermit<Outgoing>>,
+    signals: Arc<Signals>,
 }
 
 impl Reply {
@@ -293,7 +290,10 @@ impl Reply {
         debug_assert_eq!(response.id, self.id, "an answer to another request");
         if let Some(place) = self.place.take() {
             let envelope = Envelope { kind: Some(envelope::Kind::Response(response)) };
-            place.send(Outgoing::Answer(encode_message(&envelope)));
+            let answer = encode_message(&envelope);
+            // Counted whatever the budget: its place was held since the request.
+            self.signals.add_bytes(answer.len());
+            place.send(Outgoing::Answer(answer));
         }
     }
 }
@@ -307,14 +307,17 @@ impl Drop for Reply {
     }
 }
 
-/// A place held in a session's outbox ([`SessionHandle::relay`]).
-pub(crate) struct Relay<'a>(mpsc::Permit<'a, Outgoing>);
+/// A place held in a session's outbox ([`SessionHandle::relay`]), and the session's signals
+/// to count its bytes in.
+pub(crate) struct Relay<'a>(mpsc::Permit<'a, Outgoing>, &'a Signals);
 
 impl Relay<'_> {
     /// Queues a push in the place held.
     pub fn push(self, topic: &str, body: Bytes) {
         let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
-        self.0.send(Outgoing::Message(encode_message(&envelope)));
+        let message = encode_message(&envelope);
+        self.1.add_bytes(message.len());
+        self.0.send(Outgoing::Message(message));
     }
 }
 

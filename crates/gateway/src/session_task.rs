@@ -22,6 +22,7 @@ use crate::admission::{Open, SessionPlace};
 use crate::auth::Role;
 use crate::close::send_close;
 use crate::flow::UpdateFlow;
+use crate::outbox::Signals;
 use crate::rate_limit::TokenBucket;
 use crate::registry::Takeover;
 use crate::router::{Outgoing, SessionHandle};
@@ -32,7 +33,6 @@ mod backlog;
 mod inbound;
 mod outbound;
 use backlog::Backlog;
-use outbound::took;
 
 /// Why the session ended; sent to the client when a connection is attached.
 #[derive(Debug)]
@@ -129,7 +129,7 @@ impl SessionTask {
                 player_id: player_id.into(),
                 role,
                 outbox: outbox_tx,
-                signals: Arc::default(),
+                signals: Arc::new(Signals::new(crate::outbox::max_bytes(&shared.config))),
                 flow: Arc::new(UpdateFlow::for_config(&shared.config)),
                 io: tickwire_transport::wake_batch::io_thread(),
             },
@@ -259,10 +259,13 @@ impl SessionTask {
                 return end;
             }
             if self.handle.signals.slow.load(Ordering::Relaxed) {
-                let queued = self.shared.config.limits.outbox_capacity;
+                let (places, bytes) = (
+                    self.shared.config.limits.outbox_capacity,
+                    crate::outbox::max_bytes(&self.shared.config),
+                );
                 return End::new(
                     CloseReason::SlowConsumer,
-                    format!("more than {queued} messages queued for this session"),
+                    format!("this session's outbox is full ({places} messages, or {bytes} bytes of them)"),
                 );
             }
             // Deadlines only move later with traffic, so the timer is not re-armed per message.
@@ -351,7 +354,7 @@ impl SessionTask {
         let mut queued = Vec::new();
         let waiting = self.backlog.take_waiting();
         let signals = self.handle.signals.clone();
-        let outbox = std::iter::from_fn(|| self.outbox.try_recv().ok()).map(|item| took(&signals, item));
+        let outbox = std::iter::from_fn(|| self.outbox.try_recv().ok()).map(|item| signals.took(item));
         for item in waiting.into_iter().chain(outbox) {
             if let Outgoing::Message(message) = item {
                 queued.push(message);

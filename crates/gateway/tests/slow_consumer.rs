@@ -71,6 +71,18 @@ struct Flooder {
 
 impl Router for Flooder {
     fn on_request(&self, session: &SessionHandle, request: Request) -> Option<Response> {
+        if request.method == "flood-bytes" {
+            // 40 messages of 100 KiB: far fewer than the outbox's places, twice its bytes.
+            let refused = (0..40)
+                .filter(|_| session.push("flood", Bytes::from(vec![7u8; 100 << 10])) == Err(PushError::Full))
+                .count();
+            assert!(refused > 0, "an outbox of 2 MiB cannot take 4 MiB");
+            return None;
+        }
+        if request.method == "trickle" {
+            let _ = session.push("trickle", Bytes::from(vec![7u8; 100 << 10]));
+            return None;
+        }
         if request.method == "flood" {
             let mut refused = 0;
             for _ in 0..100 {
@@ -107,6 +119,58 @@ async fn a_full_outbox_closes_only_that_session() {
     };
     assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
     assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+}
+
+/// The outbox is bounded in bytes too (twice the larger of the resend buffer and the largest
+/// frame: 2 MiB by default), not only in places: pushes of 4 MiB at once close the session as
+/// a slow consumer though they take 40 of its 256 places. The other sessions carry on.
+#[tokio::test]
+async fn an_outbox_full_in_bytes_closes_only_that_session() {
+    let config =
+        GatewayConfig::load(None, &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into()]).unwrap();
+    assert_eq!(config.limits.outbox_capacity, 256, "the places are the default's");
+    let gw = Gateway::new(config).unwrap().with_router(Arc::new(Flooder { echo: EchoRouter::new(1024) }));
+    let gw = gw.start().await.unwrap();
+    let mut healthy = common::connect(&gw).await;
+    let mut victim = common::connect(&gw).await;
+    victim.send_request(1, "flood-bytes", Bytes::new()).unwrap();
+    victim.flush().await;
+    let closed = loop {
+        match victim.next_event().await.unwrap() {
+            Some(Event::Closed { reason, message }) => break (reason, message),
+            Some(Event::Push(_)) | None => victim.flush().await,
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
+    assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+}
+
+/// What waits for a client that acknowledges nothing is bounded in bytes too: one that asks for
+/// one 100 KiB push at a time is closed once its 1 MiB resend buffer is full and about 2 MiB
+/// wait in its outbox, not after 256 of them (25 MiB).
+#[tokio::test]
+async fn what_waits_for_a_client_that_does_not_acknowledge_is_bounded_in_bytes() {
+    use tickwire_wire::proto::{Envelope, envelope};
+    let config =
+        GatewayConfig::load(None, &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into()]).unwrap();
+    let gw = Gateway::new(config).unwrap().with_router(Arc::new(Flooder { echo: EchoRouter::new(1024) }));
+    let gw = gw.start().await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(gw.tcp_addrs()[0]).await.unwrap();
+    let mut bytes = common::hello_frame("hoarder");
+    for seq in 1..=60u64 {
+        let request = Request { id: seq, method: "trickle".into(), body: Bytes::new() };
+        let payload =
+            tickwire_wire::encode_message(&Envelope { kind: Some(envelope::Kind::Request(request)) });
+        let mut frame = bytes::BytesMut::new();
+        tickwire_wire::Frame::Data { seq, ack: 0, payload: payload.into() }.encode(&mut frame);
+        bytes.extend_from_slice(&frame);
+    }
+    stream.write_all(&bytes).await.unwrap();
+    let close = common::read_close(&mut stream).await;
+    assert_eq!(common::reason(&close), Some(CloseReason::SlowConsumer), "{close:?}");
+    let message = close.unwrap().message;
+    assert!(message.contains("outbox is full (256 messages, or 2097152 bytes"), "{message}");
 }
 
 /// Answers every request with `REPLY` bytes, and counts the requests it was given.

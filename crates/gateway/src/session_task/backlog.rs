@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use super::outbound::outgoing_len;
 use crate::router::Outgoing;
 
 /// What waits, in one allocation made only once something does, so that a session that never
@@ -37,6 +38,8 @@ struct Queues {
     /// client's request that did not (`parked` holds the requests after it), and after a
     /// resume the messages that were queued: at most `outbox_capacity`.
     waiting: VecDeque<Outgoing>,
+    /// The bytes `waiting` holds (`outbound::outgoing_len` of each).
+    waiting_bytes: usize,
     /// A reply to the client went into `waiting` and may still be there: the client's
     /// messages wait in `parked` until `waiting` is empty.
     reply_waits: bool,
@@ -80,8 +83,15 @@ impl Backlog {
         self.0.as_ref().map_or(0, |q| q.waiting.len())
     }
 
+    /// The bytes of what waits to be sent.
+    pub fn waiting_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.waiting_bytes)
+    }
+
     pub fn push_waiting(&mut self, item: Outgoing) {
-        self.queues().waiting.push_back(item);
+        let q = self.queues();
+        q.waiting_bytes += outgoing_len(&item);
+        q.waiting.push_back(item);
     }
 
     pub fn front_waiting(&self) -> Option<&Outgoing> {
@@ -89,7 +99,11 @@ impl Backlog {
     }
 
     pub fn pop_waiting(&mut self) -> Option<Outgoing> {
-        let item = self.0.as_mut()?.waiting.pop_front();
+        let q = self.0.as_mut()?;
+        let item = q.waiting.pop_front();
+        if let Some(item) = &item {
+            q.waiting_bytes -= outgoing_len(item);
+        }
         self.tidy();
         item
     }
@@ -97,7 +111,14 @@ impl Backlog {
     /// Everything waiting to be sent, in order, leaving none (the client's parked messages
     /// stay).
     pub fn take_waiting(&mut self) -> VecDeque<Outgoing> {
-        let taken = self.0.as_mut().map(|q| std::mem::take(&mut q.waiting)).unwrap_or_default();
+        let taken = self
+            .0
+            .as_mut()
+            .map(|q| {
+                q.waiting_bytes = 0;
+                std::mem::take(&mut q.waiting)
+            })
+            .unwrap_or_default();
         self.tidy();
         taken
     }

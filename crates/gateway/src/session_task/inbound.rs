@@ -11,7 +11,8 @@ use tickwire_wire::{decode_envelope, encode_message};
 
 use super::{End, SessionTask};
 use crate::auth::Role;
-use crate::router::{Outgoing, max_answers_owed};
+use crate::outbox::max_answers_owed;
+use crate::router::Outgoing;
 
 impl SessionTask {
     pub(super) fn dispatch(&mut self, now: Instant, payload: Bytes) -> Result<(), End> {

@@ -2,36 +2,23 @@
 //! buffer has room and nothing waits before them, else waiting in order (the backlog), with
 //! the channel updates among them told to the update window.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tickwire_wire::proto::CloseReason;
 use tickwire_wire::{Frame, Payload};
 
 use super::{End, SessionTask};
-use crate::router::{Outgoing, Signals};
+use crate::router::Outgoing;
 use crate::stats::Stats;
 
 /// Outbox messages written per wake-up before the task checks its other inputs again.
 const OUTBOX_BATCH: usize = 64;
 
 /// The payload length `item` takes in the session's resend buffer.
-fn outgoing_len(item: &Outgoing) -> usize {
+pub(super) fn outgoing_len(item: &Outgoing) -> usize {
     match item {
         Outgoing::Message(message) | Outgoing::Answer(message) | Outgoing::Update(message) => message.len(),
         Outgoing::UpdateParts(update) => update.encoded_len(),
-    }
-}
-
-/// `item`, just taken from the outbox: an answer is counted off those the session is owed
-/// (and is a message from then on).
-pub(super) fn took(signals: &Signals, item: Outgoing) -> Outgoing {
-    match item {
-        Outgoing::Answer(message) => {
-            signals.answers_owed.fetch_sub(1, Ordering::Relaxed);
-            Outgoing::Message(message)
-        }
-        item => item,
     }
 }
 
@@ -68,7 +55,7 @@ impl SessionTask {
                 break;
             }
             let Some(next) = item.take().or_else(|| self.outbox.try_recv().ok()) else { break };
-            self.put(now, took(&self.handle.signals, next), &mut updates)?;
+            self.put(now, self.handle.signals.took(next), &mut updates)?;
         }
         self.updates_sent(updates);
         if self.resumes_input() {
@@ -90,6 +77,14 @@ impl SessionTask {
                 return Err(End::new(
                     CloseReason::SlowConsumer,
                     format!("more than {} messages waiting for acknowledgements", self.backlog.waiting_len()),
+                ));
+            }
+            // In bytes too, as the outbox is (`outbox.rs`): one message alone always waits.
+            let bytes = self.backlog.waiting_bytes() + outgoing_len(&item);
+            if !self.backlog.waiting_is_empty() && bytes > crate::outbox::max_bytes(&self.shared.config) {
+                return Err(End::new(
+                    CloseReason::SlowConsumer,
+                    format!("more than {bytes} bytes waiting for acknowledgements"),
                 ));
             }
             self.backlog.push_waiting(item);

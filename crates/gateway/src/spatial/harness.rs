@@ -109,6 +109,7 @@ impl Sink {
         let flow = self.handle.flow.clone();
         let mut window = flow.lock();
         while let Ok(item) = self.outbox.try_recv() {
+            let item = self.handle.signals.took(item);
             self.seq += 1;
             messages += 1;
             let message = match item {

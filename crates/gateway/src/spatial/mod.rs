@@ -189,7 +189,7 @@ enum Op {
 /// The most cells an area may touch with an outbox of `outbox_capacity` messages: leaving every
 /// cell at once queues one UNSUBSCRIBED event per cell in the session's outbox, and 16 places
 /// (or half the outbox, if that is more) stay for whatever else waits there, the answers the
-/// session may be owed among them (`router::max_answers_owed`): 240 by default, enough for a
+/// session may be owed among them (`outbox::max_answers_owed`): 240 by default, enough for a
 /// view of the report's whole 15 x 15 world.
 fn max_view_cells(outbox_capacity: usize) -> usize {
     outbox_capacity.saturating_sub(16).max(outbox_capacity / 2).max(1)
@@ -527,7 +527,7 @@ mod tests {
     #[test]
     fn a_views_events_and_the_answers_owed_fit_the_outbox() {
         for outbox in 2..=(1 << 20) {
-            let both = max_view_cells(outbox) + crate::router::max_answers_owed(outbox);
+            let both = max_view_cells(outbox) + crate::outbox::max_answers_owed(outbox);
             assert!(both <= outbox, "outbox {outbox}: {both}");
         }
     }
