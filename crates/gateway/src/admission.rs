@@ -7,12 +7,19 @@
 //! its link in a loop cannot pile up sessions (each waits `session.resume_window` for a
 //! resume, holding its memory and its subscriptions). An address is a
 //! [`ClientAddress`]: an IPv6 client counts with its whole block (`limits.ipv6_prefix`, a /64
-//! by default). Counting only: nothing here reads a clock or touches a socket.
+//! by default). When every place for a connection waiting for its Hello is taken, a new one
+//! (from an address under its own caps) takes the place of the one that has waited longest,
+//! which is told to go ([`Pending::evicted`]): a client that logs in needs a round trip or two,
+//! a socket held open silently waits until its auth timeout, so under a flood of silent
+//! sockets the ones that go are theirs, and clients still get in. Counting only: nothing here
+//! reads a clock or touches a socket.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use tickwire_transport::{AddressCounts, ClientAddress};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::LimitsConfig;
 
@@ -33,7 +40,13 @@ pub(crate) enum Refused {
 
 #[derive(Debug, Default)]
 struct Counts {
+    /// Connections waiting for their Hello, those told to go included until they have.
     total: usize,
+    /// Those not told to go, oldest first (by admission number), each with what tells it.
+    waiting: BTreeMap<u64, CancellationToken>,
+    /// Those told to go that have not yet.
+    evicted: usize,
+    next: u64,
     per_ip: AddressCounts,
     /// Open connections per address, logged in or not.
     open: AddressCounts,
@@ -76,6 +89,17 @@ pub(crate) struct SessionPlace {
 pub(crate) struct Pending {
     admission: Arc<Admission>,
     ip: ClientAddress,
+    /// Its admission number, and what tells it to go.
+    number: u64,
+    evict: CancellationToken,
+}
+
+impl Pending {
+    /// Completes when a newer connection has taken this one's place (the budget was full and
+    /// this one had waited longest): its handshake should end.
+    pub(crate) fn evicted(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.evict.clone().cancelled_owned()
+    }
 }
 
 impl Admission {
@@ -100,9 +124,6 @@ impl Admission {
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(Pending, Open), Refused> {
         let ip = ClientAddress::of(ip, self.ipv6_prefix);
         let mut counts = self.counts();
-        if counts.total >= self.max_total {
-            return Err(Refused::Total(counts.total));
-        }
         let from_ip = counts.per_ip.get(&ip);
         if from_ip >= self.max_per_ip {
             return Err(Refused::PerIp(ip, from_ip));
@@ -111,10 +132,24 @@ impl Admission {
         if open >= self.max_open_per_ip {
             return Err(Refused::Open(ip, open));
         }
+        if counts.total - counts.evicted >= self.max_total {
+            // The longest waiting goes; it is still counted until it has gone, so the budget
+            // is passed by at most the connections told to go and not gone yet.
+            let Some((_, oldest)) = counts.waiting.pop_first() else {
+                return Err(Refused::Total(counts.total));
+            };
+            oldest.cancel();
+            counts.evicted += 1;
+        }
         counts.per_ip.add(ip);
         counts.open.add(ip);
         counts.total += 1;
-        Ok((Pending { admission: self.clone(), ip }, Open { admission: self.clone(), ip }))
+        let number = counts.next;
+        counts.next += 1;
+        let evict = CancellationToken::new();
+        counts.waiting.insert(number, evict.clone());
+        let pending = Pending { admission: self.clone(), ip, number, evict };
+        Ok((pending, Open { admission: self.clone(), ip }))
     }
 
     /// Takes a place among `ip`'s open connections only: for a connection another worker
@@ -175,6 +210,9 @@ impl Drop for Pending {
         let mut counts = self.admission.counts();
         counts.total -= 1;
         counts.per_ip.remove(&self.ip);
+        if counts.waiting.remove(&self.number).is_none() {
+            counts.evicted -= 1;
+        }
     }
 }
 
@@ -210,6 +248,11 @@ mod tests {
         ClientAddress::of(ip(last), 64)
     }
 
+    /// Whether `pending` has been told to go.
+    fn is_evicted(pending: &Pending) -> bool {
+        pending.evict.is_cancelled()
+    }
+
     #[test]
     fn budgets_hold_per_address_and_in_all_and_free_on_drop() {
         let a = budgets(3, 2, 100, 64);
@@ -217,11 +260,35 @@ mod tests {
         let _second = a.admit(ip(1)).unwrap();
         assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2));
         let _other = a.admit(ip(2)).unwrap();
-        assert_eq!(a.admit(ip(3)).unwrap_err(), Refused::Total(3));
         drop(first);
         assert_eq!(a.pending(), 2);
         let _again = a.admit(ip(1)).unwrap();
-        assert!(a.admit(ip(3)).is_err(), "full again");
+        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2), "its own cap first");
+    }
+
+    /// With every place taken, a new connection takes the place of the one that has waited
+    /// longest, which is told to go; the told are counted until they have gone.
+    #[test]
+    fn a_full_budget_tells_the_longest_waiting_to_go() {
+        let a = budgets(3, 3, 100, 64);
+        let (oldest, _) = a.admit(ip(1)).unwrap();
+        let (middle, _) = a.admit(ip(2)).unwrap();
+        let (newest, _) = a.admit(ip(2)).unwrap();
+        let (fourth, _) = a.admit(ip(3)).unwrap();
+        assert!(is_evicted(&oldest) && !is_evicted(&middle) && !is_evicted(&newest) && !is_evicted(&fourth));
+        assert_eq!(a.pending(), 4, "the one told is counted until it has gone");
+        let (fifth, _) = a.admit(ip(4)).unwrap();
+        assert!(is_evicted(&middle) && !is_evicted(&newest), "then the next oldest");
+        drop(oldest);
+        drop(middle);
+        assert_eq!(a.pending(), 3);
+        assert_eq!(a.counts().evicted, 0);
+        let (sixth, _) = a.admit(ip(5)).unwrap();
+        assert!(is_evicted(&newest) && !is_evicted(&fourth) && !is_evicted(&fifth) && !is_evicted(&sixth));
+        drop(newest);
+        drop((fourth, fifth, sixth));
+        let counts = a.counts();
+        assert_eq!((counts.total, counts.waiting.len(), counts.evicted), (0, 0, 0));
     }
 
     #[test]

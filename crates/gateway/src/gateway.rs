@@ -304,19 +304,22 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
         };
         let task_shared = shared.clone();
         shared.tracker.spawn(async move {
-            // Holds this connection's place in the pre-login budget until the handshake ends.
+            // Holds this connection's place in the pre-login budget until the handshake ends,
+            // or until a newer connection takes it (`admission.rs`).
+            let evicted = pending.evicted();
             let _pending = pending;
+            tokio::pin!(evicted);
             // One auth timeout from accept to Hello, TLS handshake and WebSocket upgrade
             // included.
             let deadline = tokio::time::Instant::now() + task_shared.config.limits.auth_timeout;
-            let Some(conn) =
-                tokio::time::timeout_at(deadline, open(&task_shared, stream, ws)).await.ok().flatten()
-            else {
-                return;
+            let opened = tokio::select! {
+                () = &mut evicted => None,
+                opened = tokio::time::timeout_at(deadline, open(&task_shared, stream, ws)) => opened.ok().flatten(),
             };
+            let Some(conn) = opened else { return };
             tokio::select! {
                 () = task_shared.cancel.cancelled() => {}
-                () = handshake(task_shared.clone(), conn, open_slot, deadline) => {}
+                () = handshake(task_shared.clone(), conn, open_slot, deadline, evicted) => {}
             }
         });
     }
@@ -444,7 +447,7 @@ async fn handoff_loop(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
             };
             tokio::select! {
                 () = task_shared.cancel.cancelled() => {}
-                () = handshake_with(task_shared.clone(), Conn::Tcp(stream), open, buf, deadline) => {}
+                () = handshake_with(task_shared.clone(), Conn::Tcp(stream), open, buf, deadline, std::future::pending()) => {}
             }
         });
     }

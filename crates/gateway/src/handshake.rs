@@ -77,8 +77,16 @@ async fn reject(shared: &Shared, mut conn: Conn, reason: CloseReason, message: S
 /// Runs the handshake on a freshly accepted connection; the Hello must arrive by `deadline`
 /// (set at accept, so a WebSocket upgrade and the Hello share one auth timeout).
 /// `open` is the connection's place in its address's budget: it goes with the connection.
-pub(crate) async fn handshake(shared: Arc<Shared>, conn: Conn, open: Open, deadline: tokio::time::Instant) {
-    handshake_with(shared, conn, open, BytesMut::new(), deadline).await;
+/// `evicted` completes if a newer connection takes this one's place in the pre-login budget
+/// before its Hello arrives.
+pub(crate) async fn handshake(
+    shared: Arc<Shared>,
+    conn: Conn,
+    open: Open,
+    deadline: tokio::time::Instant,
+    evicted: impl Future<Output = ()>,
+) {
+    handshake_with(shared, conn, open, BytesMut::new(), deadline, evicted).await;
 }
 
 /// Runs the handshake on a connection of which `buf` was already read (a handoff from another
@@ -89,10 +97,19 @@ pub(crate) async fn handshake_with(
     open: Open,
     mut buf: BytesMut,
     deadline: tokio::time::Instant,
+    evicted: impl Future<Output = ()>,
 ) {
     let limit = shared.config.limits.auth_timeout;
     let pre_login = FrameDecoder::new(MAX_HELLO_FRAME_BYTES.min(shared.decoder.max_frame_bytes()));
-    let hello = match tokio::time::timeout_at(deadline, read_hello(&mut conn, &mut buf, &pre_login)).await {
+    let read = tokio::select! {
+        read = tokio::time::timeout_at(deadline, read_hello(&mut conn, &mut buf, &pre_login)) => read,
+        () = evicted => {
+            let msg = "every place for a connection waiting to log in is taken, and this one had waited \
+                       longest (limits.max_pending_handshakes)";
+            return reject(&shared, conn, CloseReason::Overloaded, msg.to_owned()).await;
+        }
+    };
+    let hello = match read {
         Err(_) => {
             let msg = format!("no Hello within {} ms", limit.as_millis());
             return reject(&shared, conn, CloseReason::AuthTimeout, msg).await;
