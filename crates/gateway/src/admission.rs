@@ -8,15 +8,18 @@
 //! resume, holding its memory and its subscriptions). An address is a
 //! [`ClientAddress`]: an IPv6 client counts with its whole block (`limits.ipv6_prefix`, a /64
 //! by default). When every place for a connection waiting for its Hello is taken, a new one
-//! (from an address under its own caps) takes the place of the one that has waited longest,
-//! which is told to go ([`Pending::evicted`]): a client that logs in needs a round trip or two,
-//! a socket held open silently waits until its auth timeout, so under a flood of silent
-//! sockets the ones that go are theirs, and clients still get in. Counting only: nothing here
-//! reads a clock or touches a socket.
+//! (from an address under its own caps) takes the place of the one that has waited longest, if
+//! that one has waited a quarter of the auth timeout, which is told to go
+//! ([`Pending::evicted`]): a client that logs in needs a round trip or two, a socket held open
+//! silently waits until its auth timeout, so under a flood of silent sockets the ones that go
+//! are theirs, and clients still get in; under a storm of clients that all log in, the newest
+//! are refused, as they were before, rather than every handshake cut short by the next.
+//! Counting only: the caller gives the time, and nothing here touches a socket.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tickwire_transport::{AddressCounts, ClientAddress};
 use tokio_util::sync::CancellationToken;
@@ -42,8 +45,9 @@ pub(crate) enum Refused {
 struct Counts {
     /// Connections waiting for their Hello, those told to go included until they have.
     total: usize,
-    /// Those not told to go, oldest first (by admission number), each with what tells it.
-    waiting: BTreeMap<u64, CancellationToken>,
+    /// Those not told to go, oldest first (by admission number), each with when it came and
+    /// what tells it to go.
+    waiting: BTreeMap<u64, (Instant, CancellationToken)>,
     /// Those told to go that have not yet.
     evicted: usize,
     next: u64,
@@ -63,6 +67,8 @@ pub(crate) struct Admission {
     max_open_per_ip: usize,
     max_sessions: usize,
     max_sessions_per_ip: usize,
+    /// How long a connection waits for its Hello before a newer one may take its place.
+    evictable_after: Duration,
     /// What one address is for an IPv6 client: its first this many bits.
     ipv6_prefix: u8,
     counts: Mutex<Counts>,
@@ -110,6 +116,7 @@ impl Admission {
             max_open_per_ip: limits.max_connections_per_ip,
             max_sessions: limits.max_sessions,
             max_sessions_per_ip: limits.max_sessions_per_ip,
+            evictable_after: limits.auth_timeout / 4,
             ipv6_prefix: limits.ipv6_prefix,
             counts: Mutex::new(Counts::default()),
         })
@@ -121,7 +128,7 @@ impl Admission {
 
     /// Takes a place for a new connection from `ip` (among those waiting to log in, and among
     /// its address's open ones), or says why there is none.
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<(Pending, Open), Refused> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr, now: Instant) -> Result<(Pending, Open), Refused> {
         let ip = ClientAddress::of(ip, self.ipv6_prefix);
         let mut counts = self.counts();
         let from_ip = counts.per_ip.get(&ip);
@@ -133,12 +140,18 @@ impl Admission {
             return Err(Refused::Open(ip, open));
         }
         if counts.total - counts.evicted >= self.max_total {
-            // The longest waiting goes; it is still counted until it has gone, so the budget
-            // is passed by at most the connections told to go and not gone yet.
-            let Some((_, oldest)) = counts.waiting.pop_first() else {
+            // The longest waiting goes, if it has waited long enough; it is still counted
+            // until it has gone, so the budget is passed by at most the connections told to go
+            // and not gone yet.
+            let waited = |(&number, (since, _)): (&u64, &(Instant, CancellationToken))| {
+                (now.saturating_duration_since(*since) >= self.evictable_after).then_some(number)
+            };
+            let Some(oldest) = counts.waiting.first_key_value().and_then(waited) else {
                 return Err(Refused::Total(counts.total));
             };
-            oldest.cancel();
+            if let Some((_, evict)) = counts.waiting.remove(&oldest) {
+                evict.cancel();
+            }
             counts.evicted += 1;
         }
         counts.per_ip.add(ip);
@@ -147,7 +160,7 @@ impl Admission {
         let number = counts.next;
         counts.next += 1;
         let evict = CancellationToken::new();
-        counts.waiting.insert(number, evict.clone());
+        counts.waiting.insert(number, (now, evict.clone()));
         let pending = Pending { admission: self.clone(), ip, number, evict };
         Ok((pending, Open { admission: self.clone(), ip }))
     }
@@ -226,6 +239,12 @@ impl Drop for Open {
 mod tests {
     use super::*;
 
+    /// The instant the tests admit at, unless they say otherwise.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([127, 0, 0, last])
     }
@@ -256,34 +275,37 @@ mod tests {
     #[test]
     fn budgets_hold_per_address_and_in_all_and_free_on_drop() {
         let a = budgets(3, 2, 100, 64);
-        let first = a.admit(ip(1)).unwrap();
-        let _second = a.admit(ip(1)).unwrap();
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2));
-        let _other = a.admit(ip(2)).unwrap();
+        let first = a.admit(ip(1), t0()).unwrap();
+        let _second = a.admit(ip(1), t0()).unwrap();
+        assert_eq!(a.admit(ip(1), t0()).unwrap_err(), Refused::PerIp(key(1), 2));
+        let _other = a.admit(ip(2), t0()).unwrap();
         drop(first);
         assert_eq!(a.pending(), 2);
-        let _again = a.admit(ip(1)).unwrap();
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::PerIp(key(1), 2), "its own cap first");
+        let _again = a.admit(ip(1), t0()).unwrap();
+        assert_eq!(a.admit(ip(1), t0()).unwrap_err(), Refused::PerIp(key(1), 2), "its own cap first");
     }
 
     /// With every place taken, a new connection takes the place of the one that has waited
-    /// longest, which is told to go; the told are counted until they have gone.
+    /// longest if it has waited a quarter of the auth timeout (5 s by default), which is told
+    /// to go; the told are counted until they have gone. Sooner, the newcomer is refused.
     #[test]
     fn a_full_budget_tells_the_longest_waiting_to_go() {
         let a = budgets(3, 3, 100, 64);
-        let (oldest, _) = a.admit(ip(1)).unwrap();
-        let (middle, _) = a.admit(ip(2)).unwrap();
-        let (newest, _) = a.admit(ip(2)).unwrap();
-        let (fourth, _) = a.admit(ip(3)).unwrap();
+        let later = |ms: u64| t0() + Duration::from_millis(ms);
+        let (oldest, _) = a.admit(ip(1), t0()).unwrap();
+        let (middle, _) = a.admit(ip(2), later(100)).unwrap();
+        let (newest, _) = a.admit(ip(2), later(200)).unwrap();
+        assert_eq!(a.admit(ip(3), later(1_000)).unwrap_err(), Refused::Total(3), "none has waited 1.25 s");
+        let (fourth, _) = a.admit(ip(3), later(1_250)).unwrap();
         assert!(is_evicted(&oldest) && !is_evicted(&middle) && !is_evicted(&newest) && !is_evicted(&fourth));
         assert_eq!(a.pending(), 4, "the one told is counted until it has gone");
-        let (fifth, _) = a.admit(ip(4)).unwrap();
+        let (fifth, _) = a.admit(ip(4), later(1_400)).unwrap();
         assert!(is_evicted(&middle) && !is_evicted(&newest), "then the next oldest");
         drop(oldest);
         drop(middle);
         assert_eq!(a.pending(), 3);
         assert_eq!(a.counts().evicted, 0);
-        let (sixth, _) = a.admit(ip(5)).unwrap();
+        let (sixth, _) = a.admit(ip(5), later(1_500)).unwrap();
         assert!(is_evicted(&newest) && !is_evicted(&fourth) && !is_evicted(&fifth) && !is_evicted(&sixth));
         drop(newest);
         drop((fourth, fifth, sixth));
@@ -294,26 +316,26 @@ mod tests {
     #[test]
     fn an_address_with_nothing_pending_is_forgotten() {
         let a = budgets(10, 10, 10, 64);
-        drop(a.admit(ip(9)).unwrap());
+        drop(a.admit(ip(9), t0()).unwrap());
         assert!(a.counts().per_ip.is_empty());
         assert!(a.counts().open.is_empty());
         assert_eq!(a.pending(), 0);
         // A refused address is not remembered either.
         let none = budgets(10, 0, 10, 64);
-        assert_eq!(none.admit(ip(9)).unwrap_err(), Refused::PerIp(key(9), 0));
+        assert_eq!(none.admit(ip(9), t0()).unwrap_err(), Refused::PerIp(key(9), 0));
         assert!(none.counts().per_ip.is_empty() && none.counts().open.is_empty());
     }
 
     #[test]
     fn open_connections_outlive_the_login_and_are_capped_per_address() {
         let a = budgets(10, 10, 2, 64);
-        let (pending, first) = a.admit(ip(1)).unwrap();
+        let (pending, first) = a.admit(ip(1), t0()).unwrap();
         drop(pending);
-        let (_, _second) = a.admit(ip(1)).unwrap();
+        let (_, _second) = a.admit(ip(1), t0()).unwrap();
         assert_eq!(a.open_from(ip(1)), 2, "logged in or not, both are open");
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refused::Open(key(1), 2));
+        assert_eq!(a.admit(ip(1), t0()).unwrap_err(), Refused::Open(key(1), 2));
         assert_eq!(a.open(ip(1)).unwrap_err(), Refused::Open(key(1), 2));
-        assert!(a.admit(ip(2)).is_ok(), "another address has its own budget");
+        assert!(a.admit(ip(2), t0()).is_ok(), "another address has its own budget");
         drop(first);
         let _handed = a.open(ip(1)).unwrap();
         assert_eq!(a.open_from(ip(1)), 2);
@@ -323,20 +345,20 @@ mod tests {
     fn an_ipv6_client_counts_with_its_whole_block() {
         let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
         let a = budgets(10, 10, 2, 64);
-        let _first = a.admit(v6("2001:db8::1")).unwrap();
-        let _second = a.admit(v6("2001:db8::abcd:2")).unwrap();
-        let refused = a.admit(v6("2001:db8::3")).unwrap_err();
+        let _first = a.admit(v6("2001:db8::1"), t0()).unwrap();
+        let _second = a.admit(v6("2001:db8::abcd:2"), t0()).unwrap();
+        let refused = a.admit(v6("2001:db8::3"), t0()).unwrap_err();
         assert_eq!(
             refused.to_string(),
             "2 connections from 2001:db8::/64 are already open (limits.max_connections_per_ip)"
         );
-        assert!(a.admit(v6("2001:db8:0:1::1")).is_ok(), "the next /64");
-        let _mapped = a.admit(v6("::ffff:127.0.0.1")).unwrap();
+        assert!(a.admit(v6("2001:db8:0:1::1"), t0()).is_ok(), "the next /64");
+        let _mapped = a.admit(v6("::ffff:127.0.0.1"), t0()).unwrap();
         assert_eq!(a.open_from(ip(1)), 1, "an IPv4 address mapped into IPv6 is that address");
         // With 128, each address on its own.
         let apart = budgets(10, 10, 1, 128);
-        let _one = apart.admit(v6("2001:db8::1")).unwrap();
-        assert!(apart.admit(v6("2001:db8::2")).is_ok());
+        let _one = apart.admit(v6("2001:db8::1"), t0()).unwrap();
+        assert!(apart.admit(v6("2001:db8::2"), t0()).is_ok());
     }
 
     #[test]
@@ -346,14 +368,14 @@ mod tests {
             max_sessions_per_ip: 2,
             ..LimitsConfig::default()
         });
-        let (pending, open) = a.admit(ip(1)).unwrap();
+        let (pending, open) = a.admit(ip(1), t0()).unwrap();
         let first = open.session().unwrap();
         // The connection goes (the session waits for a resume): its session keeps its place.
         drop((pending, open));
-        let (_, open) = a.admit(ip(1)).unwrap();
+        let (_, open) = a.admit(ip(1), t0()).unwrap();
         let _second = open.session().unwrap();
         assert_eq!(open.session().unwrap_err(), Refused::SessionsPerIp(key(1), 2));
-        let (_, other) = a.admit(ip(2)).unwrap();
+        let (_, other) = a.admit(ip(2), t0()).unwrap();
         let _third = other.session().unwrap();
         assert_eq!(other.session().unwrap_err(), Refused::Sessions(3));
         drop(first);

@@ -295,7 +295,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let (pending, open_slot) = match shared.admission.admit(peer.ip()) {
+        let (pending, open_slot) = match shared.admission.admit(peer.ip(), std::time::Instant::now()) {
             Ok(admitted) => admitted,
             Err(refused) => {
                 refuse(&shared, stream, ws, refused);
@@ -313,7 +313,12 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ws: bool) {
             // included.
             let deadline = tokio::time::Instant::now() + task_shared.config.limits.auth_timeout;
             let opened = tokio::select! {
-                () = &mut evicted => None,
+                () = &mut evicted => {
+                    // Mid-TLS or mid-upgrade: dropped, no Close can go yet.
+                    Stats::add(&task_shared.stats.connections_rejected, 1);
+                    task_shared.stats.closed(CloseReason::Overloaded);
+                    None
+                }
                 opened = tokio::time::timeout_at(deadline, open(&task_shared, stream, ws)) => opened.ok().flatten(),
             };
             let Some(conn) = opened else { return };

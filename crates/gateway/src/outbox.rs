@@ -3,8 +3,10 @@
 //! how many answers the session is owed, and how many bytes of messages wait in it. The
 //! channel bounds the outbox in messages (`limits.outbox_capacity`); [`Signals`] bounds its
 //! messages in bytes too, so that a session that stops reading while a game server broadcasts
-//! large messages holds a few MiB, not 256 frames of up to 1 MiB each. Channel updates are
-//! not counted here: the update window (`flow.rs`) bounds them in bytes already.
+//! large messages holds a few MiB, not 256 frames of up to 1 MiB each. Not counted: channel
+//! updates, which the update window (`flow.rs`) bounds in bytes already, and the answers to the
+//! session's own requests, whose places are held from the request on (they cannot be refused)
+//! and which [`max_answers_owed`] bounds, each within a frame.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -19,7 +21,10 @@ pub(crate) struct Signals {
     /// Answers to the session's requests not yet taken from its outbox by its task: places
     /// held by `Reply`s, and answers queued.
     pub answers_owed: AtomicUsize,
-    /// Bytes of messages (not channel updates) in the outbox.
+    /// Set when the session's task is ending: requests it hands on then are run without a
+    /// place for their answers, which could not go.
+    pub ending: AtomicBool,
+    /// Bytes of messages (not channel updates, not answers) in the outbox.
     queued_bytes: AtomicUsize,
     max_bytes: usize,
 }
@@ -29,48 +34,48 @@ impl Signals {
         Signals {
             slow: AtomicBool::new(false),
             answers_owed: AtomicUsize::new(0),
+            ending: AtomicBool::new(false),
             queued_bytes: AtomicUsize::new(0),
             max_bytes,
         }
     }
 
-    /// Counts a message of `len` bytes into the outbox if it keeps what waits there within
-    /// the budget; `false` (and nothing counted) if not.
-    pub fn take_bytes(&self, len: usize) -> bool {
-        let before = self.queued_bytes.fetch_add(len, Ordering::Relaxed);
-        if before + len > self.max_bytes {
-            self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
-            return false;
+    /// Counts a message of `len` bytes into the outbox if what is queued stays within the
+    /// budget less a `1 / keep`th of it (`keep` 0: the whole budget); `false`, and nothing
+    /// counted, if not. (Relayed and paced messages keep a share free, so that the gateway's
+    /// own pushes, which end the session when refused, always have it.)
+    pub fn take_bytes(&self, len: usize, keep: usize) -> bool {
+        let limit = self.max_bytes - self.max_bytes.checked_div(keep).unwrap_or(0);
+        self.queued_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                (queued + len <= limit).then_some(queued + len)
+            })
+            .is_ok()
+    }
+
+    /// Counts `actual` bytes in place of the `counted` that were (a relayed push counted at its
+    /// bound, `SessionHandle::relay`, and pushed at its size).
+    pub fn recount(&self, counted: usize, actual: usize) {
+        if actual > counted {
+            self.queued_bytes.fetch_add(actual - counted, Ordering::Relaxed);
+        } else {
+            self.queued_bytes.fetch_sub(counted - actual, Ordering::Relaxed);
         }
-        true
     }
 
-    /// Counts a message of `len` bytes into the outbox whatever the budget: one whose place
-    /// was taken while there was room ([`Signals::has_room`]).
-    pub fn add_bytes(&self, len: usize) {
-        self.queued_bytes.fetch_add(len, Ordering::Relaxed);
-    }
-
-    /// The session's task took a message of `len` bytes from the outbox.
+    /// Gives back `len` bytes counted in: the session's task took the message from the
+    /// outbox, or it never went in.
     pub fn taken(&self, len: usize) {
         self.queued_bytes.fetch_sub(len, Ordering::Relaxed);
     }
 
-    /// Whether more than a `1 / share`th of the byte budget is free (as `relay` and `paced`
-    /// leave a share of the outbox's places).
-    pub fn has_room(&self, share: usize) -> bool {
-        let queued = self.queued_bytes.load(Ordering::Relaxed);
-        queued < self.max_bytes - self.max_bytes / share.max(1)
-    }
-
     /// `item`, just taken from the outbox by the session's task: a message's bytes are counted
-    /// out of the outbox, and an answer off those the session is owed too (it is a message
-    /// from then on).
+    /// out of the outbox, and an answer off those the session is owed (it is a message from
+    /// then on).
     pub fn took(&self, item: Outgoing) -> Outgoing {
         match item {
             Outgoing::Answer(message) => {
                 self.answers_owed.fetch_sub(1, Ordering::Relaxed);
-                self.taken(message.len());
                 Outgoing::Message(message)
             }
             Outgoing::Message(message) => {
@@ -108,17 +113,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bytes_are_counted_in_and_out_within_the_budget() {
+    fn bytes_are_counted_in_and_out_within_the_budget_and_its_kept_shares() {
         let s = Signals::new(100);
-        assert!(s.take_bytes(60));
-        assert!(!s.take_bytes(41), "past the budget: refused");
-        assert_eq!(s.queued_bytes(), 60, "and not counted");
-        assert!(s.has_room(4) && !s.has_room(2), "60 of 100: more than a quarter free, not half");
-        s.add_bytes(50);
-        assert!(!s.has_room(8), "a held place may pass the budget");
-        s.taken(50);
-        s.taken(60);
+        assert!(s.take_bytes(60, 4));
+        assert!(!s.take_bytes(16, 4), "a relay keeps a quarter free: 76 > 75");
+        assert!(s.take_bytes(15, 4));
+        assert!(!s.take_bytes(26, 0), "past the budget: refused");
+        assert_eq!(s.queued_bytes(), 75, "and not counted");
+        assert!(s.take_bytes(25, 0), "a push may use the share relays keep");
+        s.taken(100);
         assert_eq!(s.queued_bytes(), 0);
-        assert!(s.take_bytes(100), "one message may take the whole budget");
+        assert!(s.take_bytes(100, 0), "one message may take the whole budget");
+        let message = Outgoing::Message(bytes::Bytes::from_static(&[0; 100]));
+        assert!(matches!(s.took(message), Outgoing::Message(_)));
+        assert_eq!(s.queued_bytes(), 0);
     }
 }

@@ -123,10 +123,14 @@ impl SessionHandle {
     /// unread). `Err` is the answer to give at once when the outbox has no place:
     /// `UNAVAILABLE`, to retry.
     pub fn reply(&self, id: u64) -> Result<Reply, Response> {
+        if self.signals.ending.load(Ordering::Relaxed) {
+            // The session hands on what its client sent before it ended: run, not answered.
+            return Ok(Reply { id, place: None });
+        }
         match self.outbox.clone().try_reserve_owned() {
             Ok(place) => {
                 self.signals.answers_owed.fetch_add(1, Ordering::Relaxed);
-                Ok(Reply { id, place: Some(place), signals: self.signals.clone() })
+                Ok(Reply { id, place: Some(place) })
             }
             Err(mpsc::error::TrySendError::Full(_)) => Err(error_response(
                 id,
@@ -212,7 +216,7 @@ impl SessionHandle {
             }
             PushError::Full
         };
-        if bytes > 0 && !self.signals.take_bytes(bytes) {
+        if bytes > 0 && !self.signals.take_bytes(bytes, 0) {
             return Err(full());
         }
         self.outbox.try_send(item).map_err(|e| {
@@ -238,8 +242,8 @@ impl SessionHandle {
     /// a quarter of it stays for the gateway's own messages and the servers'. `Full`
     /// otherwise, with no consequence for the session: the sender is told to retry. So clients
     /// sending faster than a server reads never make that server a slow consumer.
-    pub(crate) fn relay(&self) -> Result<Relay<'_>, PushError> {
-        self.place_leaving(4)
+    pub(crate) fn relay(&self, len: usize) -> Result<Relay<'_>, PushError> {
+        self.place_leaving(4, len)
     }
 
     /// A place in the outbox for a message the gateway itself sends in bursts it can spread
@@ -248,24 +252,33 @@ impl SessionHandle {
     /// `Full` otherwise, and the caller sends it later. So the gateway never makes a session a
     /// slow consumer by its own burst, and its handovers go before what clients relay (which
     /// stops at a quarter free: [`SessionHandle::relay`]), never starved by them.
-    pub(crate) fn paced(&self) -> Result<Relay<'_>, PushError> {
-        self.place_leaving(8)
+    pub(crate) fn paced(&self, len: usize) -> Result<Relay<'_>, PushError> {
+        self.place_leaving(8, len)
     }
 
-    /// A place in the outbox if more than a `1 / share`th of its places and of its byte budget
-    /// are free.
-    fn place_leaving(&self, share: usize) -> Result<Relay<'_>, PushError> {
+    /// A place in the outbox for a push whose body is at most `len` bytes, if a `1 / share`th
+    /// of its places, and of its byte budget with the push counted in, stay free.
+    fn place_leaving(&self, share: usize, len: usize) -> Result<Relay<'_>, PushError> {
         if self.outbox.is_closed() {
             return Err(PushError::Closed);
         }
-        if self.outbox.capacity() <= self.outbox.max_capacity() / share || !self.signals.has_room(share) {
+        if self.outbox.capacity() <= self.outbox.max_capacity() / share {
             return Err(PushError::Full);
         }
-        let signals = &self.signals;
-        self.outbox.try_reserve().map(|place| Relay(place, signals)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(()) => PushError::Full,
-            mpsc::error::TrySendError::Closed(()) => PushError::Closed,
-        })
+        let counted = len + PUSH_HEAD;
+        if !self.signals.take_bytes(counted, share) {
+            return Err(PushError::Full);
+        }
+        match self.outbox.try_reserve() {
+            Ok(place) => Ok(Relay { place: Some(place), signals: &self.signals, counted }),
+            Err(e) => {
+                self.signals.taken(counted);
+                Err(match e {
+                    mpsc::error::TrySendError::Full(()) => PushError::Full,
+                    mpsc::error::TrySendError::Closed(()) => PushError::Closed,
+                })
+            }
+        }
     }
 }
 
@@ -275,8 +288,8 @@ impl SessionHandle {
 #[derive(Debug)]
 pub struct Reply {
     id: u64,
+    /// `None` for a request the session handed on as it ended: its answer could not go.
     place: Option<mpsc::OwnedPermit<Outgoing>>,
-    signals: Arc<Signals>,
 }
 
 impl Reply {
@@ -290,10 +303,7 @@ impl Reply {
         debug_assert_eq!(response.id, self.id, "an answer to another request");
         if let Some(place) = self.place.take() {
             let envelope = Envelope { kind: Some(envelope::Kind::Response(response)) };
-            let answer = encode_message(&envelope);
-            // Counted whatever the budget: its place was held since the request.
-            self.signals.add_bytes(answer.len());
-            place.send(Outgoing::Answer(answer));
+            place.send(Outgoing::Answer(encode_message(&envelope)));
         }
     }
 }
@@ -307,17 +317,33 @@ impl Drop for Reply {
     }
 }
 
-/// A place held in a session's outbox ([`SessionHandle::relay`]), and the session's signals
-/// to count its bytes in.
-pub(crate) struct Relay<'a>(mpsc::Permit<'a, Outgoing>, &'a Signals);
+/// The most bytes a push's envelope and topic add to its body (the topics the gateway pushes
+/// are at most about 20 bytes).
+const PUSH_HEAD: usize = 64;
+
+/// A place held in a session's outbox ([`SessionHandle::relay`]), with the bytes counted in
+/// for it in the outbox's budget: given back if it goes unused.
+pub(crate) struct Relay<'a> {
+    place: Option<mpsc::Permit<'a, Outgoing>>,
+    signals: &'a Signals,
+    counted: usize,
+}
 
 impl Relay<'_> {
-    /// Queues a push in the place held.
-    pub fn push(self, topic: &str, body: Bytes) {
+    /// Queues a push in the place held, its bytes counted as they are.
+    pub fn push(mut self, topic: &str, body: Bytes) {
         let envelope = Envelope { kind: Some(envelope::Kind::Push(Push { topic: topic.to_owned(), body })) };
         let message = encode_message(&envelope);
-        self.1.add_bytes(message.len());
-        self.0.send(Outgoing::Message(message));
+        self.signals.recount(std::mem::take(&mut self.counted), message.len());
+        if let Some(place) = self.place.take() {
+            place.send(Outgoing::Message(message));
+        }
+    }
+}
+
+impl Drop for Relay<'_> {
+    fn drop(&mut self) {
+        self.signals.taken(self.counted);
     }
 }
 
@@ -540,6 +566,42 @@ mod tests {
         assert_eq!((r.id, r.status(), &r.body[..]), (7, Status::Ok, &b"x"[..]));
         assert!(rx.try_recv().is_err(), "one answer each");
         assert_eq!(handle.outbox.capacity(), 2, "both places given back");
+        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 2, "until the task takes them");
+    }
+
+    /// A relayed push counts its bound in the outbox's bytes while its place is held, then its
+    /// size; a place dropped unused gives its bytes back; a relay that would leave less than a
+    /// quarter of the bytes free is refused.
+    #[test]
+    fn a_relayed_push_is_counted_at_its_size_and_an_unused_place_gives_its_bytes_back() {
+        let config = crate::GatewayConfig::load(None, &[]).unwrap();
+        let budget = crate::outbox::max_bytes(&config);
+        let (handle, mut rx) = SessionHandle::unattached(1, Role::Server, &config);
+        let place = handle.relay(1_000).unwrap();
+        assert_eq!(handle.signals.queued_bytes(), 1_000 + PUSH_HEAD);
+        drop(place);
+        assert_eq!(handle.signals.queued_bytes(), 0);
+        handle.relay(1_000).unwrap().push("t", Bytes::from_static(b"small"));
+        let Ok(Outgoing::Message(message)) = rx.try_recv() else { panic!("a message") };
+        assert_eq!(handle.signals.queued_bytes(), message.len());
+        assert_eq!(handle.relay(budget * 3 / 4).err(), Some(PushError::Full));
+        assert!(handle.push("t", Bytes::from(vec![0; budget / 2])).is_ok(), "a push may use the kept share");
+    }
+
+    /// A session that is ending hands on what its client sent with replies that hold no
+    /// place: the requests run even with the outbox full, and their answers go nowhere.
+    #[test]
+    fn an_ending_session_gets_replies_without_places() {
+        let config = crate::GatewayConfig::load(None, &["limits.outbox_capacity=1".into()]).unwrap();
+        let (handle, mut rx) = SessionHandle::unattached(1, Role::Server, &config);
+        let _held = handle.reply(1).unwrap();
+        assert_eq!(handle.reply(2).unwrap_err().status(), Status::Unavailable, "the outbox is full");
+        handle.signals.ending.store(true, Ordering::Relaxed);
+        let mut late = handle.reply(3).expect("a reply, without a place");
+        late.send(error_response(3, Status::Internal, "goes nowhere".into()));
+        drop(late);
+        assert!(rx.try_recv().is_err(), "nothing queued");
+        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 1, "only the first is owed");
     }
 
     #[test]

@@ -164,9 +164,12 @@ impl SessionTask {
         self.shared.stats.closed(end.reason);
         let conn = self.take_conn();
         // What the client sent was acknowledged: what still waited is handled, whatever ended
-        // the session (its Close, a slow-consumer close, its resume window), replies or not
-        // (none can go now).
-        self.dispatch_parked_at_end(Instant::now());
+        // the session (its Close, a slow-consumer close, its resume window), with no place
+        // for the answers (none can go now, and none are counted as sent).
+        let now = Instant::now();
+        self.session.detach(now);
+        self.handle.signals.ending.store(true, Ordering::Relaxed);
+        self.dispatch_parked_at_end(now);
         if let Some(mut conn) = conn {
             Box::pin(send_close(&mut conn, end.reason, &end.message)).await;
         }

@@ -163,22 +163,36 @@ async fn silent_sockets_from_one_address_cannot_starve_the_others() {
     assert_eq!((overloaded, timed_out), (1, 8), "{got:?}");
 }
 
-/// The pre-login budget holds across addresses: with every place taken, a new connection
-/// takes the place of the one that has waited longest (closed with `OVERLOADED`), so silent
-/// sockets from several addresses cannot keep a client out: it logs in while they wait.
+/// The pre-login budget holds across addresses: with every place taken, a new connection is
+/// refused while the longest waiting has waited less than a quarter of the auth timeout, and
+/// then takes its place (it is closed with `OVERLOADED`). So silent sockets from several
+/// addresses cannot keep a client out: it logs in while they wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pre_login_budget_holds_across_addresses_and_gives_way_to_the_newest() {
-    let gw = common::start(&["limits.max_pending_handshakes=4", "limits.auth_timeout=\"3s\""]).await;
+    // Silent sockets may be evicted after 2 s.
+    let gw = common::start(&["limits.max_pending_handshakes=4", "limits.auth_timeout=\"8s\""]).await;
     let addr = gw.tcp_addrs()[0];
+    let started = Instant::now();
     let mut sockets = silent(addr, [127, 0, 0, 3], 2).await;
     sockets.extend(silent(addr, [127, 0, 0, 4], 2).await);
-    // Every place is taken: the client from a fifth address gets the oldest's, and logs in.
-    let mut opts = ConnectOptions::new(common::tcp_target(&gw));
-    opts.local_addr = Some([127, 0, 0, 5].into());
-    let started = Instant::now();
-    let mut conn = Connection::connect(opts).await.unwrap();
+    let from = |last: u8| {
+        let mut opts = ConnectOptions::new(common::tcp_target(&gw));
+        opts.local_addr = Some([127, 0, 0, last].into());
+        opts
+    };
+    // Every place is taken, none for 2 s yet: refused.
+    match Connection::connect(from(5)).await {
+        Err(tickwire_client::ClientError::Closed { reason, .. }) => {
+            assert_eq!(reason, CloseReason::Overloaded)
+        }
+        other => panic!("expected OVERLOADED, got {:?}", other.map(|_| ())),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "the test ran late: {:?}", started.elapsed());
+    // After 2 s, the client from a fifth address gets the oldest's place, and logs in.
+    tokio::time::sleep_until((started + Duration::from_millis(2_300)).into()).await;
+    let mut conn = Connection::connect(from(5)).await.unwrap();
     assert_eq!(common::round_trip(&mut conn, 1, 8).await.id, 1);
-    assert!(started.elapsed() < Duration::from_secs(2), "in before the silent ones timed out");
+    assert!(started.elapsed() < Duration::from_secs(8), "in before the silent ones timed out");
     let got = reasons(sockets).await;
     assert_eq!(got[0], Some(CloseReason::Overloaded), "the longest waiting went: {got:?}");
     assert_eq!(got[1..], [Some(CloseReason::AuthTimeout); 3], "{got:?}");

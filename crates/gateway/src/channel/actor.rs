@@ -599,7 +599,7 @@ fn deliver(to: &SessionHandle, body: Bytes, request_id: u64) -> Response {
 /// A client's message to the owner: if the owner's outbox is short of room, the client is told
 /// to retry, and the owner is not made a slow consumer ([`SessionHandle::relay`]).
 fn relay(to: &SessionHandle, body: Bytes, request_id: u64) -> Response {
-    match to.relay() {
+    match to.relay(body.len()) {
         Ok(place) => {
             place.push("channel.message", body);
             ok(request_id, Bytes::new())

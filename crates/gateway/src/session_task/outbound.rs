@@ -73,15 +73,17 @@ impl SessionTask {
     /// sent: the session ends with `RETRANSMIT_OVERFLOW`, as before.
     pub(super) fn put(&mut self, now: Instant, item: Outgoing, updates: &mut Vec<u64>) -> Result<(), End> {
         if !self.backlog.waiting_is_empty() || self.must_wait(&item) {
-            if self.backlog.waiting_len() >= self.shared.config.limits.outbox_capacity {
+            // What waits is taken from a full outbox at most once per resume (the outbox is not
+            // read while anything waits): twice the outbox's bounds, in messages and in bytes,
+            // let a resume carry a full outbox and a full backlog on, and no more.
+            if self.backlog.waiting_len() >= 2 * self.shared.config.limits.outbox_capacity {
                 return Err(End::new(
                     CloseReason::SlowConsumer,
                     format!("more than {} messages waiting for acknowledgements", self.backlog.waiting_len()),
                 ));
             }
-            // In bytes too, as the outbox is (`outbox.rs`): one message alone always waits.
             let bytes = self.backlog.waiting_bytes() + outgoing_len(&item);
-            if !self.backlog.waiting_is_empty() && bytes > crate::outbox::max_bytes(&self.shared.config) {
+            if !self.backlog.waiting_is_empty() && bytes > 2 * crate::outbox::max_bytes(&self.shared.config) {
                 return Err(End::new(
                     CloseReason::SlowConsumer,
                     format!("more than {bytes} bytes waiting for acknowledgements"),

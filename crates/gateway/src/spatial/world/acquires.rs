@@ -49,7 +49,7 @@ impl World {
         let Some(handover) = handover_of(&action) else { return };
         let queue = &mut self.acquires_waiting[to_slot as usize];
         if queue.is_empty()
-            && let Ok(place) = to.paced()
+            && let Ok(place) = to.paced(acquire_len(&action))
         {
             self.push_acquire(entity_id, from_slot, to_slot, place, action);
             return;
@@ -94,7 +94,7 @@ impl World {
                     self.acquires_waiting[slot].pop_front();
                     continue;
                 }
-                let Ok(place) = server.paced() else { break };
+                let Ok(place) = server.paced(acquire_len(&next.action)) else { break };
                 let Waiting { entity_id, from_slot, action, .. } =
                     self.acquires_waiting[slot].pop_front().expect("looked at above");
                 if let Some(e) = self.entities.get_mut(&entity_id) {
@@ -133,6 +133,18 @@ impl World {
         };
         // Pushed like any message: exactly once, in order, across the server's resumes.
         place.push("spatial.handover", handover.encode_to_vec().into());
+    }
+}
+
+/// The most bytes the push of an ACQUIRE of `action` takes as a body: its state, its
+/// messages (each with its entity, number and sender), and its numbers and position. The bound
+/// its place in the server's outbox is taken for (`SessionHandle::paced`).
+fn acquire_len(action: &Action<EntityMsg>) -> usize {
+    match action {
+        Action::Acquire { state, messages, .. } => {
+            96 + state.len() + messages.iter().map(|(_, m)| m.body.len() + 32).sum::<usize>()
+        }
+        _ => 0,
     }
 }
 

@@ -218,7 +218,8 @@ impl World {
         else {
             return;
         };
-        let Ok(place) = owner.paced() else {
+        // A RELEASE: a few numbers.
+        let Ok(place) = owner.paced(64) else {
             // Asked again at the next pass (`send_waiting_acquires`).
             self.releases_put_off.insert(entity_id);
             return;
@@ -399,7 +400,8 @@ impl World {
         let place = if acquire.is_some() || e.route.handing_over() {
             None
         } else {
-            let Ok(place) = owner.relay() else {
+            // The push: the message's body, and its entity, number and sender.
+            let Ok(place) = owner.relay(message.body.len() + 32) else {
                 let msg = format!(
                     "entity {entity_id}'s server has more messages waiting than it takes from others; retry"
                 );
