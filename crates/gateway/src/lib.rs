@@ -19,6 +19,7 @@ mod outbox;
 mod pass_times;
 mod rate_limit;
 mod registry;
+mod reply;
 mod router;
 mod session_task;
 mod shared;

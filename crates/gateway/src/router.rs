@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use crate::auth::Role;
 use crate::flow::UpdateFlow;
 use crate::outbox::Signals;
+pub use crate::reply::Reply;
 
 /// What a router is given when the gateway starts ([`Router::on_start`]). Made by the
 /// gateway only, so that a field can be added without breaking routers.
@@ -119,18 +120,18 @@ impl SessionHandle {
     /// request to another task (a channel's actor, the spatial world) and answers it from
     /// there. The place is held until [`Reply::send`], so the answer never finds the outbox
     /// full, however fast that task answers a burst. The session hands on no more requests
-    /// while it is owed [`max_answers_owed`](crate::outbox::max_answers_owed) answers (it leaves the client's later frames
+    /// while it is owed `outbox::max_answers_owed` answers (8 by default) (it leaves the client's later frames
     /// unread). `Err` is the answer to give at once when the outbox has no place:
     /// `UNAVAILABLE`, to retry.
     pub fn reply(&self, id: u64) -> Result<Reply, Response> {
         if self.signals.ending.load(Ordering::Relaxed) {
             // The session hands on what its client sent before it ended: run, not answered.
-            return Ok(Reply { id, place: None });
+            return Ok(Reply::new(id, None));
         }
         match self.outbox.clone().try_reserve_owned() {
             Ok(place) => {
                 self.signals.answers_owed.fetch_add(1, Ordering::Relaxed);
-                Ok(Reply { id, place: Some(place) })
+                Ok(Reply::new(id, Some(place)))
             }
             Err(mpsc::error::TrySendError::Full(_)) => Err(error_response(
                 id,
@@ -278,41 +279,6 @@ impl SessionHandle {
                     mpsc::error::TrySendError::Closed(()) => PushError::Closed,
                 })
             }
-        }
-    }
-}
-
-/// The answer owed to one request, with its place held in the session's outbox
-/// ([`SessionHandle::reply`]). A reply dropped unanswered answers `UNAVAILABLE` as it goes,
-/// so no request is left without an answer and no place is held for ever.
-#[derive(Debug)]
-pub struct Reply {
-    id: u64,
-    /// `None` for a request the session handed on as it ended: its answer could not go.
-    place: Option<mpsc::OwnedPermit<Outgoing>>,
-}
-
-impl Reply {
-    /// The id of the request this answers.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Queues the answer in the place held. The first answer goes; later ones are ignored.
-    pub fn send(&mut self, response: Response) {
-        debug_assert_eq!(response.id, self.id, "an answer to another request");
-        if let Some(place) = self.place.take() {
-            let envelope = Envelope { kind: Some(envelope::Kind::Response(response)) };
-            place.send(Outgoing::Answer(encode_message(&envelope)));
-        }
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        if self.place.is_some() {
-            let msg = "the request was dropped before it was answered".to_owned();
-            self.send(error_response(self.id, Status::Unavailable, msg));
         }
     }
 }
@@ -532,43 +498,6 @@ impl Router for EchoRouter {
 mod tests {
     use super::*;
 
-    fn answer(item: Outgoing) -> Response {
-        let Outgoing::Answer(bytes) = item else { panic!("an answer is an Answer") };
-        match tickwire_wire::decode_envelope(bytes).unwrap() {
-            envelope::Kind::Response(r) => r,
-            other => panic!("not a response: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_reply_holds_its_place_until_it_answers_once_and_a_dropped_one_answers_unavailable() {
-        let config = crate::GatewayConfig::load(None, &["limits.outbox_capacity=2".into()]).unwrap();
-        let (handle, mut rx) = SessionHandle::unattached(1, Role::Server, &config);
-        let mut first = handle.reply(7).unwrap();
-        let second = handle.reply(8).unwrap();
-        assert_eq!(handle.outbox.capacity(), 0, "both places held");
-        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 2, "two answers owed");
-        assert_eq!(handle.push("t", Bytes::new()), Err(PushError::Full), "nothing else fits");
-        let refused = handle.reply(9).unwrap_err();
-        assert_eq!((refused.id, refused.status()), (9, Status::Unavailable));
-        drop(second);
-        let r = answer(rx.try_recv().unwrap());
-        assert_eq!((r.id, r.status()), (8, Status::Unavailable), "{}", r.error);
-        first.send(Response {
-            id: 7,
-            status: Status::Ok as i32,
-            body: Bytes::from_static(b"x"),
-            error: String::new(),
-        });
-        first.send(error_response(7, Status::Internal, "a second answer".into()));
-        drop(first);
-        let r = answer(rx.try_recv().unwrap());
-        assert_eq!((r.id, r.status(), &r.body[..]), (7, Status::Ok, &b"x"[..]));
-        assert!(rx.try_recv().is_err(), "one answer each");
-        assert_eq!(handle.outbox.capacity(), 2, "both places given back");
-        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 2, "until the task takes them");
-    }
-
     /// A relayed push counts its bound in the outbox's bytes while its place is held, then its
     /// size; a place dropped unused gives its bytes back; a relay that would leave less than a
     /// quarter of the bytes free is refused.
@@ -586,22 +515,6 @@ mod tests {
         assert_eq!(handle.signals.queued_bytes(), message.len());
         assert_eq!(handle.relay(budget * 3 / 4).err(), Some(PushError::Full));
         assert!(handle.push("t", Bytes::from(vec![0; budget / 2])).is_ok(), "a push may use the kept share");
-    }
-
-    /// A session that is ending hands on what its client sent with replies that hold no
-    /// place: the requests run even with the outbox full, and their answers go nowhere.
-    #[test]
-    fn an_ending_session_gets_replies_without_places() {
-        let config = crate::GatewayConfig::load(None, &["limits.outbox_capacity=1".into()]).unwrap();
-        let (handle, mut rx) = SessionHandle::unattached(1, Role::Server, &config);
-        let _held = handle.reply(1).unwrap();
-        assert_eq!(handle.reply(2).unwrap_err().status(), Status::Unavailable, "the outbox is full");
-        handle.signals.ending.store(true, Ordering::Relaxed);
-        let mut late = handle.reply(3).expect("a reply, without a place");
-        late.send(error_response(3, Status::Internal, "goes nowhere".into()));
-        drop(late);
-        assert!(rx.try_recv().is_err(), "nothing queued");
-        assert_eq!(handle.signals.answers_owed.load(Ordering::Relaxed), 1, "only the first is owed");
     }
 
     #[test]
