@@ -120,9 +120,9 @@ impl SessionHandle {
     /// request to another task (a channel's actor, the spatial world) and answers it from
     /// there. The place is held until [`Reply::send`], so the answer never finds the outbox
     /// full, however fast that task answers a burst. The session hands on no more requests
-    /// while it is owed `outbox::max_answers_owed` answers (8 by default) (it leaves the client's later frames
-    /// unread). `Err` is the answer to give at once when the outbox has no place:
-    /// `UNAVAILABLE`, to retry.
+    /// while it is owed `outbox::max_answers_owed` answers, 8 by default (it leaves the
+    /// client's later frames unread). `Err` is the answer to give at once when the outbox has
+    /// no place: `UNAVAILABLE`, to retry.
     pub fn reply(&self, id: u64) -> Result<Reply, Response> {
         if self.signals.ending.load(Ordering::Relaxed) {
             // The session hands on what its client sent before it ended: run, not answered.

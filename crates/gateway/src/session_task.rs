@@ -285,13 +285,7 @@ impl SessionTask {
     }
 
     async fn on_deadline(&mut self) -> Result<(), End> {
-        let now = Instant::now();
-        if self.resumes_input() {
-            // The outbox has room, though no message came to say so (a place held for an
-            // instant by another sender and given back unused).
-            self.on_input(now).await?;
-        }
-        match self.session.on_timeout(now) {
+        match self.session.on_timeout(Instant::now()) {
             Timeout::Nothing => Ok(()),
             Timeout::Transmit(frame) => {
                 frame.encode(&mut self.wbuf);

@@ -104,11 +104,18 @@ async fn a_full_outbox_closes_only_that_session() {
         &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into(), "limits.outbox_capacity=8".into()],
     )
     .unwrap();
+    let (reason, message) = flooded(config, "flood").await;
+    assert_eq!(reason, CloseReason::SlowConsumer, "{message}");
+}
+
+/// Starts a [`Flooder`] gateway with `config`, has a victim call `method` beside a healthy
+/// client, and returns how the victim was closed, once the healthy client is still answered.
+async fn flooded(config: GatewayConfig, method: &str) -> (CloseReason, String) {
     let gw = Gateway::new(config).unwrap().with_router(Arc::new(Flooder { echo: EchoRouter::new(1024) }));
     let gw = gw.start().await.unwrap();
     let mut healthy = common::connect(&gw).await;
     let mut victim = common::connect(&gw).await;
-    victim.send_request(1, "flood", Bytes::new()).unwrap();
+    victim.send_request(1, method, Bytes::new()).unwrap();
     victim.flush().await;
     let closed = loop {
         match victim.next_event().await.unwrap() {
@@ -117,8 +124,8 @@ async fn a_full_outbox_closes_only_that_session() {
             Some(other) => panic!("unexpected {other:?}"),
         }
     };
-    assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
     assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+    closed
 }
 
 /// The outbox is bounded in bytes too (twice the larger of the resend buffer and the largest
@@ -129,21 +136,8 @@ async fn an_outbox_full_in_bytes_closes_only_that_session() {
     let config =
         GatewayConfig::load(None, &["listen.tcp=[\"127.0.0.1:0\"]".into(), "listen.ws=[]".into()]).unwrap();
     assert_eq!(config.limits.outbox_capacity, 256, "the places are the default's");
-    let gw = Gateway::new(config).unwrap().with_router(Arc::new(Flooder { echo: EchoRouter::new(1024) }));
-    let gw = gw.start().await.unwrap();
-    let mut healthy = common::connect(&gw).await;
-    let mut victim = common::connect(&gw).await;
-    victim.send_request(1, "flood-bytes", Bytes::new()).unwrap();
-    victim.flush().await;
-    let closed = loop {
-        match victim.next_event().await.unwrap() {
-            Some(Event::Closed { reason, message }) => break (reason, message),
-            Some(Event::Push(_)) | None => victim.flush().await,
-            Some(other) => panic!("unexpected {other:?}"),
-        }
-    };
-    assert_eq!(closed.0, CloseReason::SlowConsumer, "{}", closed.1);
-    assert_eq!(common::round_trip(&mut healthy, 1, 64).await.body.len(), 64);
+    let (reason, message) = flooded(config, "flood-bytes").await;
+    assert_eq!(reason, CloseReason::SlowConsumer, "{message}");
 }
 
 /// What waits for a client that acknowledges nothing is bounded in bytes too: one that asks for

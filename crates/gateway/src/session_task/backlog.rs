@@ -11,8 +11,8 @@
 //! came, bounded by count and bytes. Acknowledgements (every frame's `ack`) are read all the
 //! while, so a client that reads its replies frees the room they wait for.
 //!
-//! It also marks when the client's frames are left unread: while its outbox is half taken
-//! (by answers owed to its requests, mostly), so that their answers always find room.
+//! It also marks when the client's frames are left unread: while the session is owed as many
+//! answers to the client's requests as it may be (`SessionTask::hold_input`).
 
 use std::collections::VecDeque;
 
@@ -36,7 +36,7 @@ struct Queues {
     /// slow; a burst that outruns the acknowledgements of a client that keeps up waits instead
     /// of ending the session. Holds the outbox's one item that did not fit, the reply to the
     /// client's request that did not (`parked` holds the requests after it), and after a
-    /// resume the messages that were queued: at most `outbox_capacity`.
+    /// resume the messages that were queued: at most twice `outbox_capacity` (`put`).
     waiting: VecDeque<Outgoing>,
     /// The bytes `waiting` holds (`outbound::outgoing_len` of each).
     waiting_bytes: usize,
@@ -48,7 +48,7 @@ struct Queues {
     parked: VecDeque<Bytes>,
     parked_bytes: usize,
     /// The client's frames are left in the read buffer, unread, and its connection is not
-    /// read (the session's outbox is half taken: `SessionTask::hold_input`).
+    /// read (the session is owed enough answers: `SessionTask::hold_input`).
     input_held: bool,
 }
 

@@ -42,8 +42,8 @@ impl SessionTask {
 
     /// Keeps a message of the client's while the ones before it wait ([`SessionTask::must_hold`],
     /// while something waits for room); a client that keeps sending while it does not
-    /// acknowledge its replies is closed as slow. Copied: the payload
-    /// is a slice of the read buffer, and would keep all of it.
+    /// acknowledge its replies is closed as slow. Copied: the payload is a slice of the read
+    /// buffer, and would keep all of it.
     pub(super) fn park(&mut self, payload: Bytes) -> Result<(), End> {
         let limits = &self.shared.config.limits;
         let max_bytes = self.shared.config.session.max_unacked_bytes.max(limits.max_frame_bytes as usize);

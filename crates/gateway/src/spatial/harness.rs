@@ -244,7 +244,7 @@ impl WorldHarness {
             let refused = |r: Response| HarnessError::Refused { what: "a registration", message: r.error };
             let mut reply = server.handle.reply(id).map_err(refused)?;
             if let Some(r) = harness.world.register(&server.handle, req, &mut reply, now) {
-                return Err(HarnessError::Refused { what: "a registration", message: r.error });
+                return Err(refused(r));
             }
             harness.servers.push(server);
         }
